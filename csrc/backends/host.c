@@ -1,0 +1,275 @@
+/*
+ * host.c - host-memory buffers and the dispatcher shared by the cpu and ref backends. The
+ * dispatcher reads each live node's placed inputs and output, checks what only run time can
+ * know (token ids in range, slices inside symbolic extents), and makes one kernel-table call.
+ * Kernels never see the graph.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "backends/host.h"
+
+/* ---- buffers ------------------------------------------------------------------------------ */
+
+rlx_status rlx_host_buffer_alloc(size_t bytes, struct rlx_buffer **out)
+{
+    struct rlx_buffer *b = rlx_calloc(1, sizeof *b);
+    if (!b) return RLX_ERR_NOMEM;
+    size_t rounded = rlx_align_up(bytes ? bytes : 1);
+    b->data = aligned_alloc(RLX_ALIGN, rounded);
+    if (!b->data) {
+        free(b);
+        return rlx_set_error(RLX_ERR_NOMEM, "out of memory allocating a %zu-byte buffer", bytes);
+    }
+    b->size = bytes;
+    b->owned = true;
+    *out = b;
+    return RLX_OK;
+}
+
+rlx_status rlx_host_buffer_wrap(const void *host, size_t bytes, struct rlx_buffer **inout)
+{
+    struct rlx_buffer *b = *inout;
+    if (b && b->owned) return rlx_set_error(RLX_ERR_INTERNAL, "re-pointing an owned buffer");
+    if (!b) {
+        b = rlx_calloc(1, sizeof *b);
+        if (!b) return RLX_ERR_NOMEM;
+    }
+    b->data = (void *)host; /* read-only by contract: kernels never write wrapped buffers */
+    b->size = bytes;
+    b->owned = false;
+    *inout = b;
+    return RLX_OK;
+}
+
+void rlx_host_buffer_free(struct rlx_buffer *b)
+{
+    if (!b) return;
+    if (b->owned) free(b->data);
+    free(b);
+}
+
+rlx_status rlx_host_upload(struct rlx_buffer *b, size_t offset, const void *src, size_t bytes)
+{
+    if (offset > b->size || bytes > b->size - offset)
+        return rlx_set_error(RLX_ERR_INTERNAL, "upload of %zu bytes at %zu overruns a %zu-byte buffer", bytes, offset,
+                             b->size);
+    if (bytes) memcpy((char *)b->data + offset, src, bytes);
+    return RLX_OK;
+}
+
+rlx_status rlx_host_download(const struct rlx_buffer *b, size_t offset, void *dst, size_t bytes)
+{
+    if (offset > b->size || bytes > b->size - offset)
+        return rlx_set_error(RLX_ERR_INTERNAL, "download of %zu bytes at %zu overruns a %zu-byte buffer", bytes,
+                             offset, b->size);
+    if (bytes) memcpy(dst, (const char *)b->data + offset, bytes);
+    return RLX_OK;
+}
+
+/* ---- plan state --------------------------------------------------------------------------- */
+
+rlx_status rlx_host_state_create(const struct rlx_kernels *k, void **state)
+{
+    struct rlx_host_state *st = rlx_calloc(1, sizeof *st);
+    if (!st) return RLX_ERR_NOMEM;
+    st->k = k;
+    *state = st;
+    return RLX_OK;
+}
+
+void rlx_host_state_free(void *state)
+{
+    struct rlx_host_state *st = state;
+    if (!st) return;
+    free(st->scratch);
+    free(st);
+}
+
+static rlx_status need_scratch(struct rlx_host_state *st, size_t floats)
+{
+    if (floats <= st->scratch_floats) return RLX_OK;
+    float *p = realloc(st->scratch, floats * sizeof *p);
+    if (!p) return rlx_set_error(RLX_ERR_NOMEM, "out of memory for %zu floats of kernel scratch", floats);
+    st->scratch = p;
+    st->scratch_floats = floats;
+    return RLX_OK;
+}
+
+/* ---- dispatch ----------------------------------------------------------------------------- */
+
+bool rlx_host_supports_op(const struct rlx_graph *g, int id)
+{
+    const struct rlx_node *n = &g->nodes[id];
+    return (unsigned)n->op < RLX_OP_COUNT; /* the shape rules already restrict dtypes to what runs */
+}
+
+static void *ptr(const struct rlx_tensor *t) { return (char *)t->buf->data + t->offset; }
+static const float *fin(const struct rlx_tensor *v, const struct rlx_node *n, int k) { return ptr(&v[n->in[k]]); }
+
+static int64_t rows_of(const struct rlx_tensor *t) /* product of all dims but the last */
+{
+    int64_t r = 1;
+    for (int i = 0; i + 1 < t->ndim; i++) r *= t->shape[i];
+    return r;
+}
+
+/* Copies `outer` blocks of `inner` bytes from src (stride src_stride) to dst (stride dst_stride). */
+static void copy_blocks(char *dst, size_t dst_stride, const char *src, size_t src_stride, int64_t outer, size_t inner)
+{
+    for (int64_t o = 0; o < outer; o++) memcpy(dst + (size_t)o * dst_stride, src + (size_t)o * src_stride, inner);
+}
+
+/* For an axis: elements before it (outer) and bytes of one index step along it (inner). */
+static void axis_split(const struct rlx_tensor *t, int axis, int64_t *outer, size_t *step)
+{
+    int64_t o = 1, in = 1;
+    for (int i = 0; i < axis; i++) o *= t->shape[i];
+    for (int i = axis + 1; i < t->ndim; i++) in *= t->shape[i];
+    *outer = o;
+    *step = (size_t)in * rlx_dtype_size(t->dtype);
+}
+
+static rlx_status run_embedding(const struct rlx_kernels *k, int id, const struct rlx_node *n,
+                                const struct rlx_tensor *v)
+{
+    const struct rlx_tensor *table = &v[n->in[0]], *ids = &v[n->in[1]];
+    const int32_t *idp = ptr(ids);
+    int64_t count = rlx_tensor_numel(ids), vocab = table->shape[0];
+    for (int64_t i = 0; i < count; i++)
+        if (idp[i] < 0 || idp[i] >= vocab)
+            return rlx_set_error(RLX_ERR_RANGE, "node %d (embedding): token id %d at position %lld is outside [0, %lld)",
+                                 id, idp[i], (long long)i, (long long)vocab);
+    k->embedding_f32(ptr(&v[id]), ptr(table), idp, count, table->shape[1]);
+    return RLX_OK;
+}
+
+static rlx_status run_attention(struct rlx_host_state *st, const struct rlx_node *n, const struct rlx_tensor *v,
+                                const struct rlx_tensor *out)
+{
+    const struct rlx_tensor *q = &v[n->in[0]], *kt = &v[n->in[1]];
+    bool has_past = n->n_in >= 5, has_mask = n->n_in == 4 || n->n_in == 6;
+    struct rlx_attn_args a = {
+        .out = ptr(out),
+        .q = ptr(q),
+        .k = ptr(kt),
+        .v = ptr(&v[n->in[2]]),
+        .S = q->shape[0],
+        .P = has_past ? v[n->in[3]].shape[0] : 0,
+        .Hq = q->shape[1],
+        .Hkv = kt->shape[1],
+        .D = q->shape[2],
+        .scale = n->attrs.scale,
+        .causal = n->attrs.causal,
+        .window = n->attrs.window,
+    };
+    if (has_past) {
+        a.k_past = ptr(&v[n->in[3]]);
+        a.v_past = ptr(&v[n->in[4]]);
+    }
+    if (has_mask) {
+        const struct rlx_tensor *m = &v[n->in[n->n_in - 1]];
+        if (m->dtype == RLX_F32) a.mask_f32 = ptr(m);
+        else a.mask_u8 = ptr(m);
+    }
+    RLX_TRY(need_scratch(st, st->k->attention_scratch(a.S, a.P)));
+    a.scratch = st->scratch;
+    st->k->attention_f32(&a);
+    return RLX_OK;
+}
+
+static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g, int id, const struct rlx_tensor *v)
+{
+    const struct rlx_kernels *k = st->k;
+    const struct rlx_node *n = &g->nodes[id];
+    if (n->op == RLX_OP_INPUT || n->op == RLX_OP_PARAM || n->op == RLX_OP_FUSED_OUT || n->op == RLX_OP_RESHAPE)
+        return RLX_OK; /* bound by the caller / written by the producer / an alias placed by the runtime */
+    const struct rlx_tensor *out = &v[id];
+    float *o = ptr(out);
+    switch (n->op) {
+    case RLX_OP_INPUT:
+    case RLX_OP_PARAM:
+    case RLX_OP_RESHAPE:
+    case RLX_OP_FUSED_OUT:
+        return RLX_OK;
+    case RLX_OP_MATMUL: {
+        const struct rlx_tensor *a = &v[n->in[0]];
+        int64_t kd = a->shape[a->ndim - 1];
+        k->matmul_f32(o, fin(v, n, 0), fin(v, n, 1), rows_of(a), kd, out->shape[out->ndim - 1], n->attrs.trans_b);
+        return RLX_OK;
+    }
+    case RLX_OP_EMBEDDING:
+        return run_embedding(k, id, n, v);
+    case RLX_OP_RMSNORM:
+        k->rmsnorm_f32(o, fin(v, n, 0), fin(v, n, 1), rows_of(out), out->shape[out->ndim - 1], n->attrs.eps);
+        return RLX_OK;
+    case RLX_OP_ADD_RMSNORM:
+        k->add_rmsnorm_f32(o, ptr(&v[n->companion]), fin(v, n, 0), fin(v, n, 1), fin(v, n, 2), rows_of(out),
+                           out->shape[out->ndim - 1], n->attrs.eps);
+        return RLX_OK;
+    case RLX_OP_ROPE:
+        k->rope_f32(o, fin(v, n, 0), ptr(&v[n->in[1]]), fin(v, n, 2), out->shape[0], out->shape[1], out->shape[2]);
+        return RLX_OK;
+    case RLX_OP_SOFTMAX:
+        k->softmax_f32(o, fin(v, n, 0), rows_of(out), out->shape[out->ndim - 1]);
+        return RLX_OK;
+    case RLX_OP_SILU:
+        k->silu_f32(o, fin(v, n, 0), rlx_tensor_numel(out));
+        return RLX_OK;
+    case RLX_OP_SILU_MUL:
+        k->silu_mul_f32(o, fin(v, n, 0), fin(v, n, 1), rlx_tensor_numel(out));
+        return RLX_OK;
+    case RLX_OP_ADD:
+    case RLX_OP_MUL: {
+        int64_t nb = rlx_tensor_numel(&v[n->in[1]]);
+        (n->op == RLX_OP_ADD ? k->add_f32 : k->mul_f32)(o, fin(v, n, 0), fin(v, n, 1), rlx_tensor_numel(out), nb);
+        return RLX_OK;
+    }
+    case RLX_OP_ATTENTION:
+        return run_attention(st, n, v, out);
+    case RLX_OP_GATHER_LAST: {
+        const struct rlx_tensor *x = &v[n->in[0]];
+        if (x->shape[0] < 1)
+            return rlx_set_error(RLX_ERR_SHAPE, "node %d (gather_last): the input has no rows", id);
+        size_t row = (size_t)(rlx_tensor_numel(out) * (int64_t)rlx_dtype_size(out->dtype));
+        memcpy(o, (const char *)ptr(x) + (size_t)(x->shape[0] - 1) * row, row);
+        return RLX_OK;
+    }
+    case RLX_OP_CONCAT: {
+        const struct rlx_tensor *a = &v[n->in[0]], *b = &v[n->in[1]];
+        int64_t outer;
+        size_t step;
+        axis_split(a, n->attrs.axis, &outer, &step);
+        size_t sa = step * (size_t)a->shape[n->attrs.axis], sb = step * (size_t)b->shape[n->attrs.axis];
+        copy_blocks((char *)o, sa + sb, ptr(a), sa, outer, sa);
+        copy_blocks((char *)o + sa, sa + sb, ptr(b), sb, outer, sb);
+        return RLX_OK;
+    }
+    case RLX_OP_SLICE: {
+        const struct rlx_tensor *x = &v[n->in[0]];
+        int64_t extent = x->shape[n->attrs.axis], start = n->attrs.start < 0 ? extent + n->attrs.start : n->attrs.start;
+        if (start < 0 || start + n->attrs.len > extent)
+            return rlx_set_error(RLX_ERR_RANGE, "node %d (slice): start %lld len %lld fall outside an axis of %lld", id,
+                                 (long long)n->attrs.start, (long long)n->attrs.len, (long long)extent);
+        int64_t outer;
+        size_t step;
+        axis_split(x, n->attrs.axis, &outer, &step);
+        copy_blocks((char *)o, step * (size_t)n->attrs.len, (const char *)ptr(x) + step * (size_t)start,
+                    step * (size_t)extent, outer, step * (size_t)n->attrs.len);
+        return RLX_OK;
+    }
+    case RLX_OP_COUNT:
+        break;
+    }
+    return rlx_set_error(RLX_ERR_INTERNAL, "node %d: no kernel for op %d", id, (int)n->op);
+}
+
+rlx_status rlx_host_run(void *state, const struct rlx_graph *g, const struct rlx_tensor *values)
+{
+    for (int id = 0; id < g->n_nodes; id++) {
+        if (g->nodes[id].dead) continue;
+        RLX_TRY(run_node(state, g, id, values));
+    }
+    return RLX_OK;
+}

@@ -1,0 +1,67 @@
+/*
+ * kernels.h - the kernel table a host-memory backend provides. Two tables exist: "cpu" (fast:
+ * OpenBLAS, threads through core/pool.h, vector code) and "ref" (plain scalar loops, single
+ * threaded: the in-C oracle). The dispatcher (backends/dispatch.c) turns a plan step into one
+ * call here; kernels never allocate, never fail, and trust their arguments (the dispatcher has
+ * checked shapes, dtypes and id ranges).
+ *
+ * All tensors are contiguous row-major f32 unless stated.
+ */
+#ifndef RLX_BACKENDS_KERNELS_H
+#define RLX_BACKENDS_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct rlx_attn_args {
+    float *out;               /* (S, Hq, D) */
+    const float *q;           /* (S, Hq, D) */
+    const float *k, *v;       /* (S, Hkv, D): keys/values of the S new positions */
+    const float *k_past;      /* (P, Hkv, D) or NULL when P == 0 */
+    const float *v_past;      /* (P, Hkv, D) or NULL when P == 0 */
+    const float *mask_f32;    /* (S, P+S) additive, or NULL */
+    const uint8_t *mask_u8;   /* (S, P+S) nonzero = may attend, or NULL */
+    int64_t S, P, Hq, Hkv, D; /* query head h uses kv head h / (Hq / Hkv) */
+    float scale;              /* scores = scale * q.k */
+    int causal;               /* key j (0..P+S-1; past first) visible to query i only if j <= P + i */
+    int64_t window;           /* > 0: key j also needs j > P + i - window */
+    float *scratch;           /* at least attention_scratch(S, P) floats */
+};
+/* A query row whose keys are all masked produces zeros. */
+
+struct rlx_kernels {
+    const char *name;
+    /* out (M, N) = a (M, K) @ b, b (N, K) read transposed if trans_b else b (K, N) */
+    void (*matmul_f32)(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N, int trans_b);
+    /* out (n, d) = table (V, d) rows ids (n) */
+    void (*embedding_f32)(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d);
+    /* out (rows, d) = x / sqrt(mean(x^2) + eps) * w (d) */
+    void (*rmsnorm_f32)(float *out, const float *x, const float *w, int64_t rows, int64_t d, float eps);
+    /* sum (rows, d) = a + b; out (rows, d) = rmsnorm(sum) * w */
+    void (*add_rmsnorm_f32)(float *sum, float *out, const float *a, const float *b, const float *w,
+                            int64_t rows, int64_t d, float eps);
+    /* out (s, h, d) = rotate-half RoPE of x (s, h, d) at positions pos (s) with inv_freq (d/2):
+     * for i < d/2, t = pos * inv_freq[i]: out[i] = x[i] cos t - x[i+d/2] sin t,
+     *                                     out[i+d/2] = x[i+d/2] cos t + x[i] sin t */
+    void (*rope_f32)(float *out, const float *x, const int32_t *pos, const float *inv_freq,
+                     int64_t s, int64_t h, int64_t d);
+    /* out (rows, n) = softmax over each row of x */
+    void (*softmax_f32)(float *out, const float *x, int64_t rows, int64_t n);
+    /* out (n) = x * sigmoid(x) */
+    void (*silu_f32)(float *out, const float *x, int64_t n);
+    /* out (n) = silu(a) * b */
+    void (*silu_mul_f32)(float *out, const float *a, const float *b, int64_t n);
+    /* out (n) = a (n) + b (nb) broadcast: out[i] = a[i] + b[i % nb]; nb divides n */
+    void (*add_f32)(float *out, const float *a, const float *b, int64_t n, int64_t nb);
+    /* out (n) = a * b broadcast as add_f32 */
+    void (*mul_f32)(float *out, const float *a, const float *b, int64_t n, int64_t nb);
+    /* grouped-query attention, see rlx_attn_args */
+    void (*attention_f32)(const struct rlx_attn_args *a);
+    /* floats of scratch attention_f32 needs for S queries over P past positions */
+    size_t (*attention_scratch)(int64_t S, int64_t P);
+};
+
+extern const struct rlx_kernels rlx_cpu_kernels;
+extern const struct rlx_kernels rlx_ref_kernels;
+
+#endif

@@ -1,0 +1,42 @@
+/*
+ * core.h - internal helpers shared by every part of the C core: setting the thread-local error
+ * message, logging, checked allocation, alignment. Nothing here prints or exits.
+ */
+#ifndef RLX_CORE_CORE_H
+#define RLX_CORE_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rlx/rlx.h"
+
+/* Sets this thread's error message (printf-style, truncated to one line) and returns s, so that
+ * call sites read `return rlx_set_error(RLX_ERR_SHAPE, "...", ...);`. */
+rlx_status rlx_set_error(rlx_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Sends a message to the log callback, if one is set. */
+void rlx_log(enum rlx_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Propagates a failing status. */
+#define RLX_TRY(expr)                                                                              \
+    do {                                                                                           \
+        rlx_status rlx_try_s_ = (expr);                                                            \
+        if (rlx_try_s_ != RLX_OK) return rlx_try_s_;                                               \
+    } while (0)
+
+/* Checked calloc: on failure sets RLX_ERR_NOMEM with the size, file and line, returns NULL. */
+void *rlx_calloc_at(size_t n, size_t size, const char *file, int line);
+#define rlx_calloc(n, size) rlx_calloc_at((n), (size), __FILE__, __LINE__)
+
+/* Checked growth of an array *p of *cap elements of `size` bytes to hold at least `need`. */
+rlx_status rlx_grow_at(void **p, int *cap, int need, size_t size, const char *file, int line);
+#define rlx_grow(p, cap, need) rlx_grow_at((void **)(p), (cap), (need), sizeof(**(p)), __FILE__, __LINE__)
+
+#define RLX_ALIGN 64
+static inline size_t rlx_align_up(size_t n) { return (n + RLX_ALIGN - 1) & ~(size_t)(RLX_ALIGN - 1); }
+
+/* f16 / bf16 conversions (round to nearest even on the way down). */
+float rlx_f16_to_f32(uint16_t h);
+float rlx_bf16_to_f32(uint16_t h);
+
+#endif

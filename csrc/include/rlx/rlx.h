@@ -1,0 +1,276 @@
+/*
+ * rlx.h - the public C API of the rlx core: statuses, dtypes, symbolic dims, the graph builder,
+ * compilation to a plan for one backend, and running a plan.
+ *
+ * Contracts that hold for every function here:
+ * - Fallible functions return rlx_status (RLX_OK == 0, errors negative) and, on error, set a
+ *   one-line thread-local message readable with rlx_last_error(). Results come back through
+ *   out-parameters, which are left untouched on error.
+ * - The library never prints, never exits and never calls into Python.
+ * - rlx_x_create pairs with rlx_x_free; freeing NULL is a no-op.
+ * - Pointers passed in are borrowed for the duration of the call unless a function says it keeps
+ *   them (rlx_plan_set_param keeps the weight pointer until the plan is freed or the param is
+ *   set again; rlx_plan_set_input keeps the input pointer until the next rlx_plan_run returns).
+ * - A graph or plan is not safe to use from two threads at once; distinct objects are.
+ */
+#ifndef RLX_RLX_H
+#define RLX_RLX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Statuses
+ * ------------------------------------------------------------------------------------------- */
+
+typedef int rlx_status;
+
+enum {
+    RLX_OK = 0,
+    RLX_ERR_INVALID = -1,     /* bad argument: unknown name, wrong arity, bad attribute value */
+    RLX_ERR_SHAPE = -2,       /* shapes do not fit together */
+    RLX_ERR_DTYPE = -3,       /* wrong element type */
+    RLX_ERR_RANGE = -4,       /* a value out of range: token id, position, context length */
+    RLX_ERR_NOMEM = -5,       /* allocation failed or a memory budget refused */
+    RLX_ERR_UNSUPPORTED = -6, /* valid request that this build or backend does not implement */
+    RLX_ERR_STATE = -7,       /* call not valid in the object's current state */
+    RLX_ERR_IO = -8,          /* file or network failure */
+    RLX_ERR_INTERNAL = -9,    /* a bug in rlx */
+};
+
+/* The message of the last failing call on this thread ("" if none). Valid until the next
+ * failing call on this thread. */
+const char *rlx_last_error(void);
+/* A short name for a status ("RLX_ERR_SHAPE"). */
+const char *rlx_status_name(rlx_status s);
+
+/* Logging: the core reports notable events (never errors, which are statuses) through one
+ * callback. Default: none (silent). The callback may be called from any thread. */
+enum rlx_log_level { RLX_LOG_DEBUG = 0, RLX_LOG_INFO = 1, RLX_LOG_WARN = 2 };
+typedef void (*rlx_log_fn)(enum rlx_log_level level, const char *msg, void *user);
+void rlx_set_log_callback(rlx_log_fn fn, void *user);
+
+/* ---------------------------------------------------------------------------------------------
+ * Dtypes (append-only; tables indexed by this enum are static_assert'ed on RLX_DTYPE_COUNT)
+ * ------------------------------------------------------------------------------------------- */
+
+enum rlx_dtype {
+    RLX_F32 = 0,
+    RLX_F16 = 1,
+    RLX_BF16 = 2,
+    RLX_I32 = 3,
+    RLX_U8 = 4,
+    RLX_DTYPE_COUNT
+};
+
+const char *rlx_dtype_name(enum rlx_dtype dt);        /* "f32"; "?" when out of range */
+size_t rlx_dtype_size(enum rlx_dtype dt);             /* bytes per element; 0 when out of range */
+/* Parses "f32", "float32", "f16", "float16", "bf16", "bfloat16", "i32", "int32", "u8", "uint8"/"bool". */
+rlx_status rlx_dtype_parse(const char *name, enum rlx_dtype *out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Symbolic dims
+ *
+ * A dim is an affine expression over the graph's symbols: c + sum_i coef[i] * sym[i].
+ * Symbols 0..2 are predefined (BATCH, SEQ, PAST); more may be created by name. Symbols are bound
+ * to values at run time, usually inferred from input shapes.
+ * ------------------------------------------------------------------------------------------- */
+
+#define RLX_MAX_DIMS 4
+#define RLX_MAX_SYMS 8
+#define RLX_MAX_INPUTS 6
+#define RLX_NAME_MAX 96
+
+enum { RLX_SYM_BATCH = 0, RLX_SYM_SEQ = 1, RLX_SYM_PAST = 2, RLX_SYM_FIRST_USER = 3 };
+
+struct rlx_dim {
+    int64_t c;                       /* constant term */
+    int32_t coef[RLX_MAX_SYMS];      /* coefficient of each symbol */
+};
+
+/* A dim that is the constant n / the symbol s. */
+struct rlx_dim rlx_dim_const(int64_t n);
+struct rlx_dim rlx_dim_sym(int sym);
+bool rlx_dim_is_const(const struct rlx_dim *d);
+bool rlx_dim_equal(const struct rlx_dim *a, const struct rlx_dim *b);
+
+/* ---------------------------------------------------------------------------------------------
+ * Ops (append-only enum; every per-op table is static_assert'ed on RLX_OP_COUNT)
+ *
+ * All compute ops take and produce f32 unless stated. Shapes use the leading dims "..." freely
+ * (rows = product of the leading dims) up to RLX_MAX_DIMS.
+ * ------------------------------------------------------------------------------------------- */
+
+enum rlx_op {
+    RLX_OP_INPUT = 0,    /* named runtime input (any dtype) */
+    RLX_OP_PARAM,        /* named weight, bound with rlx_plan_set_param (any dtype) */
+    RLX_OP_MATMUL,       /* a (..., K) @ b -> (..., N); b (N, K) if trans_b else (K, N) */
+    RLX_OP_EMBEDDING,    /* table (V, D), ids i32 (...) -> (..., D); an id outside [0, V) is RLX_ERR_RANGE at run */
+    RLX_OP_RMSNORM,      /* x (..., D), w (D) -> x / sqrt(mean(x^2) + eps) * w */
+    RLX_OP_ROPE,         /* x (S, H, D), pos i32 (S), inv_freq (D/2) -> rotate-half RoPE */
+    RLX_OP_SOFTMAX,      /* x (..., N) -> softmax over the last axis */
+    RLX_OP_SILU,         /* x -> x * sigmoid(x) */
+    RLX_OP_ADD,          /* a (...), b (suffix of a's shape) -> a + b broadcast over the leading dims */
+    RLX_OP_MUL,          /* as ADD, elementwise product */
+    RLX_OP_ATTENTION,    /* q (S,Hq,D), k (S,Hkv,D), v (S,Hkv,D) [, k_past (P,Hkv,D), v_past (P,Hkv,D)]
+                            [, mask (S, P+S) f32 additive or u8 1=attend] -> (S, Hq, D); Hq % Hkv == 0 */
+    RLX_OP_GATHER_LAST,  /* x (S, ...) -> (1, ...): the last row along axis 0 */
+    RLX_OP_CONCAT,       /* a, b -> concatenated along attrs.axis (any dtype, same dtype) */
+    RLX_OP_SLICE,        /* x -> x[start : start+len] along attrs.axis (any dtype); start < 0 counts from the end */
+    RLX_OP_RESHAPE,      /* x -> same data, shape attrs.shape (element counts must agree; any dtype) */
+    RLX_OP_SILU_MUL,     /* fused by the compiler: silu(a) * b */
+    RLX_OP_ADD_RMSNORM,  /* fused by the compiler: (a, b, w) -> a + b; also writes rmsnorm(a+b)*w into
+                            its companion RLX_OP_FUSED_OUT node */
+    RLX_OP_FUSED_OUT,    /* fused by the compiler: a second output written by its input node's kernel */
+    RLX_OP_COUNT
+};
+
+/* Attributes of an op; each op reads the fields its comment names, the rest stay zero. */
+struct rlx_attrs {
+    float eps;                         /* RMSNORM, ADD_RMSNORM */
+    float scale;                       /* ATTENTION: scores scale (usually 1/sqrt(D)) */
+    int32_t trans_b;                   /* MATMUL */
+    int32_t causal;                    /* ATTENTION: key j visible to query i only if j <= P + i */
+    int64_t window;                    /* ATTENTION: > 0: also require j > P + i - window */
+    int32_t axis;                      /* CONCAT, SLICE (negative counts from the end) */
+    int64_t start, len;                /* SLICE */
+    int32_t ndim;                      /* RESHAPE: target rank */
+    struct rlx_dim shape[RLX_MAX_DIMS];/* RESHAPE: target shape */
+};
+
+const char *rlx_op_name(enum rlx_op op);               /* "matmul"; "?" when out of range */
+rlx_status rlx_op_parse(const char *name, enum rlx_op *out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Graph builder
+ *
+ * Values are node ids (>= 0). Shape inference runs as each node is added, so a bad shape is
+ * reported by the call that adds the node, naming the node, its op and the shapes involved.
+ * ------------------------------------------------------------------------------------------- */
+
+struct rlx_graph;
+
+rlx_status rlx_graph_create(struct rlx_graph **out);
+void rlx_graph_free(struct rlx_graph *g);
+/* Deep copy (the copy shares nothing with g). */
+rlx_status rlx_graph_clone(const struct rlx_graph *g, struct rlx_graph **out);
+
+/* The symbol with this name, created if new ("BATCH", "SEQ", "PAST" are 0..2). */
+rlx_status rlx_graph_symbol(struct rlx_graph *g, const char *name, int *out_sym);
+const char *rlx_graph_symbol_name(const struct rlx_graph *g, int sym); /* NULL if not defined */
+int rlx_graph_symbol_count(const struct rlx_graph *g);
+
+rlx_status rlx_graph_input(struct rlx_graph *g, const char *name, enum rlx_dtype dt, int ndim,
+                           const struct rlx_dim *shape, int *out_id);
+rlx_status rlx_graph_param(struct rlx_graph *g, const char *name, enum rlx_dtype dt, int ndim,
+                           const struct rlx_dim *shape, int *out_id);
+/* Adds a compute node. attrs may be NULL (all zero). */
+rlx_status rlx_graph_op(struct rlx_graph *g, enum rlx_op op, int n_inputs, const int *inputs,
+                        const struct rlx_attrs *attrs, int *out_id);
+/* Marks a value as a named graph output (outputs keep the order they were marked in). */
+rlx_status rlx_graph_output(struct rlx_graph *g, int id, const char *name);
+
+int rlx_graph_node_count(const struct rlx_graph *g);
+/* Inspection of a node; returns RLX_ERR_INVALID for a bad id. name may be "" for unnamed nodes. */
+rlx_status rlx_graph_node_info(const struct rlx_graph *g, int id, enum rlx_op *op, enum rlx_dtype *dt,
+                               int *ndim, struct rlx_dim *shape /* RLX_MAX_DIMS */, const char **name);
+/* Writes a readable listing into buf (always NUL-terminated, truncated to cap); returns the
+ * length the full listing needs (excluding the NUL). */
+size_t rlx_graph_dump(const struct rlx_graph *g, char *buf, size_t cap);
+/* Formats one dim ("SEQ+1", "4*PAST", "64") into buf. */
+void rlx_dim_format(const struct rlx_graph *g, const struct rlx_dim *d, char *buf, size_t cap);
+
+/* ---------------------------------------------------------------------------------------------
+ * Compile and run
+ * ------------------------------------------------------------------------------------------- */
+
+struct rlx_compile_opts {
+    bool fuse;                   /* run the fusion pass (default true) */
+    int64_t sym_cap[RLX_MAX_SYMS]; /* upper bound of each symbol for capacity planning; 0 = none */
+};
+/* Defaults: fuse on, no caps. */
+struct rlx_compile_opts rlx_compile_opts_default(void);
+
+struct rlx_plan;
+
+/* Names of the backends compiled in, comma separated ("cpu,ref"). */
+const char *rlx_backends(void);
+
+/* Compiles a copy of g for the named device ("cpu", "ref"). g is not modified and may be freed
+ * afterwards. Fails with RLX_ERR_UNSUPPORTED naming the node if the backend lacks an op. */
+rlx_status rlx_compile(const struct rlx_graph *g, const char *device, const struct rlx_compile_opts *opts,
+                       struct rlx_plan **out);
+void rlx_plan_free(struct rlx_plan *p);
+
+/* The compiled (post-pass) graph, owned by the plan. */
+const struct rlx_graph *rlx_plan_graph(const struct rlx_plan *p);
+const char *rlx_plan_device(const struct rlx_plan *p);
+
+int rlx_plan_input_count(const struct rlx_plan *p);
+int rlx_plan_param_count(const struct rlx_plan *p);
+int rlx_plan_output_count(const struct rlx_plan *p);
+const char *rlx_plan_input_name(const struct rlx_plan *p, int i);
+const char *rlx_plan_param_name(const struct rlx_plan *p, int i);
+const char *rlx_plan_output_name(const struct rlx_plan *p, int i);
+/* Index of a named input / param / output, or RLX_ERR_INVALID naming it. */
+rlx_status rlx_plan_input_index(const struct rlx_plan *p, const char *name, int *out);
+rlx_status rlx_plan_param_index(const struct rlx_plan *p, const char *name, int *out);
+rlx_status rlx_plan_output_index(const struct rlx_plan *p, const char *name, int *out);
+
+/* A host tensor handed to the plan: contiguous, row-major. */
+struct rlx_host_tensor {
+    const void *data;
+    enum rlx_dtype dtype;
+    int ndim;
+    int64_t shape[RLX_MAX_DIMS];
+};
+
+/* Binds a weight. Its dtype and shape must match the param exactly (constant dims). The plan
+ * keeps the pointer (zero-copy on host-memory backends; other backends upload a copy now) until
+ * the plan is freed or the param is set again. */
+rlx_status rlx_plan_set_param(struct rlx_plan *p, int index, const struct rlx_host_tensor *t);
+/* Binds an input for the next run; the pointer is kept until rlx_plan_run returns. */
+rlx_status rlx_plan_set_input(struct rlx_plan *p, int index, const struct rlx_host_tensor *t);
+/* Binds a symbol explicitly (otherwise symbols are inferred from input shapes). Cleared by run. */
+rlx_status rlx_plan_bind_symbol(struct rlx_plan *p, int sym, int64_t value);
+
+/* Runs the plan: infers symbols from the inputs, checks every input and param is bound with a
+ * fitting shape, plans memory for these sizes, executes. On error the plan stays usable. */
+rlx_status rlx_plan_run(struct rlx_plan *p);
+
+/* After a successful run: the shape of output i and a copy of its data (bytes must equal
+ * numel * dtype size). */
+rlx_status rlx_plan_output_shape(const struct rlx_plan *p, int i, enum rlx_dtype *dt, int *ndim,
+                                 int64_t shape[RLX_MAX_DIMS]);
+rlx_status rlx_plan_read_output(const struct rlx_plan *p, int i, void *dst, size_t bytes);
+
+/* Bytes of the intermediate arena for the last run (or, before any run, for the symbol caps /
+ * constant shapes; 0 if unknown), and the sum of all intermediates' sizes without reuse. */
+size_t rlx_plan_planned_bytes(const struct rlx_plan *p);
+size_t rlx_plan_unshared_bytes(const struct rlx_plan *p);
+/* Estimated peak bytes of a run with the given symbol values (arena + workspace), without
+ * running: used by callers to enforce a memory budget before they compile bigger plans. */
+rlx_status rlx_plan_estimate_bytes(const struct rlx_plan *p, const int64_t sym_values[RLX_MAX_SYMS],
+                                   size_t *out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Threads and build information
+ * ------------------------------------------------------------------------------------------- */
+
+/* Threads used by the CPU kernels and by OpenBLAS (set together, so they never oversubscribe).
+ * n <= 0 restores the default (the number of online CPUs). */
+void rlx_set_num_threads(int n);
+int rlx_get_num_threads(void);
+
+/* Static build facts: "key=value" lines (blas, blas_config, cc, cflags, isa, backends). */
+const char *rlx_build_info(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

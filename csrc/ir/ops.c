@@ -1,0 +1,316 @@
+/*
+ * ops.c - the op table: each op's name, arity and shape rule. A shape rule reads the node's
+ * inputs (already inferred), checks dtypes and shapes, and sets the node's dtype and shape. Its
+ * error names the node, the op and the shapes involved. Adding an op to enum rlx_op fails to
+ * compile until this table knows it.
+ */
+#include <assert.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "ir/graph.h"
+
+#define IN(k) (&g->nodes[n->in[k]])
+
+static rlx_status fail(const struct rlx_graph *g, int id, const struct rlx_node *n, rlx_status s, const char *why)
+{
+    char shapes[768];
+    size_t len = 0;
+    shapes[0] = '\0';
+    for (int k = 0; k < n->n_in && len < sizeof shapes; k++) {
+        const struct rlx_node *in = IN(k);
+        char sh[160];
+        rlx_shape_format(g, in->ndim, in->shape, sh, sizeof sh);
+        len += (size_t)snprintf(shapes + len, sizeof shapes - len, "%s%%%d %s%s", k ? ", " : "", n->in[k],
+                                rlx_dtype_name(in->dtype), sh);
+    }
+    return rlx_set_error(s, "node %d (%s): %s; inputs: %s", id, rlx_op_table[n->op].name, why, shapes);
+}
+
+static void set_out(struct rlx_node *n, enum rlx_dtype dt, int ndim, const struct rlx_dim *shape)
+{
+    n->dtype = dt;
+    n->ndim = ndim;
+    for (int i = 0; i < ndim; i++) n->shape[i] = shape[i];
+}
+
+static bool all_f32(const struct rlx_graph *g, const struct rlx_node *n, int count)
+{
+    for (int k = 0; k < count; k++)
+        if (IN(k)->dtype != RLX_F32) return false;
+    return true;
+}
+
+static bool same_shape(const struct rlx_node *a, const struct rlx_node *b)
+{
+    if (a->ndim != b->ndim) return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (!rlx_dim_equal(&a->shape[i], &b->shape[i])) return false;
+    return true;
+}
+
+static bool const_dim(const struct rlx_dim *d, int64_t *v)
+{
+    if (!rlx_dim_is_const(d)) return false;
+    *v = d->c;
+    return true;
+}
+
+static rlx_status infer_leaf(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    (void)g, (void)id, (void)n;
+    return RLX_OK;
+}
+
+static rlx_status infer_matmul(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *a = IN(0), *b = IN(1);
+    if (!all_f32(g, n, 2)) return fail(g, id, n, RLX_ERR_DTYPE, "matmul takes f32 operands");
+    if (a->ndim < 1 || b->ndim != 2) return fail(g, id, n, RLX_ERR_SHAPE, "a must have rank >= 1 and b rank 2");
+    const struct rlx_dim *kb = n->attrs.trans_b ? &b->shape[1] : &b->shape[0];
+    const struct rlx_dim *nb = n->attrs.trans_b ? &b->shape[0] : &b->shape[1];
+    if (!rlx_dim_equal(&a->shape[a->ndim - 1], kb))
+        return fail(g, id, n, RLX_ERR_SHAPE, n->attrs.trans_b ? "a (..., K) and b (N, K) disagree on K"
+                                                                : "a (..., K) and b (K, N) disagree on K");
+    struct rlx_dim shape[RLX_MAX_DIMS];
+    memcpy(shape, a->shape, sizeof shape);
+    shape[a->ndim - 1] = *nb;
+    set_out(n, RLX_F32, a->ndim, shape);
+    return RLX_OK;
+}
+
+static rlx_status infer_embedding(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *t = IN(0), *ids = IN(1);
+    if (t->dtype != RLX_F32 || ids->dtype != RLX_I32)
+        return fail(g, id, n, RLX_ERR_DTYPE, "embedding takes an f32 table and i32 ids");
+    if (t->ndim != 2 || ids->ndim < 1 || ids->ndim > RLX_MAX_DIMS - 1)
+        return fail(g, id, n, RLX_ERR_SHAPE, "table must be (V, D) and ids of rank 1..3");
+    struct rlx_dim shape[RLX_MAX_DIMS];
+    memcpy(shape, ids->shape, sizeof shape);
+    shape[ids->ndim] = t->shape[1];
+    set_out(n, RLX_F32, ids->ndim + 1, shape);
+    return RLX_OK;
+}
+
+static rlx_status infer_rmsnorm(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *x = IN(0), *w = IN(1);
+    if (!all_f32(g, n, 2)) return fail(g, id, n, RLX_ERR_DTYPE, "rmsnorm takes f32 x and w");
+    if (x->ndim < 1 || w->ndim != 1 || !rlx_dim_equal(&x->shape[x->ndim - 1], &w->shape[0]))
+        return fail(g, id, n, RLX_ERR_SHAPE, "x must be (..., D) and w (D)");
+    if (!(n->attrs.eps >= 0.0f)) return fail(g, id, n, RLX_ERR_INVALID, "eps must be >= 0");
+    set_out(n, RLX_F32, x->ndim, x->shape);
+    return RLX_OK;
+}
+
+static rlx_status infer_add_rmsnorm(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *a = IN(0), *b = IN(1), *w = IN(2);
+    if (!all_f32(g, n, 3)) return fail(g, id, n, RLX_ERR_DTYPE, "add_rmsnorm takes f32 inputs");
+    if (!same_shape(a, b) || a->ndim < 1 || w->ndim != 1 || !rlx_dim_equal(&a->shape[a->ndim - 1], &w->shape[0]))
+        return fail(g, id, n, RLX_ERR_SHAPE, "a and b must be equal (..., D) and w (D)");
+    set_out(n, RLX_F32, a->ndim, a->shape);
+    return RLX_OK;
+}
+
+static rlx_status infer_rope(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *x = IN(0), *pos = IN(1), *f = IN(2);
+    if (x->dtype != RLX_F32 || pos->dtype != RLX_I32 || f->dtype != RLX_F32)
+        return fail(g, id, n, RLX_ERR_DTYPE, "rope takes f32 x, i32 positions and f32 inv_freq");
+    int64_t d, half;
+    if (x->ndim != 3 || pos->ndim != 1 || f->ndim != 1 || !const_dim(&x->shape[2], &d) || d % 2 ||
+        !const_dim(&f->shape[0], &half) || half * 2 != d || !rlx_dim_equal(&pos->shape[0], &x->shape[0]))
+        return fail(g, id, n, RLX_ERR_SHAPE, "x must be (S, H, D) with constant even D, positions (S), inv_freq (D/2)");
+    set_out(n, RLX_F32, 3, x->shape);
+    return RLX_OK;
+}
+
+static rlx_status infer_unary(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *x = IN(0);
+    if (x->dtype != RLX_F32) return fail(g, id, n, RLX_ERR_DTYPE, "takes f32");
+    if (x->ndim < 1) return fail(g, id, n, RLX_ERR_SHAPE, "needs rank >= 1");
+    set_out(n, RLX_F32, x->ndim, x->shape);
+    return RLX_OK;
+}
+
+static rlx_status infer_binary(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *a = IN(0), *b = IN(1);
+    if (!all_f32(g, n, 2)) return fail(g, id, n, RLX_ERR_DTYPE, "takes f32 operands");
+    bool ok = a->ndim >= 1 && b->ndim >= 1 && b->ndim <= a->ndim;
+    for (int i = 0; ok && i < b->ndim; i++)
+        ok = rlx_dim_equal(&b->shape[b->ndim - 1 - i], &a->shape[a->ndim - 1 - i]);
+    if (!ok) return fail(g, id, n, RLX_ERR_SHAPE, "b's shape must equal the trailing dims of a's shape");
+    set_out(n, RLX_F32, a->ndim, a->shape);
+    return RLX_OK;
+}
+
+static rlx_status infer_silu_mul(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    if (!all_f32(g, n, 2)) return fail(g, id, n, RLX_ERR_DTYPE, "takes f32 operands");
+    if (!same_shape(IN(0), IN(1)) || IN(0)->ndim < 1) return fail(g, id, n, RLX_ERR_SHAPE, "a and b must have equal shapes");
+    set_out(n, RLX_F32, IN(0)->ndim, IN(0)->shape);
+    return RLX_OK;
+}
+
+/* Inputs: q, k, v [, k_past, v_past] [, mask]: 3 = none, 4 = mask, 5 = past, 6 = past + mask. */
+static rlx_status infer_attention(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    if (n->n_in < 3 || n->n_in > 6)
+        return fail(g, id, n, RLX_ERR_INVALID, "takes q, k, v [, k_past, v_past] [, mask]");
+    bool has_past = n->n_in >= 5, has_mask = n->n_in == 4 || n->n_in == 6;
+    int n_f32 = has_past ? 5 : 3;
+    if (!all_f32(g, n, n_f32)) return fail(g, id, n, RLX_ERR_DTYPE, "q, k, v and past k/v must be f32");
+    const struct rlx_node *q = IN(0), *k = IN(1), *v = IN(2);
+    int64_t hq, hkv, d;
+    if (q->ndim != 3 || !same_shape(k, v) || k->ndim != 3 || !const_dim(&q->shape[1], &hq) ||
+        !const_dim(&k->shape[1], &hkv) || !const_dim(&q->shape[2], &d) || !rlx_dim_equal(&k->shape[2], &q->shape[2]) ||
+        !rlx_dim_equal(&k->shape[0], &q->shape[0]))
+        return fail(g, id, n, RLX_ERR_SHAPE, "q must be (S, Hq, D), k and v (S, Hkv, D) with constant heads and D");
+    if (hkv < 1 || hq % hkv) return fail(g, id, n, RLX_ERR_SHAPE, "query heads must be a multiple of kv heads");
+    struct rlx_dim total = q->shape[0];
+    if (has_past) {
+        const struct rlx_node *kp = IN(3), *vp = IN(4);
+        if (!same_shape(kp, vp) || kp->ndim != 3 || !rlx_dim_equal(&kp->shape[1], &k->shape[1]) ||
+            !rlx_dim_equal(&kp->shape[2], &k->shape[2]))
+            return fail(g, id, n, RLX_ERR_SHAPE, "k_past and v_past must be (P, Hkv, D)");
+        total = rlx_dim_add(&kp->shape[0], &q->shape[0]);
+    }
+    if (has_mask) {
+        const struct rlx_node *m = IN(n->n_in - 1);
+        if (m->dtype != RLX_F32 && m->dtype != RLX_U8)
+            return fail(g, id, n, RLX_ERR_DTYPE, "mask must be f32 (additive) or u8 (1 = attend)");
+        if (m->ndim != 2 || !rlx_dim_equal(&m->shape[0], &q->shape[0]) || !rlx_dim_equal(&m->shape[1], &total))
+            return fail(g, id, n, RLX_ERR_SHAPE, "mask must be (S, P+S)");
+    }
+    if (n->attrs.window < 0) return fail(g, id, n, RLX_ERR_INVALID, "window must be >= 0");
+    if (!(n->attrs.scale > 0.0f)) return fail(g, id, n, RLX_ERR_INVALID, "scale must be > 0");
+    set_out(n, RLX_F32, 3, q->shape);
+    return RLX_OK;
+}
+
+static rlx_status infer_gather_last(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *x = IN(0);
+    if (x->ndim < 1) return fail(g, id, n, RLX_ERR_SHAPE, "needs rank >= 1");
+    struct rlx_dim shape[RLX_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[0] = rlx_dim_const(1);
+    set_out(n, x->dtype, x->ndim, shape);
+    return RLX_OK;
+}
+
+static bool norm_axis(int ndim, int32_t *axis)
+{
+    if (*axis < 0) *axis += ndim;
+    return *axis >= 0 && *axis < ndim;
+}
+
+static rlx_status infer_concat(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *a = IN(0), *b = IN(1);
+    if (a->dtype != b->dtype) return fail(g, id, n, RLX_ERR_DTYPE, "operands must share a dtype");
+    if (a->ndim != b->ndim || !norm_axis(a->ndim, &n->attrs.axis))
+        return fail(g, id, n, RLX_ERR_SHAPE, "operands must share a rank and the axis must be inside it");
+    for (int i = 0; i < a->ndim; i++)
+        if (i != n->attrs.axis && !rlx_dim_equal(&a->shape[i], &b->shape[i]))
+            return fail(g, id, n, RLX_ERR_SHAPE, "dims other than the axis must agree");
+    struct rlx_dim shape[RLX_MAX_DIMS];
+    memcpy(shape, a->shape, sizeof shape);
+    shape[n->attrs.axis] = rlx_dim_add(&a->shape[n->attrs.axis], &b->shape[n->attrs.axis]);
+    set_out(n, a->dtype, a->ndim, shape);
+    return RLX_OK;
+}
+
+static rlx_status infer_slice(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *x = IN(0);
+    if (x->ndim < 1 || !norm_axis(x->ndim, &n->attrs.axis))
+        return fail(g, id, n, RLX_ERR_SHAPE, "the axis must be inside x's rank");
+    if (n->attrs.len < 1) return fail(g, id, n, RLX_ERR_INVALID, "len must be >= 1");
+    int64_t extent;
+    if (const_dim(&x->shape[n->attrs.axis], &extent)) {
+        int64_t start = n->attrs.start < 0 ? extent + n->attrs.start : n->attrs.start;
+        if (start < 0 || start + n->attrs.len > extent)
+            return fail(g, id, n, RLX_ERR_SHAPE, "start/len fall outside the axis");
+    }
+    struct rlx_dim shape[RLX_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[n->attrs.axis] = rlx_dim_const(n->attrs.len);
+    set_out(n, x->dtype, x->ndim, shape);
+    return RLX_OK;
+}
+
+static rlx_status infer_reshape(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *x = IN(0);
+    if (n->attrs.ndim < 1 || n->attrs.ndim > RLX_MAX_DIMS)
+        return fail(g, id, n, RLX_ERR_SHAPE, "target rank must be 1..4");
+    for (int i = 0; i < n->attrs.ndim; i++)
+        for (int s = 0; s < RLX_MAX_SYMS; s++)
+            if (n->attrs.shape[i].coef[s] < 0 || (n->attrs.shape[i].coef[s] && s >= g->n_syms))
+                return fail(g, id, n, RLX_ERR_SHAPE, "target shape uses a negative coefficient or an undefined symbol");
+    if (!rlx_shapes_same_numel(x->ndim, x->shape, n->attrs.ndim, n->attrs.shape)) {
+        char sh[160], why[256];
+        rlx_shape_format(g, n->attrs.ndim, n->attrs.shape, sh, sizeof sh);
+        snprintf(why, sizeof why, "target shape %s does not hold the same number of elements", sh);
+        return fail(g, id, n, RLX_ERR_SHAPE, why);
+    }
+    set_out(n, x->dtype, n->attrs.ndim, n->attrs.shape);
+    return RLX_OK;
+}
+
+static rlx_status infer_fused_out(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *p = IN(0);
+    if (p->op != RLX_OP_ADD_RMSNORM) return fail(g, id, n, RLX_ERR_INTERNAL, "input is not a fused producer");
+    set_out(n, p->dtype, p->ndim, p->shape);
+    return RLX_OK;
+}
+
+const struct rlx_op_info rlx_op_table[RLX_OP_COUNT] = {
+    [RLX_OP_INPUT] = {.name = "input", .min_in = 0, .max_in = 0, .user = false, .infer = infer_leaf},
+    [RLX_OP_PARAM] = {.name = "param", .min_in = 0, .max_in = 0, .user = false, .infer = infer_leaf},
+    [RLX_OP_MATMUL] = {.name = "matmul", .min_in = 2, .max_in = 2, .user = true, .infer = infer_matmul},
+    [RLX_OP_EMBEDDING] = {.name = "embedding", .min_in = 2, .max_in = 2, .user = true, .infer = infer_embedding},
+    [RLX_OP_RMSNORM] = {.name = "rmsnorm", .min_in = 2, .max_in = 2, .user = true, .infer = infer_rmsnorm},
+    [RLX_OP_ROPE] = {.name = "rope", .min_in = 3, .max_in = 3, .user = true, .infer = infer_rope},
+    [RLX_OP_SOFTMAX] = {.name = "softmax", .min_in = 1, .max_in = 1, .user = true, .infer = infer_unary},
+    [RLX_OP_SILU] = {.name = "silu", .min_in = 1, .max_in = 1, .user = true, .infer = infer_unary},
+    [RLX_OP_ADD] = {.name = "add", .min_in = 2, .max_in = 2, .user = true, .infer = infer_binary},
+    [RLX_OP_MUL] = {.name = "mul", .min_in = 2, .max_in = 2, .user = true, .infer = infer_binary},
+    [RLX_OP_ATTENTION] = {.name = "attention", .min_in = 3, .max_in = 6, .user = true, .infer = infer_attention},
+    [RLX_OP_GATHER_LAST] = {.name = "gather_last", .min_in = 1, .max_in = 1, .user = true, .infer = infer_gather_last},
+    [RLX_OP_CONCAT] = {.name = "concat", .min_in = 2, .max_in = 2, .user = true, .infer = infer_concat},
+    [RLX_OP_SLICE] = {.name = "slice", .min_in = 1, .max_in = 1, .user = true, .infer = infer_slice},
+    [RLX_OP_RESHAPE] = {.name = "reshape", .min_in = 1, .max_in = 1, .user = true, .infer = infer_reshape},
+    [RLX_OP_SILU_MUL] = {.name = "silu_mul", .min_in = 2, .max_in = 2, .user = false, .infer = infer_silu_mul},
+    [RLX_OP_ADD_RMSNORM] = {.name = "add_rmsnorm", .min_in = 3, .max_in = 3, .user = false, .infer = infer_add_rmsnorm},
+    [RLX_OP_FUSED_OUT] = {.name = "fused_out", .min_in = 1, .max_in = 1, .user = false, .infer = infer_fused_out},
+};
+static_assert(sizeof rlx_op_table / sizeof rlx_op_table[0] == RLX_OP_COUNT, "op table out of date");
+
+rlx_status rlx_infer_node(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_op_info *info = &rlx_op_table[n->op];
+    if (n->n_in < info->min_in || n->n_in > info->max_in)
+        return rlx_set_error(RLX_ERR_INVALID, "node %d (%s): takes %d..%d inputs, got %d", id, info->name, info->min_in,
+                             info->max_in, n->n_in);
+    return info->infer(g, id, n);
+}
+
+const char *rlx_op_name(enum rlx_op op) { return ((unsigned)op < RLX_OP_COUNT) ? rlx_op_table[op].name : "?"; }
+
+rlx_status rlx_op_parse(const char *name, enum rlx_op *out)
+{
+    for (int op = 0; name && op < RLX_OP_COUNT; op++)
+        if (strcmp(rlx_op_table[op].name, name) == 0) {
+            *out = (enum rlx_op)op;
+            return RLX_OK;
+        }
+    return rlx_set_error(RLX_ERR_INVALID, "unknown op '%s'", name ? name : "(null)");
+}

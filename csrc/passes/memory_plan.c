@@ -1,0 +1,103 @@
+/*
+ * memory_plan.c - liveness and the arena plan. Time is the node id (ids are an execution order).
+ * A value lives from the step that writes it to the last step that reads it (or to the end, for
+ * outputs); two values share arena bytes only if their lifetimes do not overlap, so a kernel's
+ * output never aliases its own inputs. Placement is greedy: largest first, lowest offset that
+ * fits. The plan is recomputed by the runtime whenever the symbol binding grows.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "passes/passes.h"
+
+rlx_status rlx_liveness_compute(const struct rlx_graph *g, struct rlx_liveness *lv)
+{
+    memset(lv, 0, sizeof *lv);
+    int n = g->n_nodes;
+    lv->n_nodes = n;
+    lv->root = rlx_calloc((size_t)n, sizeof *lv->root);
+    lv->first = rlx_calloc((size_t)n, sizeof *lv->first);
+    lv->last = rlx_calloc((size_t)n, sizeof *lv->last);
+    lv->in_arena = rlx_calloc((size_t)n, sizeof *lv->in_arena);
+    if (!lv->root || !lv->first || !lv->last || !lv->in_arena) {
+        rlx_liveness_free(lv);
+        return RLX_ERR_NOMEM;
+    }
+    for (int id = 0; id < n; id++) {
+        const struct rlx_node *nd = &g->nodes[id];
+        lv->root[id] = (nd->op == RLX_OP_RESHAPE && !nd->dead) ? lv->root[nd->in[0]] : id;
+        lv->first[id] = nd->op == RLX_OP_FUSED_OUT ? nd->in[0] : id;
+        lv->last[id] = lv->first[id];
+        lv->in_arena[id] = !nd->dead && nd->op != RLX_OP_INPUT && nd->op != RLX_OP_PARAM && nd->op != RLX_OP_RESHAPE;
+    }
+    for (int id = 0; id < n; id++) {
+        const struct rlx_node *nd = &g->nodes[id];
+        if (nd->dead || nd->op == RLX_OP_FUSED_OUT) continue;
+        for (int k = 0; k < nd->n_in; k++) {
+            int r = lv->root[nd->in[k]];
+            if (lv->last[r] < id) lv->last[r] = id;
+        }
+        /* a reshape keeps its root alive at least until the reshape itself */
+        if (nd->op == RLX_OP_RESHAPE && lv->last[lv->root[id]] < id) lv->last[lv->root[id]] = id;
+    }
+    for (int i = 0; i < g->n_outputs; i++) lv->last[lv->root[g->outputs[i]]] = INT_MAX;
+    return RLX_OK;
+}
+
+void rlx_liveness_free(struct rlx_liveness *lv)
+{
+    free(lv->root);
+    free(lv->first);
+    free(lv->last);
+    free(lv->in_arena);
+    memset(lv, 0, sizeof *lv);
+}
+
+/* the sizes by_size_desc compares, for one qsort on this thread */
+static _Thread_local const size_t *tl_sizes;
+
+static int by_size_desc(const void *pa, const void *pb)
+{
+    int a = *(const int *)pa, b = *(const int *)pb;
+    if (tl_sizes[a] != tl_sizes[b]) return tl_sizes[a] < tl_sizes[b] ? 1 : -1;
+    return a - b;
+}
+
+rlx_status rlx_memory_plan(const struct rlx_liveness *lv, const size_t *sizes, size_t *offsets, int *scratch,
+                           size_t *arena_bytes, size_t *unshared_bytes)
+{
+    int *order = scratch, *placed = scratch + lv->n_nodes; /* placed: sorted by offset */
+    int n_order = 0, n_placed = 0;
+    size_t total = 0, arena = 0;
+    for (int id = 0; id < lv->n_nodes; id++)
+        if (lv->in_arena[id]) {
+            order[n_order++] = id;
+            total += rlx_align_up(sizes[id]);
+        }
+    tl_sizes = sizes;
+    qsort(order, (size_t)n_order, sizeof *order, by_size_desc);
+    for (int i = 0; i < n_order; i++) {
+        int v = order[i];
+        size_t need = rlx_align_up(sizes[v]), off = 0;
+        int pos = 0; /* insertion point in placed */
+        for (int j = 0; j < n_placed; j++) {
+            int p = placed[j];
+            bool overlap = lv->first[p] <= lv->last[v] && lv->first[v] <= lv->last[p];
+            if (!overlap) continue;
+            if (off + need <= offsets[p]) break;
+            size_t end = offsets[p] + rlx_align_up(sizes[p]);
+            if (end > off) off = end;
+        }
+        offsets[v] = off;
+        while (pos < n_placed && offsets[placed[pos]] <= off) pos++;
+        memmove(placed + pos + 1, placed + pos, (size_t)(n_placed - pos) * sizeof *placed);
+        placed[pos] = v;
+        n_placed++;
+        if (off + need > arena) arena = off + need;
+    }
+    *arena_bytes = arena;
+    *unshared_bytes = total;
+    return RLX_OK;
+}

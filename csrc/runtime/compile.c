@@ -1,0 +1,160 @@
+/*
+ * compile.c - rlx_compile: copies the graph, runs the passes in their fixed order, collects the
+ * plan's interface (inputs, params, outputs) and hands the graph to the backend. Also the
+ * plan's accessors and rlx_plan_free.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "runtime/plan.h"
+
+struct rlx_compile_opts rlx_compile_opts_default(void)
+{
+    struct rlx_compile_opts o;
+    memset(&o, 0, sizeof o);
+    o.fuse = true;
+    return o;
+}
+
+static rlx_status run_passes(struct rlx_plan *p)
+{
+    RLX_TRY(rlx_pass_dead_nodes(p->g));
+    if (p->opts.fuse) {
+        RLX_TRY(rlx_pass_fuse(p->g));
+        RLX_TRY(rlx_pass_dead_nodes(p->g));
+    }
+    RLX_TRY(rlx_pass_shape_infer(p->g));
+    RLX_TRY(rlx_pass_assign(p->g, p->be));
+    return rlx_liveness_compute(p->g, &p->lv);
+}
+
+static rlx_status collect_interface(struct rlx_plan *p)
+{
+    const struct rlx_graph *g = p->g;
+    int n = g->n_nodes;
+    for (int id = 0; id < n; id++) {
+        if (g->nodes[id].op == RLX_OP_INPUT) p->n_inputs++;
+        if (g->nodes[id].op == RLX_OP_PARAM) p->n_params++;
+    }
+    p->inputs = rlx_calloc((size_t)p->n_inputs, sizeof *p->inputs);
+    p->params = rlx_calloc((size_t)p->n_params, sizeof *p->params);
+    p->in_host = rlx_calloc((size_t)p->n_inputs, sizeof *p->in_host);
+    p->in_set = rlx_calloc((size_t)p->n_inputs, sizeof *p->in_set);
+    p->in_buf = rlx_calloc((size_t)p->n_inputs, sizeof *p->in_buf);
+    p->in_buf_cap = rlx_calloc((size_t)p->n_inputs, sizeof *p->in_buf_cap);
+    p->param_buf = rlx_calloc((size_t)p->n_params, sizeof *p->param_buf);
+    p->param_set = rlx_calloc((size_t)p->n_params, sizeof *p->param_set);
+    p->sizes = rlx_calloc((size_t)n, sizeof *p->sizes);
+    p->offsets = rlx_calloc((size_t)n, sizeof *p->offsets);
+    p->scratch = rlx_calloc((size_t)n * 2, sizeof *p->scratch);
+    p->values = rlx_calloc((size_t)n, sizeof *p->values);
+    p->used = rlx_calloc((size_t)n, sizeof *p->used);
+    if (!p->inputs || !p->params || !p->in_host || !p->in_set || !p->in_buf || !p->in_buf_cap || !p->param_buf ||
+        !p->param_set || !p->sizes || !p->offsets || !p->scratch || !p->values || !p->used)
+        return RLX_ERR_NOMEM;
+    for (int id = 0; id < n; id++)
+        for (int k = 0; !g->nodes[id].dead && k < g->nodes[id].n_in; k++) p->used[g->nodes[id].in[k]] = true;
+    for (int i = 0; i < g->n_outputs; i++) p->used[g->outputs[i]] = true;
+    int ni = 0, np = 0;
+    for (int id = 0; id < n; id++) {
+        if (g->nodes[id].op == RLX_OP_INPUT) p->inputs[ni++] = id;
+        if (g->nodes[id].op == RLX_OP_PARAM) p->params[np++] = id;
+    }
+    return RLX_OK;
+}
+
+rlx_status rlx_compile(const struct rlx_graph *g, const char *device, const struct rlx_compile_opts *opts,
+                       struct rlx_plan **out)
+{
+    if (!g) return rlx_set_error(RLX_ERR_INVALID, "compile: no graph");
+    if (g->n_outputs == 0) return rlx_set_error(RLX_ERR_INVALID, "compile: the graph has no outputs");
+    const struct rlx_backend *be;
+    RLX_TRY(rlx_backend_find(device ? device : "cpu", &be));
+    struct rlx_plan *p = rlx_calloc(1, sizeof *p);
+    if (!p) return RLX_ERR_NOMEM;
+    p->be = be;
+    p->opts = opts ? *opts : rlx_compile_opts_default();
+    rlx_status s = rlx_graph_clone(g, &p->g);
+    if (s == RLX_OK) s = run_passes(p);
+    if (s == RLX_OK) s = collect_interface(p);
+    if (s == RLX_OK) s = be->plan_compile(p->g, &p->be_state);
+    if (s != RLX_OK) {
+        rlx_plan_free(p);
+        return s;
+    }
+    *out = p;
+    return RLX_OK;
+}
+
+void rlx_plan_free(struct rlx_plan *p)
+{
+    if (!p) return;
+    if (p->be_state) p->be->plan_free(p->be_state);
+    for (int i = 0; p->in_buf && i < p->n_inputs; i++) p->be->buffer_free(p->in_buf[i]);
+    for (int i = 0; p->param_buf && i < p->n_params; i++) p->be->buffer_free(p->param_buf[i]);
+    if (p->arena) p->be->buffer_free(p->arena);
+    rlx_liveness_free(&p->lv);
+    free(p->inputs);
+    free(p->params);
+    free(p->in_host);
+    free(p->in_set);
+    free(p->in_buf);
+    free(p->in_buf_cap);
+    free(p->param_buf);
+    free(p->param_set);
+    free(p->sizes);
+    free(p->offsets);
+    free(p->scratch);
+    free(p->values);
+    free(p->used);
+    rlx_graph_free(p->g);
+    free(p);
+}
+
+const struct rlx_graph *rlx_plan_graph(const struct rlx_plan *p) { return p->g; }
+const char *rlx_plan_device(const struct rlx_plan *p) { return p->be->name; }
+int rlx_plan_input_count(const struct rlx_plan *p) { return p->n_inputs; }
+int rlx_plan_param_count(const struct rlx_plan *p) { return p->n_params; }
+int rlx_plan_output_count(const struct rlx_plan *p) { return p->g->n_outputs; }
+
+const char *rlx_plan_input_name(const struct rlx_plan *p, int i)
+{
+    return (i >= 0 && i < p->n_inputs) ? p->g->nodes[p->inputs[i]].name : NULL;
+}
+
+const char *rlx_plan_param_name(const struct rlx_plan *p, int i)
+{
+    return (i >= 0 && i < p->n_params) ? p->g->nodes[p->params[i]].name : NULL;
+}
+
+const char *rlx_plan_output_name(const struct rlx_plan *p, int i)
+{
+    return (i >= 0 && i < p->g->n_outputs) ? p->g->output_names[i] : NULL;
+}
+
+static rlx_status find_name(const char *kind, const char *name, int count, const char *(*get)(const struct rlx_plan *, int),
+                            const struct rlx_plan *p, int *out)
+{
+    for (int i = 0; name && i < count; i++)
+        if (strcmp(get(p, i), name) == 0) {
+            *out = i;
+            return RLX_OK;
+        }
+    return rlx_set_error(RLX_ERR_INVALID, "the plan has no %s named '%s'", kind, name ? name : "(null)");
+}
+
+rlx_status rlx_plan_input_index(const struct rlx_plan *p, const char *name, int *out)
+{
+    return find_name("input", name, p->n_inputs, rlx_plan_input_name, p, out);
+}
+
+rlx_status rlx_plan_param_index(const struct rlx_plan *p, const char *name, int *out)
+{
+    return find_name("param", name, p->n_params, rlx_plan_param_name, p, out);
+}
+
+rlx_status rlx_plan_output_index(const struct rlx_plan *p, const char *name, int *out)
+{
+    return find_name("output", name, p->g->n_outputs, rlx_plan_output_name, p, out);
+}

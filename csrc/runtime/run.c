@@ -1,0 +1,382 @@
+/*
+ * run.c - binding and running a plan: params (kept, zero-copy where the backend can), inputs
+ * (kept until the run returns), symbol inference from input shapes, the memory plan for the
+ * binding (remade only when the binding outgrows the last one), placement of every value, and
+ * reading outputs back. Every failure leaves the plan usable for the next run.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "runtime/plan.h"
+
+static size_t host_bytes(const struct rlx_host_tensor *t)
+{
+    size_t n = rlx_dtype_size(t->dtype);
+    for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
+    return n;
+}
+
+static void format_host_shape(const struct rlx_host_tensor *t, char *buf, size_t cap)
+{
+    size_t len = (size_t)snprintf(buf, cap, "(");
+    for (int i = 0; i < t->ndim && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (len < cap) snprintf(buf + len, cap - len, ")");
+}
+
+static rlx_status check_host_tensor(const struct rlx_host_tensor *t, const char *kind, const char *name)
+{
+    if (!t || (unsigned)t->dtype >= RLX_DTYPE_COUNT || t->ndim < 0 || t->ndim > RLX_MAX_DIMS)
+        return rlx_set_error(RLX_ERR_INVALID, "%s '%s': bad tensor description", kind, name);
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] < 0) return rlx_set_error(RLX_ERR_SHAPE, "%s '%s': negative dim %d", kind, name, i);
+    if (!t->data && host_bytes(t)) return rlx_set_error(RLX_ERR_INVALID, "%s '%s': no data", kind, name);
+    return RLX_OK;
+}
+
+/* Puts host data into *buf: a zero-copy wrapper when the backend allows, else an owned buffer of
+ * at least `bytes` (grown, never shrunk) filled by upload. */
+static rlx_status place_host(const struct rlx_plan *p, const void *data, size_t bytes, struct rlx_buffer **buf,
+                             size_t *cap)
+{
+    if (p->be->buffer_wrap) return p->be->buffer_wrap(data, bytes, buf);
+    if (!*buf || *cap < bytes) {
+        struct rlx_buffer *nb;
+        RLX_TRY(p->be->buffer_alloc(bytes, &nb));
+        p->be->buffer_free(*buf);
+        *buf = nb;
+        *cap = bytes;
+    }
+    return p->be->upload(*buf, 0, data, bytes);
+}
+
+rlx_status rlx_plan_set_param(struct rlx_plan *p, int index, const struct rlx_host_tensor *t)
+{
+    if (index < 0 || index >= p->n_params) return rlx_set_error(RLX_ERR_INVALID, "param index %d out of range", index);
+    const struct rlx_node *n = &p->g->nodes[p->params[index]];
+    RLX_TRY(check_host_tensor(t, "param", n->name));
+    if (t->dtype != n->dtype)
+        return rlx_set_error(RLX_ERR_DTYPE, "param '%s' is %s, got %s", n->name, rlx_dtype_name(n->dtype),
+                             rlx_dtype_name(t->dtype));
+    bool ok = t->ndim == n->ndim;
+    for (int i = 0; ok && i < n->ndim; i++) ok = t->shape[i] == n->shape[i].c;
+    if (!ok) {
+        char want[160], got[160];
+        rlx_shape_format(p->g, n->ndim, n->shape, want, sizeof want);
+        format_host_shape(t, got, sizeof got);
+        return rlx_set_error(RLX_ERR_SHAPE, "param '%s' has shape %s, got %s", n->name, want, got);
+    }
+    size_t cap = 0; /* a param buffer is replaced, not grown: it may be a wrapper */
+    if (!p->be->buffer_wrap && p->param_buf[index]) {
+        p->be->buffer_free(p->param_buf[index]);
+        p->param_buf[index] = NULL;
+    }
+    p->param_set[index] = false;
+    RLX_TRY(place_host(p, t->data, host_bytes(t), &p->param_buf[index], &cap));
+    p->param_set[index] = true;
+    return RLX_OK;
+}
+
+rlx_status rlx_plan_set_input(struct rlx_plan *p, int index, const struct rlx_host_tensor *t)
+{
+    if (index < 0 || index >= p->n_inputs) return rlx_set_error(RLX_ERR_INVALID, "input index %d out of range", index);
+    const struct rlx_node *n = &p->g->nodes[p->inputs[index]];
+    RLX_TRY(check_host_tensor(t, "input", n->name));
+    if (t->dtype != n->dtype)
+        return rlx_set_error(RLX_ERR_DTYPE, "input '%s' is %s, got %s", n->name, rlx_dtype_name(n->dtype),
+                             rlx_dtype_name(t->dtype));
+    if (t->ndim != n->ndim) {
+        char want[160];
+        rlx_shape_format(p->g, n->ndim, n->shape, want, sizeof want);
+        return rlx_set_error(RLX_ERR_SHAPE, "input '%s' has rank %d, got rank %d (expected shape %s)", n->name, n->ndim,
+                             t->ndim, want);
+    }
+    p->in_host[index] = *t;
+    p->in_set[index] = true;
+    return RLX_OK;
+}
+
+rlx_status rlx_plan_bind_symbol(struct rlx_plan *p, int sym, int64_t value)
+{
+    if (sym < 0 || sym >= p->g->n_syms) return rlx_set_error(RLX_ERR_INVALID, "symbol %d is not defined", sym);
+    if (value < 0)
+        return rlx_set_error(RLX_ERR_RANGE, "symbol %s bound to %lld; must be >= 0", p->g->sym_names[sym],
+                             (long long)value);
+    p->sym[sym] = value;
+    p->sym_explicit[sym] = true;
+    return RLX_OK;
+}
+
+/* ---- symbols ------------------------------------------------------------------------------ */
+
+static rlx_status input_dim_error(const struct rlx_plan *p, int i, int d, const char *why)
+{
+    const struct rlx_node *n = &p->g->nodes[p->inputs[i]];
+    char want[160], got[160];
+    rlx_shape_format(p->g, n->ndim, n->shape, want, sizeof want);
+    format_host_shape(&p->in_host[i], got, sizeof got);
+    return rlx_set_error(RLX_ERR_SHAPE, "input '%s' dim %d: %s (expected %s, got %s)", n->name, d, why, want, got);
+}
+
+/* Solves dims with one unknown symbol until nothing changes, then checks every input dim. */
+static rlx_status infer_symbols(struct rlx_plan *p)
+{
+    bool progress = true;
+    while (progress) {
+        progress = false;
+        for (int i = 0; i < p->n_inputs; i++) {
+            const struct rlx_node *n = &p->g->nodes[p->inputs[i]];
+            for (int d = 0; p->in_set[i] && d < n->ndim; d++) {
+                const struct rlx_dim *e = &n->shape[d];
+                int unknown = -1, n_unknown = 0;
+                int64_t rest = p->in_host[i].shape[d] - e->c;
+                for (int s = 0; s < RLX_MAX_SYMS; s++) {
+                    if (!e->coef[s]) continue;
+                    if (p->sym_bound[s]) rest -= (int64_t)e->coef[s] * p->sym[s];
+                    else unknown = s, n_unknown++;
+                }
+                if (n_unknown != 1) continue;
+                if (rest < 0 || rest % e->coef[unknown])
+                    return input_dim_error(p, i, d, "no value of its symbol fits");
+                p->sym[unknown] = rest / e->coef[unknown];
+                p->sym_bound[unknown] = true;
+                progress = true;
+            }
+        }
+    }
+    for (int i = 0; i < p->n_inputs; i++) {
+        const struct rlx_node *n = &p->g->nodes[p->inputs[i]];
+        for (int d = 0; p->in_set[i] && d < n->ndim; d++) {
+            int64_t v;
+            if (!rlx_dim_eval(&n->shape[d], p->sym, p->sym_bound, &v))
+                return input_dim_error(p, i, d, "its symbols cannot be inferred; bind them explicitly");
+            if (v != p->in_host[i].shape[d]) return input_dim_error(p, i, d, "does not match");
+        }
+    }
+    for (int s = 0; s < p->g->n_syms; s++)
+        if (p->sym_bound[s] && p->opts.sym_cap[s] > 0 && p->sym[s] > p->opts.sym_cap[s])
+            return rlx_set_error(RLX_ERR_RANGE, "symbol %s = %lld exceeds its compile cap %lld", p->g->sym_names[s],
+                                 (long long)p->sym[s], (long long)p->opts.sym_cap[s]);
+    return RLX_OK;
+}
+
+/* ---- memory ------------------------------------------------------------------------------- */
+
+void rlx_plan_eval_shape(const struct rlx_plan *p, int id, const int64_t *vals, int64_t *shape)
+{
+    bool all[RLX_MAX_SYMS];
+    for (int s = 0; s < RLX_MAX_SYMS; s++) all[s] = true;
+    const struct rlx_node *n = &p->g->nodes[id];
+    for (int i = 0; i < n->ndim; i++) rlx_dim_eval(&n->shape[i], vals, all, &shape[i]);
+}
+
+/* Fills sizes for symbol values vals and plans offsets into the given arrays (n_nodes each;
+ * scratch 2 * n_nodes); returns the arena bytes and the no-reuse total. */
+static rlx_status plan_into(const struct rlx_plan *p, const int64_t *vals, size_t *sizes, size_t *offsets, int *scratch,
+                            size_t *arena, size_t *unshared)
+{
+    for (int id = 0; id < p->g->n_nodes; id++) {
+        sizes[id] = 0;
+        if (!p->lv.in_arena[id]) continue;
+        int64_t shape[RLX_MAX_DIMS];
+        rlx_plan_eval_shape(p, id, vals, shape);
+        size_t bytes = rlx_dtype_size(p->g->nodes[id].dtype);
+        for (int i = 0; i < p->g->nodes[id].ndim; i++) bytes *= (size_t)(shape[i] > 0 ? shape[i] : 0);
+        sizes[id] = bytes;
+    }
+    return rlx_memory_plan(&p->lv, sizes, offsets, scratch, arena, unshared);
+}
+
+/* A plan for vals in temporary arrays (leaves the plan's own memory plan alone). */
+static rlx_status plan_temp(const struct rlx_plan *p, const int64_t *vals, size_t *arena, size_t *unshared)
+{
+    size_t n = (size_t)p->g->n_nodes;
+    size_t *sizes = rlx_calloc(n, sizeof *sizes), *offsets = rlx_calloc(n, sizeof *offsets);
+    int *scratch = rlx_calloc(2 * n, sizeof *scratch);
+    rlx_status s = (sizes && offsets && scratch) ? plan_into(p, vals, sizes, offsets, scratch, arena, unshared)
+                                                 : RLX_ERR_NOMEM;
+    free(sizes);
+    free(offsets);
+    free(scratch);
+    return s;
+}
+
+static int64_t round_up_pow2(int64_t v)
+{
+    int64_t r = 1;
+    while (r < v) r *= 2;
+    return r;
+}
+
+/* Makes sure the memory plan covers the current binding. Without caps the binding is rounded up
+ * to powers of two, so a growing sequence replans O(log n) times. */
+static rlx_status ensure_memory(struct rlx_plan *p)
+{
+    bool covered = p->planned;
+    for (int s = 0; covered && s < p->g->n_syms; s++)
+        if (p->sym_bound[s] && p->sym[s] > p->planned_sym[s]) covered = false;
+    if (covered) return RLX_OK;
+    int64_t target[RLX_MAX_SYMS] = {0};
+    for (int s = 0; s < p->g->n_syms; s++) {
+        if (!p->sym_bound[s]) continue;
+        int64_t cap = p->opts.sym_cap[s];
+        target[s] = cap > 0 ? cap : round_up_pow2(p->sym[s] > p->planned_sym[s] ? p->sym[s] : p->planned_sym[s]);
+    }
+    size_t arena, unshared;
+    RLX_TRY(plan_into(p, target, p->sizes, p->offsets, p->scratch, &arena, &unshared));
+    if (!p->arena || p->arena_cap < arena) {
+        struct rlx_buffer *b;
+        RLX_TRY(p->be->buffer_alloc(arena, &b));
+        p->be->buffer_free(p->arena);
+        p->arena = b;
+        p->arena_cap = arena;
+    }
+    memcpy(p->planned_sym, target, sizeof target);
+    p->planned = true;
+    p->planned_bytes = arena;
+    p->unshared_bytes = unshared;
+    return RLX_OK;
+}
+
+/* ---- run ---------------------------------------------------------------------------------- */
+
+static rlx_status place_values(struct rlx_plan *p)
+{
+    const struct rlx_graph *g = p->g;
+    for (int i = 0; i < p->n_inputs; i++) {
+        const struct rlx_host_tensor *t = &p->in_host[i];
+        if (!p->in_set[i]) continue;
+        RLX_TRY(place_host(p, t->data, host_bytes(t), &p->in_buf[i], &p->in_buf_cap[i]));
+        p->values[p->inputs[i]].buf = p->in_buf[i];
+        p->values[p->inputs[i]].offset = 0;
+    }
+    for (int i = 0; i < p->n_params; i++) {
+        p->values[p->params[i]].buf = p->param_buf[i];
+        p->values[p->params[i]].offset = 0;
+    }
+    for (int id = 0; id < g->n_nodes; id++) {
+        const struct rlx_node *n = &g->nodes[id];
+        struct rlx_tensor *v = &p->values[id];
+        v->dtype = n->dtype;
+        v->ndim = n->ndim;
+        rlx_plan_eval_shape(p, id, p->sym, v->shape);
+        for (int d = 0; d < n->ndim; d++)
+            if (v->shape[d] < 0 && !n->dead)
+                return rlx_set_error(RLX_ERR_SHAPE, "node %d (%s): dim %d evaluates to %lld for this binding", id,
+                                     rlx_op_name(n->op), d, (long long)v->shape[d]);
+        if (n->op == RLX_OP_INPUT || n->op == RLX_OP_PARAM || n->dead) continue;
+        int r = p->lv.root[id];
+        if (r == id) {
+            v->buf = p->arena;
+            v->offset = p->offsets[id];
+        } else {
+            v->buf = p->values[r].buf;
+            v->offset = p->values[r].offset;
+        }
+    }
+    return RLX_OK;
+}
+
+static rlx_status run_checked(struct rlx_plan *p)
+{
+    for (int i = 0; i < p->n_params; i++)
+        if (!p->param_set[i] && p->used[p->params[i]])
+            return rlx_set_error(RLX_ERR_INVALID, "param '%s' is not set", p->g->nodes[p->params[i]].name);
+    for (int i = 0; i < p->n_inputs; i++)
+        if (!p->in_set[i] && p->used[p->inputs[i]]) return rlx_set_error(RLX_ERR_INVALID, "input '%s' is not set", p->g->nodes[p->inputs[i]].name);
+    RLX_TRY(infer_symbols(p));
+    for (int id = 0; id < p->g->n_nodes; id++) {
+        const struct rlx_node *n = &p->g->nodes[id];
+        for (int d = 0; !n->dead && d < n->ndim; d++)
+            for (int s = 0; s < RLX_MAX_SYMS; s++)
+                if (n->shape[d].coef[s] && !p->sym_bound[s])
+                    return rlx_set_error(RLX_ERR_INVALID, "symbol %s is used by node %d but not bound by any input; "
+                                         "bind it explicitly", p->g->sym_names[s], id);
+    }
+    RLX_TRY(ensure_memory(p));
+    RLX_TRY(place_values(p));
+    return p->be->plan_run(p->be_state, p->g, p->values);
+}
+
+rlx_status rlx_plan_run(struct rlx_plan *p)
+{
+    for (int s = 0; s < RLX_MAX_SYMS; s++) p->sym_bound[s] = p->sym_explicit[s];
+    p->ran = false;
+    rlx_status s = run_checked(p);
+    /* the binding is for one run only: caller memory is not kept past the return */
+    for (int i = 0; i < p->n_inputs; i++) p->in_set[i] = false;
+    for (int k = 0; k < RLX_MAX_SYMS; k++) p->sym_explicit[k] = false;
+    p->ran = s == RLX_OK;
+    return s;
+}
+
+rlx_status rlx_plan_output_shape(const struct rlx_plan *p, int i, enum rlx_dtype *dt, int *ndim,
+                                 int64_t shape[RLX_MAX_DIMS])
+{
+    if (i < 0 || i >= p->g->n_outputs) return rlx_set_error(RLX_ERR_INVALID, "output index %d out of range", i);
+    if (!p->ran) return rlx_set_error(RLX_ERR_STATE, "the plan has no results: run it first");
+    const struct rlx_tensor *v = &p->values[p->g->outputs[i]];
+    *dt = v->dtype;
+    *ndim = v->ndim;
+    for (int d = 0; d < v->ndim; d++) shape[d] = v->shape[d];
+    return RLX_OK;
+}
+
+rlx_status rlx_plan_read_output(const struct rlx_plan *p, int i, void *dst, size_t bytes)
+{
+    if (i < 0 || i >= p->g->n_outputs) return rlx_set_error(RLX_ERR_INVALID, "output index %d out of range", i);
+    if (!p->ran) return rlx_set_error(RLX_ERR_STATE, "the plan has no results: run it first");
+    const struct rlx_tensor *v = &p->values[p->g->outputs[i]];
+    size_t need = (size_t)rlx_tensor_numel(v) * rlx_dtype_size(v->dtype);
+    if (bytes != need)
+        return rlx_set_error(RLX_ERR_SHAPE, "output '%s' holds %zu bytes, asked for %zu", p->g->output_names[i], need,
+                             bytes);
+    return p->be->download(v->buf, v->offset, dst, bytes);
+}
+
+/* Symbol values at the compile caps, or false if a symbol in use has no cap. */
+static bool cap_values(const struct rlx_plan *p, int64_t *vals)
+{
+    for (int s = 0; s < RLX_MAX_SYMS; s++) vals[s] = p->opts.sym_cap[s];
+    for (int id = 0; id < p->g->n_nodes; id++)
+        for (int d = 0; !p->g->nodes[id].dead && d < p->g->nodes[id].ndim; d++)
+            for (int s = 0; s < RLX_MAX_SYMS; s++)
+                if (p->g->nodes[id].shape[d].coef[s] && p->opts.sym_cap[s] <= 0) return false;
+    return true;
+}
+
+size_t rlx_plan_planned_bytes(const struct rlx_plan *p)
+{
+    if (p->planned) return p->planned_bytes;
+    int64_t vals[RLX_MAX_SYMS];
+    size_t arena = 0, unshared = 0;
+    if (!cap_values(p, vals) || plan_temp(p, vals, &arena, &unshared) != RLX_OK) return 0;
+    return arena;
+}
+
+size_t rlx_plan_unshared_bytes(const struct rlx_plan *p)
+{
+    if (p->planned) return p->unshared_bytes;
+    int64_t vals[RLX_MAX_SYMS];
+    size_t arena = 0, unshared = 0;
+    if (!cap_values(p, vals) || plan_temp(p, vals, &arena, &unshared) != RLX_OK) return 0;
+    return unshared;
+}
+
+rlx_status rlx_plan_estimate_bytes(const struct rlx_plan *p, const int64_t sym_values[RLX_MAX_SYMS], size_t *out)
+{
+    size_t arena, unshared;
+    RLX_TRY(plan_temp(p, sym_values, &arena, &unshared));
+    size_t inputs = 0;
+    for (int i = 0; i < p->n_inputs; i++) {
+        int64_t shape[RLX_MAX_DIMS];
+        rlx_plan_eval_shape(p, p->inputs[i], sym_values, shape);
+        size_t b = rlx_dtype_size(p->g->nodes[p->inputs[i]].dtype);
+        for (int d = 0; d < p->g->nodes[p->inputs[i]].ndim; d++) b *= (size_t)(shape[d] > 0 ? shape[d] : 0);
+        inputs += b;
+    }
+    *out = arena + inputs;
+    return RLX_OK;
+}
