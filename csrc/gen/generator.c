@@ -1,0 +1,352 @@
+/*
+ * generator.c - the generator: token history, KV cache, compiled plans and sampling.
+ *
+ * Three kinds of plan, all from the one decoder builder:
+ *   FULL   - every position, no cache: the naive recompute path (logits of the last position);
+ *   SEED   - every position, writes each layer's K/V: fills an empty cache;
+ *   EXTEND - the positions not cached yet over the cached past: one token per decode step.
+ * Cached logits always mean "bring the cache up to the whole history, return the last logits", so
+ * prefill, decode and mixed naive / cached use share one path. New K/V rows are read from the
+ * plan straight into the cache's next slots: the cache is never copied or reallocated.
+ * Every failing call leaves the history and the cache as they were.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backends/backend.h"
+#include "core/core.h"
+#include "rlx/model.h"
+
+enum plan_kind { KIND_FULL, KIND_SEED, KIND_EXTEND, KIND_COUNT };
+
+struct plan_slot {
+    struct rlx_plan *plan;
+    int64_t seq, past;          /* the shape a one-shot plan was built for */
+    int in_ids, in_pos, out_logits;
+    int *in_pk, *in_pv;         /* (n_layers) EXTEND only */
+    int *out_k, *out_v;         /* (n_layers) SEED / EXTEND */
+};
+
+struct weight {
+    char name[RLX_NAME_MAX];
+    struct rlx_host_tensor t;   /* borrowed */
+};
+
+struct rlx_generator {
+    struct rlx_model_config cfg;
+    char device[32];
+    enum rlx_plan_policy policy[KIND_COUNT];
+    struct weight *weights;     /* (n_weights) */
+    int n_weights, cap_weights;
+    int32_t *tokens;            /* (max_position_embeddings) history */
+    int32_t *pos;               /* (max_position_embeddings) scratch: absolute positions */
+    int64_t n_tokens;
+    struct rlx_kv_cache *kv;    /* (n_layers, max_position_embeddings, n_kv_heads * head_dim) */
+    float *logits;              /* (vocab) of the position after the cached history */
+    bool logits_valid;          /* logits belong to the current history (cache == history) */
+    float *sample_scratch;      /* (vocab) */
+    int32_t *sample_idx;        /* (vocab) */
+    struct plan_slot slots[KIND_COUNT];
+    struct rlx_generator_stats stats;
+};
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void slot_clear(struct plan_slot *s)
+{
+    rlx_plan_free(s->plan);
+    free(s->in_pk);
+    free(s->in_pv);
+    free(s->out_k);
+    free(s->out_v);
+    memset(s, 0, sizeof *s);
+}
+
+rlx_status rlx_generator_create(const struct rlx_model_config *cfg, const char *device, struct rlx_generator **out)
+{
+    RLX_TRY(rlx_model_config_check(cfg));
+    if (!device || strlen(device) >= sizeof ((struct rlx_generator *)0)->device)
+        return rlx_set_error(RLX_ERR_INVALID, "generator: bad device name");
+    const struct rlx_backend *be; /* fail now, not at the first step, for an unknown device */
+    RLX_TRY(rlx_backend_find(device, &be));
+    struct rlx_generator *g = rlx_calloc(1, sizeof *g);
+    if (!g) return RLX_ERR_NOMEM;
+    g->cfg = *cfg;
+    strcpy(g->device, device);
+    int64_t ctx = cfg->max_position_embeddings, V = cfg->vocab_size;
+    g->tokens = rlx_calloc((size_t)ctx, sizeof *g->tokens);
+    g->pos = rlx_calloc((size_t)ctx, sizeof *g->pos);
+    g->logits = rlx_calloc((size_t)V, sizeof *g->logits);
+    g->sample_scratch = rlx_calloc(rlx_sample_scratch_floats(V), sizeof *g->sample_scratch);
+    g->sample_idx = rlx_calloc((size_t)V, sizeof *g->sample_idx);
+    rlx_status s = (g->tokens && g->pos && g->logits && g->sample_scratch && g->sample_idx) ? RLX_OK : RLX_ERR_NOMEM;
+    if (s == RLX_OK) s = rlx_kv_cache_create(cfg->n_layers, cfg->n_kv_heads * cfg->head_dim, ctx, &g->kv);
+    if (s != RLX_OK) {
+        rlx_generator_free(g);
+        return s;
+    }
+    *out = g;
+    return RLX_OK;
+}
+
+void rlx_generator_free(struct rlx_generator *g)
+{
+    if (!g) return;
+    for (int k = 0; k < KIND_COUNT; k++) slot_clear(&g->slots[k]);
+    rlx_kv_cache_free(g->kv);
+    free(g->weights);
+    free(g->tokens);
+    free(g->pos);
+    free(g->logits);
+    free(g->sample_scratch);
+    free(g->sample_idx);
+    free(g);
+}
+
+rlx_status rlx_generator_set_weight(struct rlx_generator *g, const char *name, const struct rlx_host_tensor *t)
+{
+    if (!name || strlen(name) >= RLX_NAME_MAX) return rlx_set_error(RLX_ERR_INVALID, "weight name too long");
+    if (t->dtype != RLX_F32)
+        return rlx_set_error(RLX_ERR_DTYPE, "weight '%s' is %s; the generator takes f32 weights", name,
+                             rlx_dtype_name(t->dtype));
+    int i = 0;
+    while (i < g->n_weights && strcmp(g->weights[i].name, name) != 0) i++;
+    if (i == g->n_weights) {
+        RLX_TRY(rlx_grow(&g->weights, &g->cap_weights, g->n_weights + 1));
+        g->n_weights++;
+        strcpy(g->weights[i].name, name);
+    }
+    g->weights[i].t = *t;
+    rlx_generator_release_plans(g); /* plans hold the old pointers */
+    return RLX_OK;
+}
+
+rlx_status rlx_generator_set_policy(struct rlx_generator *g, enum rlx_plan_policy prefill, enum rlx_plan_policy decode)
+{
+    if ((unsigned)prefill > RLX_POLICY_DYNAMIC || (unsigned)decode > RLX_POLICY_DYNAMIC)
+        return rlx_set_error(RLX_ERR_INVALID, "unknown plan policy");
+    g->policy[KIND_FULL] = g->policy[KIND_SEED] = prefill;
+    g->policy[KIND_EXTEND] = decode;
+    rlx_generator_release_plans(g);
+    return RLX_OK;
+}
+
+/* ---- history ------------------------------------------------------------------------------ */
+
+static rlx_status check_token(const struct rlx_generator *g, int32_t t, int64_t where)
+{
+    if (t < 0 || t >= g->cfg.vocab_size)
+        return rlx_set_error(RLX_ERR_RANGE, "token id %d at position %lld is outside [0, %lld)", t, (long long)where,
+                             (long long)g->cfg.vocab_size);
+    return RLX_OK;
+}
+
+rlx_status rlx_generator_prefill(struct rlx_generator *g, const int32_t *ids, int64_t n)
+{
+    if (n < 1) return rlx_set_error(RLX_ERR_INVALID, "prefill: the context is empty");
+    if (n > g->cfg.max_position_embeddings)
+        return rlx_set_error(RLX_ERR_RANGE, "prefill: %lld tokens exceed max_position_embeddings %lld", (long long)n,
+                             (long long)g->cfg.max_position_embeddings);
+    for (int64_t i = 0; i < n; i++) RLX_TRY(check_token(g, ids[i], i));
+    memcpy(g->tokens, ids, (size_t)n * sizeof *ids);
+    g->n_tokens = n;
+    g->logits_valid = false;
+    return rlx_kv_cache_truncate(g->kv, 0);
+}
+
+rlx_status rlx_generator_append(struct rlx_generator *g, int32_t token)
+{
+    if (g->n_tokens == 0) return rlx_set_error(RLX_ERR_STATE, "no context: call prefill first");
+    if (g->n_tokens >= g->cfg.max_position_embeddings)
+        return rlx_set_error(RLX_ERR_RANGE, "the context is full: max_position_embeddings is %lld",
+                             (long long)g->cfg.max_position_embeddings);
+    RLX_TRY(check_token(g, token, g->n_tokens));
+    g->tokens[g->n_tokens++] = token;
+    g->logits_valid = false;
+    return RLX_OK;
+}
+
+int64_t rlx_generator_len(const struct rlx_generator *g) { return g->n_tokens; }
+const int32_t *rlx_generator_tokens(const struct rlx_generator *g) { return g->tokens; }
+const struct rlx_model_config *rlx_generator_config(const struct rlx_generator *g) { return &g->cfg; }
+struct rlx_kv_cache *rlx_generator_kv(struct rlx_generator *g) { return g->kv; }
+
+/* ---- plans -------------------------------------------------------------------------------- */
+
+static rlx_status bind_weights(const struct rlx_generator *g, struct rlx_plan *p)
+{
+    for (int i = 0; i < rlx_plan_param_count(p); i++) {
+        const char *name = rlx_plan_param_name(p, i);
+        int w = 0;
+        while (w < g->n_weights && strcmp(g->weights[w].name, name) != 0) w++;
+        if (w == g->n_weights) return rlx_set_error(RLX_ERR_INVALID, "weight '%s' is missing", name);
+        RLX_TRY(rlx_plan_set_param(p, i, &g->weights[w].t));
+    }
+    return RLX_OK;
+}
+
+static rlx_status index_slot(struct plan_slot *s, int64_t n_layers, enum plan_kind kind)
+{
+    struct rlx_plan *p = s->plan;
+    RLX_TRY(rlx_plan_input_index(p, "ids", &s->in_ids));
+    RLX_TRY(rlx_plan_input_index(p, "pos", &s->in_pos));
+    RLX_TRY(rlx_plan_output_index(p, "logits", &s->out_logits));
+    if (kind == KIND_FULL) return RLX_OK;
+    s->out_k = rlx_calloc((size_t)n_layers, sizeof(int));
+    s->out_v = rlx_calloc((size_t)n_layers, sizeof(int));
+    s->in_pk = rlx_calloc((size_t)n_layers, sizeof(int));
+    s->in_pv = rlx_calloc((size_t)n_layers, sizeof(int));
+    if (!s->out_k || !s->out_v || !s->in_pk || !s->in_pv) return RLX_ERR_NOMEM;
+    for (int64_t l = 0; l < n_layers; l++) {
+        char name[RLX_NAME_MAX];
+        snprintf(name, sizeof name, "k.%lld", (long long)l);
+        RLX_TRY(rlx_plan_output_index(p, name, &s->out_k[l]));
+        snprintf(name, sizeof name, "v.%lld", (long long)l);
+        RLX_TRY(rlx_plan_output_index(p, name, &s->out_v[l]));
+        if (kind != KIND_EXTEND) continue;
+        snprintf(name, sizeof name, "past_k.%lld", (long long)l);
+        RLX_TRY(rlx_plan_input_index(p, name, &s->in_pk[l]));
+        snprintf(name, sizeof name, "past_v.%lld", (long long)l);
+        RLX_TRY(rlx_plan_input_index(p, name, &s->in_pv[l]));
+    }
+    return RLX_OK;
+}
+
+/* The plan for `kind` at (seq, past), reusing the slot's when it fits. */
+static rlx_status get_plan(struct rlx_generator *g, enum plan_kind kind, int64_t seq, int64_t past,
+                           struct plan_slot **out)
+{
+    struct plan_slot *s = &g->slots[kind];
+    bool dynamic = g->policy[kind] == RLX_POLICY_DYNAMIC;
+    if (s->plan && (dynamic || (s->seq == seq && s->past == past))) {
+        *out = s;
+        return RLX_OK;
+    }
+    slot_clear(s);
+    double t0 = now_seconds();
+    struct rlx_block_spec spec = {
+        .layer_begin = 0,
+        .layer_end = g->cfg.n_layers,
+        .flags = RLX_BLOCK_EMBED | RLX_BLOCK_HEAD | (kind != KIND_FULL ? RLX_BLOCK_KV_OUT : 0u) |
+                 (kind == KIND_EXTEND ? RLX_BLOCK_PAST : 0u),
+        .seq = dynamic ? rlx_dim_sym(RLX_SYM_SEQ) : rlx_dim_const(seq),
+        .past = dynamic ? rlx_dim_sym(RLX_SYM_PAST) : rlx_dim_const(past),
+    };
+    struct rlx_graph *graph;
+    RLX_TRY(rlx_decoder_build(&g->cfg, &spec, &graph));
+    struct rlx_compile_opts opts = rlx_compile_opts_default();
+    if (dynamic) {
+        opts.sym_cap[RLX_SYM_SEQ] = g->cfg.max_position_embeddings;
+        opts.sym_cap[RLX_SYM_PAST] = g->cfg.max_position_embeddings;
+    }
+    rlx_status st = rlx_compile(graph, g->device, &opts, &s->plan);
+    rlx_graph_free(graph);
+    if (st == RLX_OK) st = bind_weights(g, s->plan);
+    if (st == RLX_OK) st = index_slot(s, g->cfg.n_layers, kind);
+    if (st != RLX_OK) {
+        slot_clear(s);
+        return st;
+    }
+    s->seq = seq;
+    s->past = past;
+    g->stats.compile_seconds += now_seconds() - t0;
+    if (kind == KIND_EXTEND) g->stats.decode_compiles++;
+    else g->stats.prefill_compiles++;
+    *out = s;
+    return RLX_OK;
+}
+
+/* Binds ids and positions for history [from, n_tokens). */
+static rlx_status set_token_inputs(struct rlx_generator *g, struct plan_slot *s, int64_t from)
+{
+    int64_t n = g->n_tokens - from;
+    for (int64_t i = 0; i < n; i++) g->pos[i] = (int32_t)(from + i);
+    struct rlx_host_tensor ids = {.data = g->tokens + from, .dtype = RLX_I32, .ndim = 1, .shape = {n}};
+    struct rlx_host_tensor pos = {.data = g->pos, .dtype = RLX_I32, .ndim = 1, .shape = {n}};
+    RLX_TRY(rlx_plan_set_input(s->plan, s->in_ids, &ids));
+    return rlx_plan_set_input(s->plan, s->in_pos, &pos);
+}
+
+rlx_status rlx_generator_logits_naive(struct rlx_generator *g, const float **logits)
+{
+    if (g->n_tokens == 0) return rlx_set_error(RLX_ERR_STATE, "no context: call prefill first");
+    struct plan_slot *s;
+    RLX_TRY(get_plan(g, KIND_FULL, g->n_tokens, 0, &s));
+    RLX_TRY(set_token_inputs(g, s, 0));
+    RLX_TRY(rlx_plan_run(s->plan));
+    RLX_TRY(rlx_plan_read_output(s->plan, s->out_logits, g->logits, sizeof(float) * (size_t)g->cfg.vocab_size));
+    /* the cache may hold a different prefix state; these logits are not the cached path's */
+    g->logits_valid = false;
+    *logits = g->logits;
+    return RLX_OK;
+}
+
+rlx_status rlx_generator_logits_cached(struct rlx_generator *g, const float **logits)
+{
+    if (g->n_tokens == 0) return rlx_set_error(RLX_ERR_STATE, "no context: call prefill first");
+    int64_t cached = rlx_kv_cache_len(g->kv);
+    if (cached == g->n_tokens && g->logits_valid) {
+        *logits = g->logits;
+        return RLX_OK;
+    }
+    if (cached == g->n_tokens) cached--; /* recompute the last position to get its logits */
+    int64_t n = g->n_tokens - cached, L = g->cfg.n_layers, row = rlx_kv_cache_row(g->kv);
+    struct plan_slot *s;
+    RLX_TRY(get_plan(g, cached ? KIND_EXTEND : KIND_SEED, n, cached, &s));
+    RLX_TRY(set_token_inputs(g, s, cached));
+    for (int64_t l = 0; cached && l < L; l++) {
+        struct rlx_host_tensor pk = {.data = rlx_kv_cache_k(g->kv, l), .dtype = RLX_F32, .ndim = 3,
+                                     .shape = {cached, g->cfg.n_kv_heads, g->cfg.head_dim}};
+        struct rlx_host_tensor pv = pk;
+        pv.data = rlx_kv_cache_v(g->kv, l);
+        RLX_TRY(rlx_plan_set_input(s->plan, s->in_pk[l], &pk));
+        RLX_TRY(rlx_plan_set_input(s->plan, s->in_pv[l], &pv));
+    }
+    RLX_TRY(rlx_kv_cache_truncate(g->kv, cached));
+    RLX_TRY(rlx_plan_run(s->plan));
+    for (int64_t l = 0; l < L; l++) {
+        float *k, *v;
+        RLX_TRY(rlx_kv_cache_slot(g->kv, l, n, &k, &v));
+        size_t bytes = sizeof(float) * (size_t)(n * row);
+        RLX_TRY(rlx_plan_read_output(s->plan, s->out_k[l], k, bytes));
+        RLX_TRY(rlx_plan_read_output(s->plan, s->out_v[l], v, bytes));
+    }
+    RLX_TRY(rlx_plan_read_output(s->plan, s->out_logits, g->logits, sizeof(float) * (size_t)g->cfg.vocab_size));
+    RLX_TRY(rlx_kv_cache_advance(g->kv, n));
+    g->logits_valid = true;
+    *logits = g->logits;
+    return RLX_OK;
+}
+
+rlx_status rlx_generator_sample(struct rlx_generator *g, const float *logits, const struct rlx_sample_opts *o,
+                                uint64_t index, int32_t *token)
+{
+    return rlx_sample(logits, g->cfg.vocab_size, o, g->tokens, g->n_tokens, index, g->sample_scratch, g->sample_idx,
+                      token);
+}
+
+void rlx_generator_stats(const struct rlx_generator *g, struct rlx_generator_stats *out)
+{
+    *out = g->stats;
+    out->plans_cached = 0;
+    out->planned_bytes = 0;
+    for (int k = 0; k < KIND_COUNT; k++)
+        if (g->slots[k].plan) {
+            out->plans_cached++;
+            out->planned_bytes += rlx_plan_planned_bytes(g->slots[k].plan);
+        }
+}
+
+void rlx_generator_release_decode_plans(struct rlx_generator *g) { slot_clear(&g->slots[KIND_EXTEND]); }
+
+void rlx_generator_release_plans(struct rlx_generator *g)
+{
+    for (int k = 0; k < KIND_COUNT; k++) slot_clear(&g->slots[k]);
+}

@@ -1,0 +1,107 @@
+/*
+ * model.h - the decoder builder for the Llama 3.2 and Qwen3 families and the generator that runs
+ * it: prefill, naive recompute, KV-cached decode and sampling.
+ *
+ * One builder makes every graph: a block of layers [layer_begin, layer_end) with optional token
+ * embedding at its start, optional final norm + LM head at its end, optional past K/V inputs and
+ * new K/V outputs. The whole model is the block of all layers with both ends; a pipeline stage is
+ * a smaller block. Weights use the Hugging Face tensor names.
+ */
+#ifndef RLX_MODEL_H
+#define RLX_MODEL_H
+
+#include "rlx/kv.h"
+#include "rlx/rlx.h"
+#include "rlx/sample.h"
+
+#define RLX_MAX_LAYERS 256
+
+struct rlx_model_config {
+    int64_t vocab_size, hidden_size, intermediate_size;
+    int64_t n_layers, n_heads, n_kv_heads, head_dim;
+    int64_t max_position_embeddings;
+    float rms_norm_eps;
+    bool tie_word_embeddings;
+    bool attention_bias;      /* bias on q, k, v and o projections */
+    bool mlp_bias;            /* bias on gate, up and down projections */
+    bool qk_norm;             /* Qwen3: RMSNorm over each head of q and k before RoPE */
+    int64_t layer_window[RLX_MAX_LAYERS]; /* sliding window of each layer; 0 = full attention */
+};
+/* RLX_ERR_INVALID naming the field when a size is not positive or heads do not divide. */
+rlx_status rlx_model_config_check(const struct rlx_model_config *c);
+
+/* What a built block contains. */
+enum rlx_block_flags {
+    RLX_BLOCK_EMBED = 1 << 0,      /* input "ids" i32 (SEQ) through the embedding; else input "hidden" (SEQ, H) */
+    RLX_BLOCK_HEAD = 1 << 1,       /* final norm + LM head -> output "logits" (1, V); else output "hidden" */
+    RLX_BLOCK_PAST = 1 << 2,       /* inputs "past_k.L", "past_v.L" (PAST, Hkv, D) per layer L */
+    RLX_BLOCK_KV_OUT = 1 << 3,     /* outputs "k.L", "v.L" (SEQ, Hkv, D): the new positions' K/V */
+    RLX_BLOCK_MASK = 1 << 4,       /* input "mask" f32 (SEQ, PAST+SEQ), added to the scores (with causal) */
+    RLX_BLOCK_ALL_LOGITS = 1 << 5, /* with HEAD: logits for every position (SEQ, V) */
+};
+
+/* Every block also takes input "pos" i32 (SEQ) (absolute positions) and param "rope.inv_freq"
+ * f32 (head_dim / 2). seq and past are the dims to use for SEQ and PAST: constants for a plan
+ * specialised to one shape, or symbols (rlx_dim_sym(RLX_SYM_SEQ)) for a dynamic plan. */
+struct rlx_block_spec {
+    int64_t layer_begin, layer_end;
+    unsigned flags;
+    struct rlx_dim seq, past;
+};
+rlx_status rlx_decoder_build(const struct rlx_model_config *cfg, const struct rlx_block_spec *spec,
+                             struct rlx_graph **out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Generator
+ *
+ * Holds the token history, a KV cache over the whole context (address space reserved once,
+ * pages committed as they fill) and compiled plans. Not safe for concurrent use.
+ * ------------------------------------------------------------------------------------------- */
+
+struct rlx_generator;
+
+enum rlx_plan_policy {
+    RLX_POLICY_ONESHOT = 0,   /* plans specialised to the exact shape, recompiled when it changes */
+    RLX_POLICY_DYNAMIC = 1,   /* one plan with symbolic SEQ / PAST, bound per call */
+};
+
+rlx_status rlx_generator_create(const struct rlx_model_config *cfg, const char *device,
+                                struct rlx_generator **out);
+void rlx_generator_free(struct rlx_generator *g);
+/* Binds a weight by its Hugging Face name (or "rope.inv_freq"). The generator keeps the pointer
+ * (zero-copy) until it is freed or the weight is set again. f32 only. */
+rlx_status rlx_generator_set_weight(struct rlx_generator *g, const char *name, const struct rlx_host_tensor *t);
+rlx_status rlx_generator_set_policy(struct rlx_generator *g, enum rlx_plan_policy prefill,
+                                    enum rlx_plan_policy decode);
+
+/* Replaces the history with ids (n >= 1) and clears the cache. */
+rlx_status rlx_generator_prefill(struct rlx_generator *g, const int32_t *ids, int64_t n);
+/* Appends one token to the history (range-checked; RLX_ERR_RANGE past max_position_embeddings). */
+rlx_status rlx_generator_append(struct rlx_generator *g, int32_t token);
+int64_t rlx_generator_len(const struct rlx_generator *g);
+const int32_t *rlx_generator_tokens(const struct rlx_generator *g);
+const struct rlx_model_config *rlx_generator_config(const struct rlx_generator *g);
+struct rlx_kv_cache *rlx_generator_kv(struct rlx_generator *g);
+
+/* Logits (vocab) of the next token after the whole history by recomputing it all (no cache).
+ * The pointer is owned by the generator, valid until its next call. */
+rlx_status rlx_generator_logits_naive(struct rlx_generator *g, const float **logits);
+/* The same through the KV cache: runs only the positions not cached yet (all of them the first
+ * time, one per decode step); afterwards the cache holds the whole history. */
+rlx_status rlx_generator_logits_cached(struct rlx_generator *g, const float **logits);
+/* Samples from logits with draw index `index`, the history as repetition context. */
+rlx_status rlx_generator_sample(struct rlx_generator *g, const float *logits, const struct rlx_sample_opts *o,
+                                uint64_t index, int32_t *token);
+
+struct rlx_generator_stats {
+    int64_t prefill_compiles, decode_compiles;
+    double compile_seconds;
+    int64_t plans_cached;
+    size_t planned_bytes;
+};
+void rlx_generator_stats(const struct rlx_generator *g, struct rlx_generator_stats *out);
+/* Frees compiled decode plans / all plans (they are rebuilt on demand). */
+void rlx_generator_release_decode_plans(struct rlx_generator *g);
+void rlx_generator_release_plans(struct rlx_generator *g);
+
+#endif
