@@ -1,0 +1,122 @@
+# rlx — set-up, build and test entry points.
+#
+#   make demo    set up (apt, .venv, editable build) and generate text
+#   make test    set up and run every test: pytest, C tests under valgrind, ASan+UBSan
+#   make build   set up and build the extension in place (rlx/_C*.so)
+#   make clean   remove build outputs (keeps .venv; `make distclean` removes it too)
+#
+# Every step is keyed on stamp files so that a second run with nothing changed
+# takes seconds:
+#   build/stamps/apt.mk      system packages present   (Makefile: APT_PACKAGES)
+#   .venv/.rlx-deps          venv + Python deps        (pyproject.toml, setup.py)
+#   build/stamps/csrc-list   the set of files under csrc/ (rewritten only when it changes)
+#   rlx/_C<suffix>.so        the in-place extension    (every csrc/ source and header)
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-print-directory
+
+PYTHON ?= python3
+VENV   := .venv
+VPY    := $(VENV)/bin/python
+VPIP   := $(VPY) -m pip --disable-pip-version-check
+STAMPS := build/stamps
+
+# System packages (Debian names). Add new ones here (e.g. Vulkan / MPI later).
+APT_PACKAGES := build-essential pkg-config libopenblas-dev valgrind
+# A Debian system Python (or none at all) needs python3, its venv module and
+# its headers as packages too; a pyenv/other Python brings its own.
+PY_IS_OTHER := $(shell $(PYTHON) -c 'import sys; print(int(sys.base_prefix != "/usr"))' 2>/dev/null)
+ifneq ($(PY_IS_OTHER),1)
+APT_PACKAGES += python3 python3-dev python3-venv
+endif
+
+EXT_SUFFIX := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+EXT_SO     := rlx/_C$(EXT_SUFFIX)
+CSRC_FILES := $(shell find csrc -type f \( -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.comp' -o -name '*.glsl' \) 2>/dev/null | LC_ALL=C sort)
+
+.PHONY: help setup build demo test test-py test-c test-asan clean distclean FORCE
+
+help:
+	@sed -n '3,6p' Makefile | sed 's/^# \{0,1\}//'
+
+# ---------------------------------------------------------------- set-up ----
+
+# The apt stamp is an included makefile: GNU make remakes it first and then
+# restarts, so values computed with $(shell ...) below see the new packages
+# (e.g. python3 on a bare machine). Not for clean/help.
+NO_SETUP_GOALS := clean distclean help
+ifneq ($(filter-out $(NO_SETUP_GOALS),$(or $(MAKECMDGOALS),help)),)
+include $(STAMPS)/apt.mk
+endif
+
+$(STAMPS)/apt.mk: Makefile
+	@missing=""; \
+	for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "error: missing system packages:$$missing" >&2; \
+	    echo "       run as root:  apt-get update && apt-get install -y$$missing" >&2; \
+	    exit 1; \
+	  fi; \
+	  echo "== apt-get install -y$$missing"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq; \
+	  apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	@mkdir -p $(STAMPS) && echo '# system packages checked: $(APT_PACKAGES)' > $@
+
+$(VPY): | $(STAMPS)/apt.mk
+	$(PYTHON) -m venv $(VENV)
+
+# Dependencies and the editable finder only (RLX_NO_EXT=1): a C compile error
+# must not leave the venv half set up. The extension is built by the rule below.
+$(VENV)/.rlx-deps: pyproject.toml setup.py | $(VPY)
+	@echo "== pip: setuptools, numpy, then pip install -e .[test]"
+	$(VPIP) install -q -U pip "setuptools>=64" wheel "numpy>=1.23"
+	RLX_NO_EXT=1 $(VPIP) install -q --no-build-isolation -e '.[test]'
+	@touch $@
+
+# The list of csrc/ files, rewritten only when a file appears or disappears, so
+# that deleting a source also triggers a rebuild.
+$(STAMPS)/csrc-list: FORCE
+	@mkdir -p $(STAMPS)
+	@printf '%s\n' $(CSRC_FILES) > $@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv -f $@.tmp $@; fi
+
+$(EXT_SO): $(CSRC_FILES) $(STAMPS)/csrc-list setup.py $(VENV)/.rlx-deps
+	@echo "== build_ext --inplace ($(EXT_SO))"
+	$(VPY) setup.py -q build_ext --inplace --force --build-temp build/temp
+	@touch $@
+
+setup: $(VENV)/.rlx-deps
+build: $(EXT_SO)
+
+# ------------------------------------------------------------------ jobs ----
+
+demo: build
+	$(VPY) -m rlx demo
+
+test: build
+	PYTHON=$(VPY) tools/run_all_tests.sh
+
+# Single phases, for working on one of them.
+test-py: build
+	$(VPY) -m pytest tests -q
+test-c: $(STAMPS)/apt.mk
+	PYTHON=$(VPY) tools/run_c_tests.sh
+test-asan: $(VENV)/.rlx-deps
+	PYTHON=$(VPY) tools/run_asan_tests.sh
+
+# ----------------------------------------------------------------- clean ----
+
+clean:
+	rm -rf build *.egg-info
+	find rlx -name '_C*.so' -delete 2>/dev/null || true
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
+
+distclean: clean
+	rm -rf $(VENV) .pytest_cache .hypothesis

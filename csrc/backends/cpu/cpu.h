@@ -1,0 +1,52 @@
+/*
+ * cpu.h - internals shared by the files of the "cpu" kernel table (the .c files of backends/cpu): the kernel
+ * entry points that table.c collects, the work sizes below which a kernel stays on one thread,
+ * and the vector type used by the hand-vectorized loops. Nothing here is visible outside
+ * backends/cpu; nothing here may allocate, print or fail.
+ */
+#ifndef RLX_BACKENDS_CPU_CPU_H
+#define RLX_BACKENDS_CPU_CPU_H
+
+#include "backends/kernels.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The ISAs each hot loop is compiled for; the loader picks one per machine (cpuid), so the build
+ * never depends on -march. */
+#define RLX_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+/* 16 floats: one zmm on avx512f, two ymm on avx2, four xmm on the baseline. Loaded and stored
+ * with memcpy, so pointers need no alignment. */
+typedef float rlx_cpu_v16 __attribute__((vector_size(64)));
+
+/* Minimum items per chunk handed to rlx_parallel_for, in floats touched (cheap ops), in floats
+ * through expf/sinf (transcendental ops), and in multiply-adds (attention). Below these a
+ * kernel runs on the calling thread: a region costs about 10-15 us of wake-up and join
+ * (measured on a 2-vCPU EPYC VM), about what one thread needs for 100K floats of a cheap op. */
+#define RLX_CPU_GRAIN_CHEAP 131072
+#define RLX_CPU_GRAIN_TRANSC 8192
+#define RLX_CPU_GRAIN_FMA 65536
+
+/* Rows per chunk so that each chunk holds at least `grain` items of `row` items each (>= 1). */
+static inline int64_t rlx_cpu_row_grain(int64_t grain, int64_t row) {
+    return row >= grain ? 1 : (grain + row - 1) / (row > 0 ? row : 1);
+}
+
+void rlx_cpu_matmul_f32(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N,
+                        int trans_b);
+void rlx_cpu_embedding_f32(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d);
+void rlx_cpu_rmsnorm_f32(float *out, const float *x, const float *w, int64_t rows, int64_t d, float eps);
+void rlx_cpu_add_rmsnorm_f32(float *sum, float *out, const float *a, const float *b, const float *w,
+                             int64_t rows, int64_t d, float eps);
+void rlx_cpu_rope_f32(float *out, const float *x, const int32_t *pos, const float *inv_freq, int64_t s,
+                      int64_t h, int64_t d);
+void rlx_cpu_softmax_f32(float *out, const float *x, int64_t rows, int64_t n);
+void rlx_cpu_silu_f32(float *out, const float *x, int64_t n);
+void rlx_cpu_silu_mul_f32(float *out, const float *a, const float *b, int64_t n);
+void rlx_cpu_add_f32(float *out, const float *a, const float *b, int64_t n, int64_t nb);
+void rlx_cpu_mul_f32(float *out, const float *a, const float *b, int64_t n, int64_t nb);
+void rlx_cpu_attention_f32(const struct rlx_attn_args *a);
+size_t rlx_cpu_attention_scratch(int64_t S, int64_t P);
+
+#endif

@@ -1,0 +1,22 @@
+/*
+ * table.c - the "cpu" kernel table: OpenBLAS for matmul, the pool and per-ISA vector loops for
+ * the rest (see the other files of backends/cpu). Only collects entry points; must never hold
+ * logic or state of its own.
+ */
+#include "backends/cpu/cpu.h"
+
+const struct rlx_kernels rlx_cpu_kernels = {
+    .name = "cpu",
+    .matmul_f32 = rlx_cpu_matmul_f32,
+    .embedding_f32 = rlx_cpu_embedding_f32,
+    .rmsnorm_f32 = rlx_cpu_rmsnorm_f32,
+    .add_rmsnorm_f32 = rlx_cpu_add_rmsnorm_f32,
+    .rope_f32 = rlx_cpu_rope_f32,
+    .softmax_f32 = rlx_cpu_softmax_f32,
+    .silu_f32 = rlx_cpu_silu_f32,
+    .silu_mul_f32 = rlx_cpu_silu_mul_f32,
+    .add_f32 = rlx_cpu_add_f32,
+    .mul_f32 = rlx_cpu_mul_f32,
+    .attention_f32 = rlx_cpu_attention_f32,
+    .attention_scratch = rlx_cpu_attention_scratch,
+};

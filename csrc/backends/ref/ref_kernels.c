@@ -1,0 +1,190 @@
+/*
+ * ref_kernels.c - the "ref" kernel table: the in-C oracle the cpu table (and any other backend)
+ * is checked against. Every kernel is the plainest loop that states its math, single threaded,
+ * accumulating in double; attention tests each key against the visibility rules one by one.
+ * It must never be clever: no threads, no BLAS, no vector code, no shortcuts that a reader has
+ * to trust. Like every table it never allocates, prints or fails.
+ */
+#include "backends/kernels.h"
+
+#include <math.h>
+
+/* out (M, N) = a (M, K) @ b, b (N, K) read transposed if trans_b else b (K, N) */
+static void ref_matmul(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N,
+                       int trans_b) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double acc = 0.0;
+            for (int64_t k = 0; k < K; k++)
+                acc += (double)a[m * K + k] * (double)(trans_b ? b[n * K + k] : b[k * N + n]);
+            out[m * N + n] = (float)acc;
+        }
+}
+
+/* out (n, d) = table (V, d) rows ids (n) */
+static void ref_embedding(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d) {
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t j = 0; j < d; j++)
+            out[r * d + j] = table[(int64_t)ids[r] * d + j];
+}
+
+/* out (rows, d) = x / sqrt(mean(x^2) + eps) * w (d) */
+static void ref_rmsnorm(float *out, const float *x, const float *w, int64_t rows, int64_t d, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        double ss = 0.0;
+        for (int64_t j = 0; j < d; j++)
+            ss += (double)x[r * d + j] * (double)x[r * d + j];
+        const double inv = 1.0 / sqrt(ss / (double)d + (double)eps);
+        for (int64_t j = 0; j < d; j++)
+            out[r * d + j] = (float)((double)x[r * d + j] * inv * (double)w[j]);
+    }
+}
+
+/* sum (rows, d) = a + b; out (rows, d) = rmsnorm(sum) * w (d) */
+static void ref_add_rmsnorm(float *sum, float *out, const float *a, const float *b, const float *w,
+                            int64_t rows, int64_t d, float eps) {
+    for (int64_t i = 0; i < rows * d; i++)
+        sum[i] = a[i] + b[i];
+    ref_rmsnorm(out, sum, w, rows, d, eps);
+}
+
+/* out (s, h, d) = rotate-half RoPE of x (s, h, d) at positions pos (s) with inv_freq (d/2):
+ * t = (float)pos * inv_freq[i] (in float, as PyTorch); out[i] = x[i] cos t - x[i+d/2] sin t,
+ * out[i+d/2] = x[i+d/2] cos t + x[i] sin t */
+static void ref_rope(float *out, const float *x, const int32_t *pos, const float *inv_freq, int64_t s,
+                     int64_t h, int64_t d) {
+    const int64_t half = d / 2;
+    for (int64_t t = 0; t < s; t++)
+        for (int64_t hh = 0; hh < h; hh++)
+            for (int64_t i = 0; i < half; i++) {
+                const float ang = (float)pos[t] * inv_freq[i];
+                const double c = cosf(ang), sn = sinf(ang);
+                const int64_t base = (t * h + hh) * d;
+                const double x0 = x[base + i], x1 = x[base + i + half];
+                out[base + i] = (float)(x0 * c - x1 * sn);
+                out[base + i + half] = (float)(x1 * c + x0 * sn);
+            }
+}
+
+/* out (rows, n) = softmax over each row of x (rows, n) */
+static void ref_softmax(float *out, const float *x, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) {
+        double m = -INFINITY;
+        for (int64_t j = 0; j < n; j++)
+            if (x[r * n + j] > m)
+                m = x[r * n + j];
+        double sum = 0.0;
+        for (int64_t j = 0; j < n; j++)
+            sum += exp((double)x[r * n + j] - m);
+        for (int64_t j = 0; j < n; j++)
+            out[r * n + j] = (float)(exp((double)x[r * n + j] - m) / sum);
+    }
+}
+
+/* out (n) = x * sigmoid(x) */
+static void ref_silu(float *out, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (float)((double)x[i] / (1.0 + exp(-(double)x[i])));
+}
+
+/* out (n) = silu(a) * b */
+static void ref_silu_mul(float *out, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (float)((double)a[i] / (1.0 + exp(-(double)a[i])) * (double)b[i]);
+}
+
+/* out (n) = a (n) + b[i % nb] */
+static void ref_add(float *out, const float *a, const float *b, int64_t n, int64_t nb) {
+    for (int64_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i % nb];
+}
+
+/* out (n) = a (n) * b[i % nb] */
+static void ref_mul(float *out, const float *a, const float *b, int64_t n, int64_t nb) {
+    for (int64_t i = 0; i < n; i++)
+        out[i] = a[i] * b[i % nb];
+}
+
+/* Whether key j (past first) is visible to query i under causal, window and mask_u8. */
+static int ref_visible(const struct rlx_attn_args *a, int64_t i, int64_t j) {
+    if (a->causal && !(j <= a->P + i))
+        return 0;
+    if (a->window > 0 && !(j > a->P + i - a->window))
+        return 0;
+    if (a->mask_u8 && a->mask_u8[i * (a->P + a->S) + j] == 0)
+        return 0;
+    return 1;
+}
+
+/* Element e of key/value row j (past first) for kv head g. */
+static float ref_kv(const struct rlx_attn_args *a, const float *past, const float *now, int64_t j, int64_t g,
+                    int64_t e) {
+    if (j < a->P)
+        return past[(j * a->Hkv + g) * a->D + e];
+    return now[((j - a->P) * a->Hkv + g) * a->D + e];
+}
+
+/* out (S, Hq, D): for each query i and head h (kv head h / (Hq/Hkv)):
+ * score_j = scale * q[i,h] . k_j + mask_f32[i,j] for visible j, softmax over them, out = sum p_j v_j;
+ * no visible key (or all scores -inf) gives zeros. scratch: P+S floats of scores, then weights. */
+static void ref_attention(const struct rlx_attn_args *a) {
+    const int64_t L = a->P + a->S, D = a->D;
+    float *score = a->scratch;
+    for (int64_t i = 0; i < a->S; i++)
+        for (int64_t h = 0; h < a->Hq; h++) {
+            const int64_t g = h / (a->Hq / a->Hkv);
+            const float *q = a->q + (i * a->Hq + h) * D;
+            float *o = a->out + (i * a->Hq + h) * D;
+            double m = -INFINITY;
+            for (int64_t j = 0; j < L; j++) {
+                score[j] = -INFINITY;
+                if (!ref_visible(a, i, j))
+                    continue;
+                double s = 0.0;
+                for (int64_t e = 0; e < D; e++)
+                    s += (double)q[e] * (double)ref_kv(a, a->k_past, a->k, j, g, e);
+                s *= a->scale;
+                if (a->mask_f32)
+                    s += a->mask_f32[i * L + j];
+                score[j] = (float)s;
+                if (s > m)
+                    m = s;
+            }
+            for (int64_t e = 0; e < D; e++)
+                o[e] = 0.0f;
+            if (m == -INFINITY)
+                continue;
+            double sum = 0.0;
+            for (int64_t j = 0; j < L; j++) {
+                score[j] = score[j] == -INFINITY ? 0.0f : (float)exp((double)score[j] - m);
+                sum += score[j];
+            }
+            for (int64_t e = 0; e < D; e++) {
+                double acc = 0.0;
+                for (int64_t j = 0; j < L; j++)
+                    acc += (double)score[j] * (double)ref_kv(a, a->v_past, a->v, j, g, e);
+                o[e] = (float)(acc / sum);
+            }
+        }
+}
+
+/* P+S floats: the scores of one query row */
+static size_t ref_attention_scratch(int64_t S, int64_t P) {
+    return (size_t)(P + S);
+}
+
+const struct rlx_kernels rlx_ref_kernels = {
+    .name = "ref",
+    .matmul_f32 = ref_matmul,
+    .embedding_f32 = ref_embedding,
+    .rmsnorm_f32 = ref_rmsnorm,
+    .add_rmsnorm_f32 = ref_add_rmsnorm,
+    .rope_f32 = ref_rope,
+    .softmax_f32 = ref_softmax,
+    .silu_f32 = ref_silu,
+    .silu_mul_f32 = ref_silu_mul,
+    .add_f32 = ref_add,
+    .mul_f32 = ref_mul,
+    .attention_f32 = ref_attention,
+    .attention_scratch = ref_attention_scratch,
+};

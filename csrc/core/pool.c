@@ -1,0 +1,226 @@
+/*
+ * pool.c - the core's one thread pool (pool.h) and the thread-count setting of rlx.h
+ * (rlx_set_num_threads / rlx_get_num_threads). A parallel region splits [0, n) into at most one
+ * contiguous chunk per thread; the caller runs chunk 0 and workers 1..nchunks-1 run the others.
+ * Workers are created lazily on the first region that needs them and sleep on a condition
+ * variable between regions: this file must never spin, so OpenBLAS (sized to the same count)
+ * has the cores to itself between regions. A region is owned through a try-lock: a second
+ * thread that finds the pool busy, and any call made from inside a task, runs its range inline
+ * on its own thread; it must never wait for the pool. Resizing joins every worker while holding
+ * the region lock, so it waits for a running region to end; rlx_set_num_threads(1) leaves no
+ * worker alive, which is the way to shut the pool down completely (nothing is freed at exit).
+ */
+#include "core/pool.h"
+
+#include "rlx/rlx.h"
+
+#include <cblas.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+/* Upper bound on threads (caller included); larger requests are clamped. */
+#define RLX_POOL_MAX_THREADS 256
+
+struct rlx_pool_worker {
+    pthread_t thread;
+    int id;             /* chunk index this worker runs: 1..RLX_POOL_MAX_THREADS-1 */
+    uint64_t start_gen; /* generation current when it was created: it waits for the next one */
+};
+
+static struct {
+    pthread_once_t once;
+    pthread_mutex_t region; /* held by the thread that owns the workers for a region or a resize */
+    pthread_mutex_t m;      /* guards everything below */
+    pthread_cond_t work;    /* workers wait here for gen to change or quit */
+    pthread_cond_t done;    /* the region owner waits here for pending == 0 */
+    uint64_t gen;           /* incremented once per region */
+    int quit;               /* set while joining workers */
+    rlx_range_fn fn;        /* the current region: */
+    void *ctx;
+    int64_t n;
+    int nchunks;
+    int pending;            /* worker chunks of the current region not yet finished */
+    int nworkers;           /* workers alive: ids 1..nworkers */
+    struct rlx_pool_worker workers[RLX_POOL_MAX_THREADS];
+} g_pool = {
+    .once = PTHREAD_ONCE_INIT,
+    .region = PTHREAD_MUTEX_INITIALIZER,
+    .m = PTHREAD_MUTEX_INITIALIZER,
+    .work = PTHREAD_COND_INITIALIZER,
+    .done = PTHREAD_COND_INITIALIZER,
+};
+
+/* Threads wanted (caller included), >= 1; read without locks by rlx_pool_threads. */
+static atomic_int g_threads = 1;
+
+/* Nonzero on pool workers, and on any thread while it runs a range (its chunk or an inline run). */
+static _Thread_local int tls_in_region;
+
+static int clamp_threads(long n) {
+    if (n < 1)
+        return 1;
+    return n > RLX_POOL_MAX_THREADS ? RLX_POOL_MAX_THREADS : (int)n;
+}
+
+static int default_threads(void) {
+    return clamp_threads(sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+static void pool_init_once(void) {
+    int n = default_threads();
+    const char *env = getenv("RLX_NUM_THREADS");
+    if (env && *env) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (*end == '\0' && v > 0)
+            n = clamp_threads(v);
+    }
+    atomic_store(&g_threads, n);
+    openblas_set_num_threads(n);
+}
+
+static void pool_init(void) {
+    pthread_once(&g_pool.once, pool_init_once);
+}
+
+/* Bounds of chunk c of nchunks over [0, n): balanced, so every chunk has floor or ceil(n/nchunks). */
+static int64_t chunk_begin(int64_t n, int nchunks, int c) {
+    /* floor(n * c / nchunks) without overflowing n * c */
+    return n / nchunks * c + n % nchunks * c / nchunks;
+}
+
+static void *worker_main(void *arg) {
+    struct rlx_pool_worker *w = arg;
+    uint64_t seen = w->start_gen;
+    tls_in_region = 1;
+    pthread_mutex_lock(&g_pool.m);
+    for (;;) {
+        while (!g_pool.quit && g_pool.gen == seen)
+            pthread_cond_wait(&g_pool.work, &g_pool.m);
+        if (g_pool.quit)
+            break;
+        seen = g_pool.gen;
+        if (w->id >= g_pool.nchunks)
+            continue;
+        rlx_range_fn fn = g_pool.fn;
+        void *ctx = g_pool.ctx;
+        int64_t n = g_pool.n;
+        int nchunks = g_pool.nchunks;
+        pthread_mutex_unlock(&g_pool.m);
+        fn(ctx, chunk_begin(n, nchunks, w->id), chunk_begin(n, nchunks, w->id + 1));
+        pthread_mutex_lock(&g_pool.m);
+        if (--g_pool.pending == 0)
+            pthread_cond_signal(&g_pool.done);
+    }
+    pthread_mutex_unlock(&g_pool.m);
+    return NULL;
+}
+
+/* Joins every worker. Caller holds g_pool.region. */
+static void workers_join(void) {
+    pthread_mutex_lock(&g_pool.m);
+    g_pool.quit = 1;
+    pthread_cond_broadcast(&g_pool.work);
+    pthread_mutex_unlock(&g_pool.m);
+    for (int i = 0; i < g_pool.nworkers; i++)
+        pthread_join(g_pool.workers[i].thread, NULL);
+    pthread_mutex_lock(&g_pool.m);
+    g_pool.quit = 0;
+    g_pool.nworkers = 0;
+    pthread_mutex_unlock(&g_pool.m);
+}
+
+/* Makes the worker count match g_threads - 1: joins all on a shrink, adds on a grow. A worker
+ * that cannot be created is simply missing: regions then use fewer chunks. Caller holds
+ * g_pool.region, so no region is in flight and gen is stable. */
+static void workers_fit(void) {
+    int want = atomic_load(&g_threads) - 1;
+    if (want < g_pool.nworkers)
+        workers_join();
+    while (g_pool.nworkers < want) {
+        struct rlx_pool_worker *w = &g_pool.workers[g_pool.nworkers];
+        w->id = g_pool.nworkers + 1;
+        w->start_gen = g_pool.gen;
+        if (pthread_create(&w->thread, NULL, worker_main, w) != 0)
+            break;
+        pthread_mutex_lock(&g_pool.m);
+        g_pool.nworkers++;
+        pthread_mutex_unlock(&g_pool.m);
+    }
+}
+
+/* Runs the whole range on this thread, as a region of its own: calls made from inside run inline. */
+static void run_inline(int64_t n, rlx_range_fn fn, void *ctx) {
+    int was = tls_in_region;
+    tls_in_region = 1;
+    fn(ctx, 0, n);
+    tls_in_region = was;
+}
+
+void rlx_parallel_for(int64_t n, int64_t grain, rlx_range_fn fn, void *ctx) {
+    if (n <= 0)
+        return;
+    if (grain < 1)
+        grain = 1;
+    pool_init();
+    int64_t by_grain = n / grain;
+    if (tls_in_region || by_grain < 2 || atomic_load(&g_threads) == 1 ||
+        pthread_mutex_trylock(&g_pool.region) != 0) {
+        run_inline(n, fn, ctx);
+        return;
+    }
+    workers_fit();
+    int nchunks = g_pool.nworkers + 1;
+    if (by_grain < nchunks)
+        nchunks = (int)by_grain;
+    if (nchunks < 2) {
+        pthread_mutex_unlock(&g_pool.region);
+        run_inline(n, fn, ctx);
+        return;
+    }
+    pthread_mutex_lock(&g_pool.m);
+    g_pool.fn = fn;
+    g_pool.ctx = ctx;
+    g_pool.n = n;
+    g_pool.nchunks = nchunks;
+    g_pool.pending = nchunks - 1;
+    g_pool.gen++;
+    pthread_cond_broadcast(&g_pool.work);
+    pthread_mutex_unlock(&g_pool.m);
+
+    tls_in_region = 1;
+    fn(ctx, 0, chunk_begin(n, nchunks, 1));
+    tls_in_region = 0;
+
+    pthread_mutex_lock(&g_pool.m);
+    while (g_pool.pending > 0)
+        pthread_cond_wait(&g_pool.done, &g_pool.m);
+    pthread_mutex_unlock(&g_pool.m);
+    pthread_mutex_unlock(&g_pool.region);
+}
+
+int rlx_pool_threads(void) {
+    pool_init();
+    return atomic_load(&g_threads);
+}
+
+void rlx_set_num_threads(int n) {
+    pool_init();
+    int t = n <= 0 ? default_threads() : clamp_threads(n);
+    atomic_store(&g_threads, t);
+    openblas_set_num_threads(t);
+    /* From inside a task the region lock is held by this region's owner: the new count is
+     * applied by the next region instead. */
+    if (tls_in_region)
+        return;
+    pthread_mutex_lock(&g_pool.region);
+    if (g_pool.nworkers > t - 1)
+        workers_join();
+    pthread_mutex_unlock(&g_pool.region);
+}
+
+int rlx_get_num_threads(void) {
+    return rlx_pool_threads();
+}

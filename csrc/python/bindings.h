@@ -1,0 +1,90 @@
+/*
+ * bindings.h - what the files of the extension module rlx._C share: the module state (the heap
+ * type objects and the rlx.Error class), how to reach it from a type or an object, the one
+ * function that turns an rlx_status into a Python exception, and the dtype mapping between
+ * rlx and NumPy.
+ *
+ * Every file of csrc/python includes this header before anything else. Only module.c imports the
+ * NumPy C API; every other file defines NO_IMPORT_ARRAY before including this header, so all of
+ * them share one API table (PY_ARRAY_UNIQUE_SYMBOL below).
+ *
+ * Nothing here may be called without the GIL, except where a comment says so.
+ */
+#ifndef RLX_PYTHON_BINDINGS_H
+#define RLX_PYTHON_BINDINGS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#ifndef NPY_NO_DEPRECATED_API
+#define NPY_NO_DEPRECATED_API NPY_1_21_API_VERSION
+#endif
+#define PY_ARRAY_UNIQUE_SYMBOL rlx_py_ARRAY_API
+#include <numpy/arrayobject.h>
+
+#include "rlx/rlx.h"
+
+#if PY_VERSION_HEX < 0x030A0000
+#error "rlx._C needs Python 3.10 or newer"
+#endif
+
+/* Per-module state. Every field is a strong reference owned by the module. */
+struct rlx_py_state {
+    PyObject *error;             /* rlx.Error, a subclass of RuntimeError */
+    PyTypeObject *graph_type;    /* _C.Graph (graph_type.c) */
+    PyTypeObject *plan_type;     /* _C.Plan (plan_type.c) */
+    PyObject *generator_type;    /* _C.Generator (filled by the generator's add_type; NULL until then) */
+};
+
+/* The module definition (module.c); heap types are created with PyType_FromModuleAndSpec so that
+ * their instances find the state through it. */
+extern PyModuleDef rlx_py_module_def;
+
+/* The module state for an object whose type (or a base of it) was created by this module;
+ * NULL with TypeError set otherwise. */
+struct rlx_py_state *rlx_py_state_of(PyObject *obj);
+/* The module state of the module object itself (module functions get it as `self`). */
+struct rlx_py_state *rlx_py_state_of_module(PyObject *module);
+
+/* Maps a status to an exception and raises it; returns 0 (nothing raised) for RLX_OK, else -1.
+ * RLX_ERR_INVALID / SHAPE / DTYPE / RANGE raise ValueError, RLX_ERR_NOMEM raises MemoryError,
+ * every other status raises rlx.Error. The message is rlx_last_error() of the calling thread (the
+ * status name when that is empty), so call it on the thread that made the failing call, right
+ * after the call: `if (rlx_py_raise(s)) goto error;`. */
+int rlx_py_raise(rlx_status s);
+
+/* rlx.Error as a borrowed pointer: set by the module's exec slot from the state's strong
+ * reference, cleared when that module is freed. It exists so rlx_py_raise needs no module
+ * lookup. NULL before the module has executed (rlx_py_raise then falls back to RuntimeError). */
+extern PyObject *rlx_py_error_borrowed;
+/* Called by module.c: exec sets it, free clears it (if it is still that module's class). */
+void rlx_py_errors_set(PyObject *error);
+void rlx_py_errors_clear(PyObject *error);
+
+/* dtype mapping (plan_type.c) -------------------------------------------------------------- */
+
+/* Whether an array of descriptor d may be handed to the core as dtype dt without conversion:
+ * f32 <- float32, f16 <- float16, i32 <- int32, u8 <- uint8 or bool, bf16 <- uint16 (raw bits) or
+ * a dtype named "bfloat16" (ml_dtypes); native byte order only. */
+int rlx_py_dtype_matches(PyArray_Descr *d, enum rlx_dtype dt);
+/* The NumPy type number used for outputs of dtype dt (bf16 outputs come back as uint16 bits). */
+int rlx_py_dtype_to_npy(enum rlx_dtype dt);
+
+/* The module's types: each adds itself to the module and stores its type in the state.
+ * Returns 0, or -1 with an exception set. */
+int rlx_py_add_graph_type(PyObject *module, struct rlx_py_state *st);
+int rlx_py_add_plan_type(PyObject *module, struct rlx_py_state *st);
+int rlx_py_add_generator_type(PyObject *module, struct rlx_py_state *st);
+
+/* Graph objects (graph_type.c): the wrapped builder, borrowed; NULL with TypeError set if obj is
+ * not a _C.Graph. */
+struct rlx_graph *rlx_py_graph_get(struct rlx_py_state *st, PyObject *obj);
+
+/* rlx_graph_dump(g) as a str (graph_type.c; Graph.dump and Plan.graph_dump). */
+PyObject *rlx_py_dump_graph(const struct rlx_graph *g);
+
+/* Module functions that live with their types (their docs are in the method table). */
+PyObject *rlx_py_compile(PyObject *module, PyObject *args, PyObject *kwargs);
+extern const char rlx_py_compile_doc[];
+
+#endif

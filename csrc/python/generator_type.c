@@ -1,0 +1,628 @@
+/*
+ * generator_type.c - _C.Generator: the C generator (csrc/gen) with NumPy weights and Python
+ * callbacks. The Python class rlx.Generator wraps it with the documented API; this type offers
+ * the primitive steps: prefill, append, logits (naive or cached), sample, step, generate.
+ *
+ * Ownership: the generator reads the weight arrays in place (zero-copy, f32 C-contiguous only);
+ * the dict `weights` keeps them alive as long as the generator. kv_cache() views point into the
+ * cache, whose memory never moves for the generator's life; each view holds a reference to the
+ * generator.
+ *
+ * Threads: the GIL is released around every forward pass and sampling; the generator's own lock
+ * (waited for with the GIL released) serialises threads sharing one generator. Python callbacks
+ * (on_token, adjust) run with the GIL held and the lock held by this thread; a callback that
+ * re-enters the same generator gets an exception, not a deadlock.
+ */
+#define NO_IMPORT_ARRAY
+#include "bindings.h"
+
+#include "pythread.h"
+
+#include <string.h>
+
+#include "rlx/model.h"
+
+struct gen_object {
+    PyObject_HEAD
+    struct rlx_generator *gen;   /* owned */
+    PyThread_type_lock lock;
+    unsigned long owner;         /* thread ident holding lock, 0 when free; touched with the GIL held */
+    PyObject *weights;           /* dict: name -> the f32 array the generator reads */
+};
+
+static int gen_acquire(struct gen_object *self)
+{
+    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
+        if (self->owner == PyThread_get_thread_ident()) {
+            PyErr_SetString(PyExc_RuntimeError, "this generator is already in use by the current thread "
+                                                "(a callback may not call back into its generator)");
+            return -1;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+    self->owner = PyThread_get_thread_ident();
+    return 0;
+}
+
+static void gen_release(struct gen_object *self)
+{
+    self->owner = 0;
+    PyThread_release_lock(self->lock);
+}
+
+/* ---- conversions -------------------------------------------------------------------------- */
+
+static int get_int(PyObject *d, const char *key, int64_t *out)
+{
+    PyObject *v = PyDict_GetItemString(d, key); /* borrowed */
+    if (v == NULL) {
+        PyErr_Format(PyExc_ValueError, "model config: missing '%s'", key);
+        return -1;
+    }
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    *out = (int64_t)x;
+    return 0;
+}
+
+static int get_bool(PyObject *d, const char *key, bool *out)
+{
+    PyObject *v = PyDict_GetItemString(d, key);
+    if (v == NULL) {
+        PyErr_Format(PyExc_ValueError, "model config: missing '%s'", key);
+        return -1;
+    }
+    int t = PyObject_IsTrue(v);
+    if (t < 0) return -1;
+    *out = t != 0;
+    return 0;
+}
+
+/* The C config from the dict rlx.Generator builds (HF field names + "qk_norm", "layer_windows"). */
+static int config_from_dict(PyObject *d, struct rlx_model_config *c)
+{
+    memset(c, 0, sizeof *c);
+    if (!PyDict_Check(d)) {
+        PyErr_SetString(PyExc_TypeError, "config must be a dict");
+        return -1;
+    }
+    if (get_int(d, "vocab_size", &c->vocab_size) || get_int(d, "hidden_size", &c->hidden_size) ||
+        get_int(d, "intermediate_size", &c->intermediate_size) || get_int(d, "num_hidden_layers", &c->n_layers) ||
+        get_int(d, "num_attention_heads", &c->n_heads) || get_int(d, "num_key_value_heads", &c->n_kv_heads) ||
+        get_int(d, "head_dim", &c->head_dim) || get_int(d, "max_position_embeddings", &c->max_position_embeddings) ||
+        get_bool(d, "tie_word_embeddings", &c->tie_word_embeddings) ||
+        get_bool(d, "attention_bias", &c->attention_bias) || get_bool(d, "mlp_bias", &c->mlp_bias) ||
+        get_bool(d, "qk_norm", &c->qk_norm))
+        return -1;
+    PyObject *eps = PyDict_GetItemString(d, "rms_norm_eps");
+    if (eps == NULL) {
+        PyErr_SetString(PyExc_ValueError, "model config: missing 'rms_norm_eps'");
+        return -1;
+    }
+    double e = PyFloat_AsDouble(eps);
+    if (e == -1.0 && PyErr_Occurred()) return -1;
+    c->rms_norm_eps = (float)e;
+    if (c->n_layers < 1 || c->n_layers > RLX_MAX_LAYERS) {
+        PyErr_Format(PyExc_ValueError, "model config: num_hidden_layers must be in 1..%d", RLX_MAX_LAYERS);
+        return -1;
+    }
+    PyObject *win = PyDict_GetItemString(d, "layer_windows");
+    if (win != NULL && win != Py_None) {
+        PyObject *seq = PySequence_Fast(win, "layer_windows must be a sequence of ints");
+        if (seq == NULL) return -1;
+        if (PySequence_Fast_GET_SIZE(seq) != c->n_layers) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "layer_windows must hold one int per layer");
+            return -1;
+        }
+        for (int64_t l = 0; l < c->n_layers; l++) {
+            long long w = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, l));
+            if (w == -1 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                return -1;
+            }
+            c->layer_window[l] = (int64_t)w;
+        }
+        Py_DECREF(seq);
+    }
+    return 0;
+}
+
+static int opts_from_object(PyObject *o, struct rlx_sample_opts *out)
+{
+    *out = rlx_sample_opts_greedy();
+    if (o == Py_None) return 0;
+    struct {
+        const char *name;
+        int is_float;
+        void *dst;
+    } fields[] = {
+        {"temperature", 1, &out->temperature}, {"top_k", 0, &out->top_k},
+        {"top_p", 1, &out->top_p},             {"min_p", 1, &out->min_p},
+        {"repetition_penalty", 1, &out->repetition_penalty},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        PyObject *v = PyObject_GetAttrString(o, fields[i].name);
+        if (v == NULL) return -1;
+        if (fields[i].is_float) {
+            double x = PyFloat_AsDouble(v);
+            Py_DECREF(v);
+            if (x == -1.0 && PyErr_Occurred()) return -1;
+            *(float *)fields[i].dst = (float)x;
+        } else {
+            long x = PyLong_AsLong(v);
+            Py_DECREF(v);
+            if (x == -1 && PyErr_Occurred()) return -1;
+            if (x < 0 || x > INT32_MAX) {
+                PyErr_Format(PyExc_ValueError, "%s must be in [0, 2**31), got %ld", fields[i].name, x);
+                return -1;
+            }
+            *(int32_t *)fields[i].dst = (int32_t)x;
+        }
+    }
+    PyObject *seed = PyObject_GetAttrString(o, "seed");
+    if (seed == NULL) return -1;
+    unsigned long long s = PyLong_AsUnsignedLongLongMask(seed);
+    Py_DECREF(seed);
+    if (s == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    out->seed = (uint64_t)s;
+    return rlx_py_raise(rlx_sample_opts_check(out));
+}
+
+/* ids (any int sequence) -> a new int32 buffer (PyMem_Malloc) of *n entries, range-checked to
+ * int32 (the generator checks the vocabulary). */
+static int32_t *ids_from_object(PyObject *obj, int64_t *n)
+{
+    PyArrayObject *arr = (PyArrayObject *)PyArray_FROM_OTF(obj, NPY_INT64, NPY_ARRAY_IN_ARRAY);
+    if (arr == NULL) return NULL;
+    int32_t *out = NULL;
+    if (PyArray_NDIM(arr) != 1) {
+        PyErr_Format(PyExc_ValueError, "token ids must be a 1-D sequence, got %d dimensions", PyArray_NDIM(arr));
+        goto error;
+    }
+    *n = (int64_t)PyArray_DIM(arr, 0);
+    out = PyMem_Malloc(sizeof(int32_t) * (size_t)(*n ? *n : 1));
+    if (out == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    const int64_t *src = PyArray_DATA(arr);
+    for (int64_t i = 0; i < *n; i++) {
+        if (src[i] < INT32_MIN || src[i] > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "token id %lld at position %lld is out of range", (long long)src[i],
+                         (long long)i);
+            PyMem_Free(out);
+            out = NULL;
+            goto error;
+        }
+        out[i] = (int32_t)src[i];
+    }
+error:
+    Py_DECREF(arr);
+    return out;
+}
+
+static int token_from_object(PyObject *obj, int32_t *tok)
+{
+    long long t = PyLong_AsLongLong(obj);
+    if (t == -1 && PyErr_Occurred()) return -1;
+    if (t < INT32_MIN || t > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "token id %lld is out of range", t);
+        return -1;
+    }
+    *tok = (int32_t)t;
+    return 0;
+}
+
+/* ---- construction ------------------------------------------------------------------------- */
+
+static void gen_dealloc(struct gen_object *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    rlx_generator_free(self->gen); /* before the arrays it reads */
+    Py_XDECREF(self->weights);
+    if (self->lock) PyThread_free_lock(self->lock);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyObject *gen_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"config", "weights", "device", NULL};
+    PyObject *config, *weights;
+    const char *device = "cpu";
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!|s:Generator", kwlist, &config, &PyDict_Type, &weights, &device))
+        return NULL;
+    struct rlx_model_config cfg;
+    if (config_from_dict(config, &cfg) < 0) return NULL;
+    struct gen_object *self = (struct gen_object *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->lock = PyThread_allocate_lock();
+    self->weights = PyDict_New();
+    if (self->lock == NULL || self->weights == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto error;
+    }
+    if (rlx_py_raise(rlx_generator_create(&cfg, device, &self->gen))) goto error;
+    Py_ssize_t pos = 0;
+    PyObject *key, *val;
+    while (PyDict_Next(weights, &pos, &key, &val)) {
+        const char *name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        if (name == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "weight names must be str");
+            goto error;
+        }
+        if (!PyArray_Check(val) || PyArray_TYPE((PyArrayObject *)val) != NPY_FLOAT32 ||
+            !PyArray_ISCARRAY_RO((PyArrayObject *)val) || PyArray_NDIM((PyArrayObject *)val) > RLX_MAX_DIMS) {
+            PyErr_Format(PyExc_ValueError, "weight '%s' must be a C-contiguous float32 array of rank <= %d", name,
+                         RLX_MAX_DIMS);
+            goto error;
+        }
+        PyArrayObject *a = (PyArrayObject *)val;
+        struct rlx_host_tensor t = {.data = PyArray_DATA(a), .dtype = RLX_F32, .ndim = PyArray_NDIM(a)};
+        for (int i = 0; i < t.ndim; i++) t.shape[i] = (int64_t)PyArray_DIM(a, i);
+        if (rlx_py_raise(rlx_generator_set_weight(self->gen, name, &t))) goto error;
+        if (PyDict_SetItem(self->weights, key, val) < 0) goto error;
+    }
+    return (PyObject *)self;
+error:
+    Py_DECREF(self);
+    return NULL;
+}
+
+/* ---- methods ------------------------------------------------------------------------------ */
+
+static PyObject *gen_prefill(struct gen_object *self, PyObject *ids_obj)
+{
+    int64_t n;
+    int32_t *ids = ids_from_object(ids_obj, &n);
+    if (ids == NULL) return NULL;
+    if (gen_acquire(self) < 0) {
+        PyMem_Free(ids);
+        return NULL;
+    }
+    rlx_status s = rlx_generator_prefill(self->gen, ids, n);
+    gen_release(self);
+    PyMem_Free(ids);
+    if (rlx_py_raise(s)) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *gen_append(struct gen_object *self, PyObject *tok_obj)
+{
+    int32_t tok;
+    if (token_from_object(tok_obj, &tok) < 0 || gen_acquire(self) < 0) return NULL;
+    rlx_status s = rlx_generator_append(self->gen, tok);
+    gen_release(self);
+    if (rlx_py_raise(s)) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Runs the forward pass with the GIL released; the lock must be held. */
+static rlx_status forward(struct gen_object *self, int cached, const float **logits)
+{
+    rlx_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = cached ? rlx_generator_logits_cached(self->gen, logits) : rlx_generator_logits_naive(self->gen, logits);
+    Py_END_ALLOW_THREADS
+    return s;
+}
+
+static PyObject *logits_array(struct gen_object *self, const float *logits)
+{
+    npy_intp dims[1] = {(npy_intp)rlx_generator_config(self->gen)->vocab_size};
+    PyObject *arr = PyArray_SimpleNew(1, dims, NPY_FLOAT32);
+    if (arr) memcpy(PyArray_DATA((PyArrayObject *)arr), logits, sizeof(float) * (size_t)dims[0]);
+    return arr;
+}
+
+static PyObject *gen_logits(struct gen_object *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"cached", NULL};
+    int cached = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:logits", kwlist, &cached) || gen_acquire(self) < 0) return NULL;
+    const float *logits;
+    rlx_status s = forward(self, cached, &logits);
+    PyObject *out = s == RLX_OK ? logits_array(self, logits) : NULL;
+    gen_release(self);
+    if (rlx_py_raise(s)) return NULL;
+    return out;
+}
+
+/* One step with the lock held: logits, optional adjust(logits array) in place, sample at index,
+ * append. Returns the token or -1 with an exception set. */
+static long long step_locked(struct gen_object *self, const struct rlx_sample_opts *o, int cached, uint64_t index,
+                             PyObject *adjust)
+{
+    const float *logits;
+    int32_t tok = -1;
+    rlx_status s = forward(self, cached, &logits);
+    if (rlx_py_raise(s)) return -1;
+    if (adjust != Py_None) {
+        PyObject *arr = logits_array(self, logits);
+        if (arr == NULL) return -1;
+        PyObject *r = PyObject_CallOneArg(adjust, arr);
+        if (r == NULL) {
+            Py_DECREF(arr);
+            return -1;
+        }
+        Py_DECREF(r);
+        const float *row = PyArray_DATA((PyArrayObject *)arr);
+        Py_BEGIN_ALLOW_THREADS
+        s = rlx_generator_sample(self->gen, row, o, index, &tok);
+        Py_END_ALLOW_THREADS
+        Py_DECREF(arr);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        s = rlx_generator_sample(self->gen, logits, o, index, &tok);
+        Py_END_ALLOW_THREADS
+    }
+    if (rlx_py_raise(s) || rlx_py_raise(rlx_generator_append(self->gen, tok))) return -1;
+    return tok;
+}
+
+static PyObject *gen_step(struct gen_object *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"opts", "cached", "sample_index", "adjust", NULL};
+    PyObject *opts_obj = Py_None, *index_obj = Py_None, *adjust = Py_None;
+    int cached = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OpOO:step", kwlist, &opts_obj, &cached, &index_obj, &adjust))
+        return NULL;
+    if (adjust != Py_None && !PyCallable_Check(adjust)) {
+        PyErr_SetString(PyExc_TypeError, "adjust must be callable");
+        return NULL;
+    }
+    struct rlx_sample_opts o;
+    if (opts_from_object(opts_obj, &o) < 0) return NULL;
+    unsigned long long index = 0;
+    if (index_obj != Py_None) {
+        index = PyLong_AsUnsignedLongLong(index_obj);
+        if (index == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    }
+    if (gen_acquire(self) < 0) return NULL;
+    if (index_obj == Py_None) index = (unsigned long long)rlx_generator_len(self->gen);
+    long long tok = step_locked(self, &o, cached, index, adjust);
+    gen_release(self);
+    return tok < 0 ? NULL : PyLong_FromLongLong(tok);
+}
+
+static PyObject *gen_generate(struct gen_object *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"n", "opts", "cached", "on_token", "stop_ids", NULL};
+    Py_ssize_t n;
+    PyObject *opts_obj = Py_None, *on_token = Py_None, *stop_obj = Py_None;
+    int cached = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n|OpOO:generate", kwlist, &n, &opts_obj, &cached, &on_token,
+                                     &stop_obj))
+        return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "n must be >= 0");
+        return NULL;
+    }
+    if (on_token != Py_None && !PyCallable_Check(on_token)) {
+        PyErr_SetString(PyExc_TypeError, "on_token must be callable");
+        return NULL;
+    }
+    struct rlx_sample_opts o;
+    if (opts_from_object(opts_obj, &o) < 0) return NULL;
+    PyObject *stop = stop_obj == Py_None ? PyFrozenSet_New(NULL) : PyFrozenSet_New(stop_obj);
+    if (stop == NULL) return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL || gen_acquire(self) < 0) {
+        Py_XDECREF(out);
+        Py_DECREF(stop);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long tok = step_locked(self, &o, cached, (uint64_t)rlx_generator_len(self->gen), Py_None);
+        PyObject *t = tok < 0 ? NULL : PyLong_FromLongLong(tok);
+        if (t == NULL || PyList_Append(out, t) < 0) {
+            Py_XDECREF(t);
+            goto error;
+        }
+        int is_stop = PySet_Contains(stop, t);
+        if (on_token != Py_None) {
+            PyObject *r = PyObject_CallOneArg(on_token, t);
+            if (r == NULL) {
+                Py_DECREF(t);
+                goto error;
+            }
+            Py_DECREF(r);
+        }
+        Py_DECREF(t);
+        if (is_stop < 0) goto error;
+        if (is_stop) break;
+    }
+    gen_release(self);
+    Py_DECREF(stop);
+    return out;
+error:
+    gen_release(self);
+    Py_DECREF(stop);
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyObject *gen_sample(struct gen_object *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"logits", "opts", "sample_index", NULL};
+    PyObject *logits_obj, *opts_obj = Py_None;
+    unsigned long long index = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OK:sample", kwlist, &logits_obj, &opts_obj, &index)) return NULL;
+    struct rlx_sample_opts o;
+    if (opts_from_object(opts_obj, &o) < 0) return NULL;
+    PyArrayObject *arr = (PyArrayObject *)PyArray_FROM_OTF(logits_obj, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY);
+    if (arr == NULL) return NULL;
+    PyObject *out = NULL;
+    if (PyArray_NDIM(arr) != 1 || PyArray_DIM(arr, 0) != rlx_generator_config(self->gen)->vocab_size) {
+        PyErr_Format(PyExc_ValueError, "logits must have shape (%lld,)",
+                     (long long)rlx_generator_config(self->gen)->vocab_size);
+        goto error;
+    }
+    if (gen_acquire(self) < 0) goto error;
+    int32_t tok;
+    rlx_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = rlx_generator_sample(self->gen, PyArray_DATA(arr), &o, index, &tok);
+    Py_END_ALLOW_THREADS
+    gen_release(self);
+    if (!rlx_py_raise(s)) out = PyLong_FromLong(tok);
+error:
+    Py_DECREF(arr);
+    return out;
+}
+
+static PyObject *gen_get_tokens(struct gen_object *self, void *closure)
+{
+    (void)closure;
+    int64_t n = rlx_generator_len(self->gen);
+    const int32_t *t = rlx_generator_tokens(self->gen);
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (int64_t i = 0; out && i < n; i++) {
+        PyObject *v = PyLong_FromLong(t[i]);
+        if (v == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, v);
+    }
+    return out;
+}
+
+static PyObject *gen_get_kv_len(struct gen_object *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromLongLong(rlx_kv_cache_len(rlx_generator_kv(self->gen)));
+}
+
+static PyObject *kv_view(struct gen_object *self, float *data, int64_t len)
+{
+    const struct rlx_model_config *c = rlx_generator_config(self->gen);
+    npy_intp dims[3] = {(npy_intp)len, (npy_intp)c->n_kv_heads, (npy_intp)c->head_dim};
+    PyObject *arr = PyArray_New(&PyArray_Type, 3, dims, NPY_FLOAT32, NULL, data, 0, NPY_ARRAY_C_CONTIGUOUS, NULL);
+    if (arr == NULL) return NULL;
+    Py_INCREF(self);
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, (PyObject *)self) < 0) {
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
+static PyObject *gen_kv_cache(struct gen_object *self, PyObject *layer_obj)
+{
+    long long layer = PyLong_AsLongLong(layer_obj);
+    if (layer == -1 && PyErr_Occurred()) return NULL;
+    struct rlx_kv_cache *kv = rlx_generator_kv(self->gen);
+    if (layer < 0 || layer >= rlx_kv_cache_layers(kv)) {
+        PyErr_Format(PyExc_IndexError, "layer %lld outside [0, %lld)", layer, (long long)rlx_kv_cache_layers(kv));
+        return NULL;
+    }
+    int64_t len = rlx_kv_cache_len(kv);
+    PyObject *k = kv_view(self, rlx_kv_cache_k(kv, layer), len);
+    PyObject *v = k ? kv_view(self, rlx_kv_cache_v(kv, layer), len) : NULL;
+    if (v == NULL) {
+        Py_XDECREF(k);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", k, v);
+}
+
+static int parse_policy(const char *s, enum rlx_plan_policy *out)
+{
+    if (strcmp(s, "oneshot") == 0) *out = RLX_POLICY_ONESHOT;
+    else if (strcmp(s, "dynamic") == 0) *out = RLX_POLICY_DYNAMIC;
+    else {
+        PyErr_Format(PyExc_ValueError, "unknown plan policy '%s' (expected 'oneshot' or 'dynamic')", s);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *gen_set_policy(struct gen_object *self, PyObject *args)
+{
+    const char *pf, *dc;
+    enum rlx_plan_policy p, d;
+    if (!PyArg_ParseTuple(args, "ss:set_policy", &pf, &dc) || parse_policy(pf, &p) < 0 || parse_policy(dc, &d) < 0 ||
+        gen_acquire(self) < 0)
+        return NULL;
+    rlx_status s = rlx_generator_set_policy(self->gen, p, d);
+    gen_release(self);
+    if (rlx_py_raise(s)) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *gen_stats(struct gen_object *self, PyObject *unused)
+{
+    (void)unused;
+    struct rlx_generator_stats st;
+    rlx_generator_stats(self->gen, &st);
+    return Py_BuildValue("{s:L,s:L,s:d,s:L,s:n}", "prefill_compiles", (long long)st.prefill_compiles,
+                         "decode_compiles", (long long)st.decode_compiles, "compile_seconds", st.compile_seconds,
+                         "plans_cached", (long long)st.plans_cached, "planned_bytes", (Py_ssize_t)st.planned_bytes);
+}
+
+static PyObject *gen_release_plans(struct gen_object *self, PyObject *args)
+{
+    int decode_only = 0;
+    if (!PyArg_ParseTuple(args, "|p:release_plans", &decode_only) || gen_acquire(self) < 0) return NULL;
+    if (decode_only) rlx_generator_release_decode_plans(self->gen);
+    else rlx_generator_release_plans(self->gen);
+    gen_release(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef gen_methods[] = {
+    {"prefill", (PyCFunction)gen_prefill, METH_O, "prefill(ids)\n\nReplaces the history with ids; clears the cache."},
+    {"append", (PyCFunction)gen_append, METH_O, "append(token)\n\nAppends one token to the history."},
+    {"logits", (PyCFunction)(void (*)(void))gen_logits, METH_VARARGS | METH_KEYWORDS,
+     "logits(cached=True) -> ndarray (vocab,)\n\nNext-token logits after the history (KV-cached or recomputed)."},
+    {"step", (PyCFunction)(void (*)(void))gen_step, METH_VARARGS | METH_KEYWORDS,
+     "step(opts=None, cached=True, sample_index=None, adjust=None) -> int\n\nLogits, adjust(logits) in place if "
+     "given, sample (draw index defaults to the new token's position), append."},
+    {"generate", (PyCFunction)(void (*)(void))gen_generate, METH_VARARGS | METH_KEYWORDS,
+     "generate(n, opts=None, cached=True, on_token=None, stop_ids=None) -> list[int]\n\nUp to n steps; stops after "
+     "a token in stop_ids; on_token(token) after each."},
+    {"sample", (PyCFunction)(void (*)(void))gen_sample, METH_VARARGS | METH_KEYWORDS,
+     "sample(logits, opts=None, sample_index=0) -> int"},
+    {"kv_cache", (PyCFunction)gen_kv_cache, METH_O,
+     "kv_cache(layer) -> (k, v)\n\nViews (len, kv_heads, head_dim) of the cache's filled part; they see later "
+     "writes but keep their length."},
+    {"set_policy", (PyCFunction)gen_set_policy, METH_VARARGS,
+     "set_policy(prefill, decode)\n\n'oneshot' or 'dynamic' for each; drops compiled plans."},
+    {"stats", (PyCFunction)gen_stats, METH_NOARGS, "stats() -> dict of compile counts, seconds and planned bytes"},
+    {"release_plans", (PyCFunction)gen_release_plans, METH_VARARGS,
+     "release_plans(decode_only=False)\n\nFrees compiled plans; they are rebuilt on demand."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef gen_getset[] = {
+    {"tokens", (getter)gen_get_tokens, NULL, "The history (list of ints).", NULL},
+    {"kv_len", (getter)gen_get_kv_len, NULL, "Positions held by the KV cache.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot gen_slots[] = {
+    {Py_tp_doc, (void *)"Generator(config: dict, weights: dict[str, ndarray], device='cpu'): the C generator."},
+    {Py_tp_new, (void *)gen_new},
+    {Py_tp_dealloc, (void *)gen_dealloc},
+    {Py_tp_methods, gen_methods},
+    {Py_tp_getset, gen_getset},
+    {0, NULL},
+};
+
+static PyType_Spec gen_spec = {
+    .name = "rlx._C.Generator",
+    .basicsize = sizeof(struct gen_object),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = gen_slots,
+};
+
+int rlx_py_add_generator_type(PyObject *module, struct rlx_py_state *st)
+{
+    st->generator_type = PyType_FromModuleAndSpec(module, &gen_spec, NULL);
+    if (st->generator_type == NULL) return -1;
+    return PyModule_AddType(module, (PyTypeObject *)st->generator_type);
+}

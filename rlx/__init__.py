@@ -1,0 +1,45 @@
+"""rlx: an ML compiler and runtime for LLM inference.
+
+The C core (graph builder, passes, kernels, backends) lives in the extension ``rlx._C``; this
+package adds the Python-side builder (``rlx.Graph``), configs, weight loading and the NumPy
+references (``rlx.reference``).
+
+    g = rlx.Graph(); x = g.input("x", ("SEQ", 64)); ...
+    plan = rlx.compile(g, device="cpu"); plan.set_param(...); outs = plan.run({"x": x_array})
+
+Errors: bad arguments, shapes, dtypes and names raise ValueError; allocation failures raise
+MemoryError; anything else from the core raises ``rlx.Error`` (a RuntimeError).
+"""
+
+from rlx import _C
+from rlx._C import Error, build_info, get_num_threads, set_num_threads
+from rlx.config import LlamaConfig, Qwen3Config, load_config
+from rlx.errors import ConfigError, WeightsError
+from rlx.generator import Generator, SampleOpts
+from rlx.graph import Graph, Plan, Value, compile
+from rlx.weights import load_weights
+
+__version__ = "0.1.0"
+
+backends = _C.backends
+
+__all__ = [
+    "Generator",
+    "SampleOpts",
+    "Graph",
+    "Value",
+    "Plan",
+    "compile",
+    "Error",
+    "build_info",
+    "set_num_threads",
+    "get_num_threads",
+    "backends",
+    "LlamaConfig",
+    "Qwen3Config",
+    "load_config",
+    "load_weights",
+    "ConfigError",
+    "WeightsError",
+    "__version__",
+]

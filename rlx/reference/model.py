@@ -1,0 +1,64 @@
+"""A complete NumPy decoder (Llama and Qwen3) built from rlx.reference.ops, written from the
+math rather than from any runtime: the second oracle for rlx's graphs, after transformers.
+
+Per layer, with x the residual stream (S, H):
+    h = rmsnorm(x, input_layernorm)
+    q, k, v = h @ Wq^T (+bq), h @ Wk^T (+bk), h @ Wv^T (+bv)        reshaped to (S, heads, D)
+    Qwen3 only: q = rmsnorm(q, q_norm), k = rmsnorm(k, k_norm)      per head, over D
+    q, k = rope(q, pos), rope(k, pos)                               pos = 0..S-1, cfg.rope_inv_freq()
+    a = causal GQA attention(q, k, v, window = cfg.layer_window(layer)), scale 1/sqrt(D)
+    x = x + a @ Wo^T (+bo)
+    h = rmsnorm(x, post_attention_layernorm)
+    x = x + (silu(h @ Wg^T (+bg)) * (h @ Wu^T (+bu))) @ Wd^T (+bd)
+then logits = rmsnorm(x, model.norm) @ lm_head^T (lm_head = embed_tokens when tied).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlx.reference import ops
+from rlx.weights import check_weights
+
+__all__ = ["forward"]
+
+
+def _linear(w: dict, name: str, x: np.ndarray) -> np.ndarray:
+    y = ops.matmul(x, w[name + ".weight"], trans_b=True)
+    bias = w.get(name + ".bias")
+    return y if bias is None else ops.add(y, bias)
+
+
+def forward(cfg, weights: dict, ids) -> np.ndarray:
+    """Logits (S, V) float32 for token ids (S,) at positions 0..S-1. weights are checked with
+    rlx.weights.check_weights first (WeightsError on missing / extra / mis-shaped tensors)."""
+    w = check_weights(cfg, weights)
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    S, D = ids.shape[0], cfg.head_dim
+    Hq, Hkv, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.rms_norm_eps
+    inv_freq = cfg.rope_inv_freq()
+    pos = np.arange(S, dtype=np.int32)
+
+    x = ops.embedding(w["model.embed_tokens.weight"], ids)
+    for layer in range(cfg.num_hidden_layers):
+        p = f"model.layers.{layer}."
+        h = ops.rmsnorm(x, w[p + "input_layernorm.weight"], eps)
+        q = _linear(w, p + "self_attn.q_proj", h).reshape(S, Hq, D)
+        k = _linear(w, p + "self_attn.k_proj", h).reshape(S, Hkv, D)
+        v = _linear(w, p + "self_attn.v_proj", h).reshape(S, Hkv, D)
+        if cfg.qk_norm:
+            q = ops.rmsnorm(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = ops.rmsnorm(k, w[p + "self_attn.k_norm.weight"], eps)
+        q = ops.rope(q, pos, inv_freq)
+        k = ops.rope(k, pos, inv_freq)
+        a = ops.attention(q, k, v, causal=True, window=cfg.layer_window(layer))
+        x = ops.add(x, _linear(w, p + "self_attn.o_proj", a.reshape(S, Hq * D)))
+
+        h = ops.rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
+        gate = _linear(w, p + "mlp.gate_proj", h)
+        up = _linear(w, p + "mlp.up_proj", h)
+        x = ops.add(x, _linear(w, p + "mlp.down_proj", ops.silu_mul(gate, up)))
+
+    x = ops.rmsnorm(x, w["model.norm.weight"], eps)
+    head = w["model.embed_tokens.weight"] if cfg.tie_word_embeddings else w["lm_head.weight"]
+    return ops.matmul(x, head, trans_b=True)

@@ -1,0 +1,191 @@
+"""NumPy reference implementations of rlx's ops: the oracle for the C kernels.
+
+Each function takes NumPy arrays, computes in float64 where rounding matters, and returns
+float32 (shape ops keep their input dtype). The semantics are exactly those of the op comments
+in csrc/include/rlx/rlx.h and csrc/backends/kernels.h; any difference is a bug on one side.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["matmul", "embedding", "rmsnorm", "add_rmsnorm", "rope", "softmax", "silu", "silu_mul",
+           "add", "mul", "attention", "gather_last", "concat", "slice", "reshape"]
+
+
+def _f64(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)
+
+
+def matmul(a, b, trans_b: bool = False) -> np.ndarray:
+    """a (..., K) @ b -> (..., N); b is (N, K) read transposed when trans_b, else (K, N)."""
+    b = _f64(b)
+    if trans_b:
+        b = b.T
+    if np.shape(a)[-1] != b.shape[0]:
+        raise ValueError(f"matmul: a {np.shape(a)} and b {b.shape} (trans_b={trans_b}) do not fit")
+    return (_f64(a) @ b).astype(np.float32)
+
+
+def embedding(table, ids) -> np.ndarray:
+    """table (V, D), integer ids (...) -> (..., D). An id outside [0, V) raises IndexError."""
+    table = np.asarray(table)
+    ids = np.asarray(ids)
+    if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
+        raise IndexError(f"embedding: id out of range [0, {table.shape[0]})")
+    return table[ids].astype(np.float32)
+
+
+def rmsnorm(x, w, eps: float) -> np.ndarray:
+    """x (..., D), w (D) -> x / sqrt(mean(x^2) + eps) * w over the last axis."""
+    x = _f64(x)
+    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return (x * r * _f64(w)).astype(np.float32)
+
+
+def add_rmsnorm(a, b, w, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """(sum, out): sum = a + b rounded to float32; out = rmsnorm(sum, w, eps)."""
+    s = (np.asarray(a, np.float32) + np.asarray(b, np.float32)).astype(np.float32)
+    return s, rmsnorm(s, w, eps)
+
+
+def rope(x, pos, inv_freq) -> np.ndarray:
+    """Rotate-half RoPE of x (S, H, D) at integer positions pos (S) with inv_freq (D/2).
+    For i < D/2, t = pos * inv_freq[i] rounded to float32 (as transformers and the C kernel do):
+    out[i] = x[i] cos t - x[i+D/2] sin t,  out[i+D/2] = x[i+D/2] cos t + x[i] sin t."""
+    x = _f64(x)
+    half = x.shape[-1] // 2
+    inv_freq = np.asarray(inv_freq, np.float32)
+    if x.ndim != 3 or inv_freq.shape != (half,) or 2 * half != x.shape[-1]:
+        raise ValueError(f"rope: x {x.shape} (S, H, D even) and inv_freq {inv_freq.shape} (D/2) do not fit")
+    t = (np.asarray(pos).astype(np.float32)[:, None] * inv_freq[None, :]).astype(np.float64)  # (S, D/2)
+    cos, sin = np.cos(t)[:, None, :], np.sin(t)[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(np.float32)
+
+
+def softmax(x) -> np.ndarray:
+    """Softmax over the last axis."""
+    x = _f64(x)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+def silu(x) -> np.ndarray:
+    """x * sigmoid(x)."""
+    x = _f64(x)
+    return (x / (1.0 + np.exp(-x))).astype(np.float32)
+
+
+def silu_mul(a, b) -> np.ndarray:
+    """silu(a) * b (same shapes)."""
+    a = _f64(a)
+    return (a / (1.0 + np.exp(-a)) * _f64(b)).astype(np.float32)
+
+
+def _check_suffix(name: str, a: np.ndarray, b: np.ndarray) -> None:
+    if b.ndim > a.ndim or a.shape[a.ndim - b.ndim:] != b.shape:
+        raise ValueError(f"{name}: b {b.shape} is not a suffix of a's shape {a.shape}")
+
+
+def add(a, b) -> np.ndarray:
+    """a (...) + b, b's shape a suffix of a's (broadcast over the leading dims)."""
+    a, b = np.asarray(a), np.asarray(b)
+    _check_suffix("add", a, b)
+    return (_f64(a) + _f64(b)).astype(np.float32)
+
+
+def mul(a, b) -> np.ndarray:
+    """a (...) * b, broadcast as add."""
+    a, b = np.asarray(a), np.asarray(b)
+    _check_suffix("mul", a, b)
+    return (_f64(a) * _f64(b)).astype(np.float32)
+
+
+def attention(q, k, v, k_past=None, v_past=None, mask=None, scale: float | None = None,
+              causal: bool = True, window: int = 0) -> np.ndarray:
+    """Grouped-query attention -> (S, Hq, D).
+
+    q (S, Hq, D); k, v (S, Hkv, D) for the S new positions; k_past, v_past (P, Hkv, D) or None.
+    Keys are the past first, then the new ones: key j in 0..P+S-1. Query head h uses kv head
+    h // (Hq // Hkv). scores = scale * q.k (scale defaults to 1/sqrt(D)). Key j is visible to
+    query i when: causal -> j <= P + i; window > 0 -> also j > P + i - window (i.e. the query's
+    position minus the key's position is < window); a bool/uint8 mask (S, P+S) -> mask[i, j]
+    nonzero; a float mask (S, P+S) is added to the scores. A query row with no visible key (or
+    all scores -inf) produces zeros."""
+    q, k, v = _f64(q), _f64(k), _f64(v)
+    S, Hq, D = q.shape
+    Hkv = k.shape[1]
+    if k.shape != (S, Hkv, D) or v.shape != k.shape or Hq % Hkv:
+        raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape} do not fit")
+    if k_past is not None:
+        k = np.concatenate([_f64(k_past), k], axis=0)
+        v = np.concatenate([_f64(v_past), v], axis=0)
+    P = k.shape[0] - S
+    if scale is None:
+        scale = 1.0 / np.sqrt(D)
+    group = Hq // Hkv
+    kk = np.repeat(k, group, axis=1)  # (P+S, Hq, D): head h -> kv head h // group
+    vv = np.repeat(v, group, axis=1)
+    scores = np.einsum("ihd,jhd->hij", q, kk) * scale  # (Hq, S, P+S)
+
+    i = np.arange(S)[:, None]
+    j = np.arange(P + S)[None, :]
+    visible = np.ones((S, P + S), dtype=bool)
+    if causal:
+        visible &= j <= P + i
+    if window > 0:
+        visible &= j > P + i - window
+    if mask is not None:
+        mask = np.asarray(mask)
+        if mask.shape != (S, P + S):
+            raise ValueError(f"attention: mask {mask.shape}, expected {(S, P + S)}")
+        if mask.dtype.kind == "f":
+            scores = scores + mask.astype(np.float64)[None]
+        else:
+            visible &= mask != 0
+    scores = np.where(visible[None], scores, -np.inf)
+    row_max = scores.max(axis=-1, keepdims=True)
+    empty = ~np.isfinite(row_max)  # no visible key: the row's output is zeros
+    e = np.where(empty, 0.0, np.exp(scores - np.where(empty, 0.0, row_max)))
+    denom = e.sum(axis=-1, keepdims=True)
+    p = e / np.where(denom == 0, 1.0, denom)
+    out = np.einsum("hij,jhd->ihd", p, vv)
+    return out.astype(np.float32)
+
+
+def gather_last(x) -> np.ndarray:
+    """x (S, ...) -> (1, ...): the last row along axis 0 (dtype kept)."""
+    x = np.asarray(x)
+    return x[-1:].copy()
+
+
+def concat(a, b, axis: int) -> np.ndarray:
+    """a, b concatenated along axis (same dtype, kept)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype:
+        raise ValueError(f"concat: dtypes {a.dtype} and {b.dtype} differ")
+    return np.concatenate([a, b], axis=axis)
+
+
+def slice(x, axis: int, start: int, length: int) -> np.ndarray:  # noqa: A001 - the op's name
+    """x[start : start+length] along axis; a negative start counts from the end. The range must
+    lie inside the axis (dtype kept)."""
+    x = np.asarray(x)
+    n = x.shape[axis]
+    if start < 0:
+        start += n
+    if start < 0 or length < 0 or start + length > n:
+        raise ValueError(f"slice: [{start}, {start + length}) outside axis {axis} of size {n}")
+    index = [np.s_[:]] * x.ndim
+    index[axis] = np.s_[start:start + length]
+    return x[tuple(index)].copy()
+
+
+def reshape(x, shape) -> np.ndarray:
+    """Same data in a new shape (element counts must agree; dtype kept)."""
+    x = np.asarray(x)
+    shape = tuple(shape)
+    if int(np.prod(shape, dtype=np.int64)) != x.size:
+        raise ValueError(f"reshape: {x.shape} has {x.size} elements, {shape} needs {int(np.prod(shape))}")
+    return x.reshape(shape).copy()

@@ -1,0 +1,198 @@
+"""Build of rlx: one CPython extension, ``rlx._C``, from every C file under csrc/.
+
+Metadata lives in pyproject.toml; this file only describes the extension.
+
+* Sources: every ``csrc/**/*.c`` (sorted, so builds are reproducible).
+* BLAS: OpenBLAS only, found through pkg-config or the Debian paths. There is no
+  fallback: a build without OpenBLAS fails with a message naming the package.
+* Build facts reach C as string macros (RLX_BUILD_CC, RLX_BUILD_CFLAGS,
+  RLX_BUILD_BLAS) so that ``rlx.build_info()`` can report them.
+* ``RLX_SANITIZE=1`` builds with ASan + UBSan (-O1) instead of -O2
+  (used by tools/run_asan_tests.sh).
+* C files compile in parallel (``build_ext.parallel`` defaults to the CPU count).
+* ``RLX_NO_EXT=1`` installs metadata/dependencies only (used by the Makefile, which
+  then runs ``setup.py build_ext --inplace``).
+"""
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+BASE_CFLAGS = [
+    "-std=c11",
+    "-g",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-fvisibility=hidden",
+    "-D_GNU_SOURCE",
+    "-DNPY_NO_DEPRECATED_API=NPY_1_21_API_VERSION",
+    # Python's own CFLAGS carry -DNDEBUG; rlx keeps its invariant asserts on
+    # (DESIGN.md §3), the same as in the C tests.
+    "-UNDEBUG",
+    # ... and -fwrapv, which would hide signed overflow from UBSan and differ
+    # from the C tests' build.
+    "-fno-wrapv",
+]
+OPT_CFLAGS = ["-O2"]
+SANITIZE_FLAGS = [
+    "-O1",
+    "-fsanitize=address,undefined",
+    "-fno-omit-frame-pointer",
+    "-fno-sanitize-recover=undefined",
+]
+SANITIZE_LDFLAGS = ["-fsanitize=address,undefined"]
+
+BLAS_MISSING = (
+    "OpenBLAS not found: install libopenblas-dev (Debian: apt-get install -y "
+    "libopenblas-dev pkg-config; or run `make test`, which installs it). "
+    "rlx links OpenBLAS only and has no fallback BLAS."
+)
+
+
+def _sanitize():
+    return os.environ.get("RLX_SANITIZE", "") not in ("", "0")
+
+
+def _pkg_config(*args):
+    exe = shutil.which("pkg-config")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, *args, "openblas"], check=True,
+                             capture_output=True, text=True).stdout
+    except (subprocess.CalledProcessError, OSError):
+        return None
+    return out.split()
+
+
+def find_openblas():
+    """Return (include_dirs, library_dirs) for OpenBLAS, or exit with a clear message."""
+    cflags = _pkg_config("--cflags")
+    libs = _pkg_config("--libs")
+    if cflags is not None and libs is not None:
+        inc = [f[2:] for f in cflags if f.startswith("-I")]
+        libdirs = [f[2:] for f in libs if f.startswith("-L")]
+        # pkg-config may report nothing for system paths; confirm cblas.h exists.
+        candidates = inc + ["/usr/include", "/usr/local/include"]
+        if any(os.path.isfile(os.path.join(d, "cblas.h")) for d in candidates):
+            return inc, libdirs
+
+    include_candidates = [
+        "/usr/include/x86_64-linux-gnu/openblas-pthread",
+        "/usr/include/aarch64-linux-gnu/openblas-pthread",
+        "/usr/include/openblas",
+        "/usr/local/include/openblas",
+    ]
+    lib_candidates = [
+        "/usr/lib/x86_64-linux-gnu/openblas-pthread",
+        "/usr/lib/aarch64-linux-gnu/openblas-pthread",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/usr/local/lib",
+    ]
+    inc = next((d for d in include_candidates
+                if os.path.isfile(os.path.join(d, "cblas.h"))), None)
+    lib = next((d for d in lib_candidates
+                if os.path.exists(os.path.join(d, "libopenblas.so"))), None)
+    if inc is None or lib is None:
+        sys.exit("error: " + BLAS_MISSING)
+    return [inc], [lib]
+
+
+def compiler_version():
+    cc = os.environ.get("CC", "gcc").split()[0]
+    try:
+        out = subprocess.run([cc, "--version"], check=True,
+                             capture_output=True, text=True).stdout
+        return out.splitlines()[0].strip()
+    except (subprocess.CalledProcessError, OSError, IndexError):
+        return cc
+
+
+def c_string(value):
+    """A C string literal for use as a -D value (quotes and backslashes escaped)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _csrc_files(*patterns):
+    files = []
+    for pat in patterns:
+        files += glob.glob(os.path.join("csrc", "**", pat), recursive=True)
+    return sorted(set(f.replace(os.sep, "/") for f in files))
+
+
+def c_sources():
+    return _csrc_files("*.c")
+
+
+def c_depends():
+    # build_ext only looks at sources and `depends` when deciding to rebuild.
+    return _csrc_files("*.h", "*.inc", "*.glsl", "*.comp")
+
+
+class BuildExt(build_ext):
+    """build_ext that compiles in parallel by default and fails clearly without sources."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
+
+    def run(self):
+        for ext in self.extensions:
+            if not ext.sources:
+                sys.exit("error: no C sources found under csrc/ (csrc/**/*.c)")
+        super().run()
+
+
+def make_extension():
+    blas_inc, blas_libdirs = find_openblas()
+    if _sanitize():
+        cflags = BASE_CFLAGS + SANITIZE_FLAGS
+        ldflags = SANITIZE_LDFLAGS
+    else:
+        cflags = BASE_CFLAGS + OPT_CFLAGS
+        ldflags = []
+
+    import numpy  # build requirement (pyproject.toml [build-system])
+
+    macros = [
+        ("RLX_BUILD_CC", c_string(compiler_version())),
+        ("RLX_BUILD_CFLAGS", c_string(" ".join(cflags))),
+        ("RLX_BUILD_BLAS", c_string("openblas")),
+    ]
+    if _sanitize():
+        macros.append(("RLX_SANITIZE", "1"))
+
+    return Extension(
+        "rlx._C",
+        sources=c_sources(),
+        depends=c_depends(),
+        include_dirs=["csrc/include", "csrc", numpy.get_include(), *blas_inc],
+        library_dirs=blas_libdirs,
+        runtime_library_dirs=blas_libdirs,
+        libraries=["openblas", "pthread", "m"],
+        define_macros=macros,
+        extra_compile_args=cflags,
+        extra_link_args=ldflags,
+        language="c",
+    )
+
+
+if os.environ.get("RLX_NO_EXT", "") not in ("", "0"):
+    # Dependencies + editable finder only; the Makefile builds the extension
+    # separately (`setup.py build_ext --inplace`) so that a C compile error
+    # never leaves the virtual environment half set up.
+    setup()
+else:
+    setup(ext_modules=[make_extension()], cmdclass={"build_ext": BuildExt})

@@ -1,0 +1,547 @@
+/*
+ * test_kernels.c - standalone parity test of the two host kernel tables and of the thread pool.
+ * Every kernel of the "cpu" table runs on random inputs of odd sizes and is compared with the
+ * "ref" table (normalized max error, max|cpu - ref| / max|ref|), under 1, 2 and 3 pool threads;
+ * sizes include some big enough to make the cpu kernels split work. Outputs and scratch are
+ * pre-filled with NaN / garbage and guarded at their ends, so an unwritten element, a read of
+ * stale scratch or a write past the end fails. The ref table gets a few hand-computed checks of
+ * its own. The pool is checked for coverage, chunk rules, nested and concurrent calls. Ends with
+ * rlx_set_num_threads(1), which joins every worker, so valgrind sees no leaked thread.
+ * Prints one line per failure, then exactly "N passed, M failed"; exits non-zero on failure.
+ */
+#include "backends/kernels.h"
+#include "core/pool.h"
+#include "rlx/rlx.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define TOL 1e-4
+#define GUARD 16
+#define SENTINEL 1234.5f
+
+static int n_pass, n_fail;
+static const struct rlx_kernels *CPU = &rlx_cpu_kernels, *REF = &rlx_ref_kernels;
+
+static void result(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void result(int ok, const char *fmt, ...) {
+    if (ok) {
+        n_pass++;
+        return;
+    }
+    n_fail++;
+    va_list ap;
+    va_start(ap, fmt);
+    printf("FAIL ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Buffers: random, NaN-filled, guarded
+ * ------------------------------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint32_t rng_u32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+/* uniform in [lo, hi) */
+static float rng_f(float lo, float hi) {
+    return lo + (hi - lo) * (float)(rng_u32() & 0xFFFFFF) / (float)0x1000000;
+}
+
+/* n floats followed by GUARD sentinels; the caller frees. */
+static float *buf(int64_t n) {
+    float *p = malloc((size_t)(n + GUARD) * sizeof(float));
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    for (int64_t i = 0; i < n; i++)
+        p[i] = NAN;
+    for (int i = 0; i < GUARD; i++)
+        p[n + i] = SENTINEL;
+    return p;
+}
+
+static float *rand_buf(int64_t n, float lo, float hi) {
+    float *p = buf(n);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = rng_f(lo, hi);
+    return p;
+}
+
+static int guard_ok(const float *p, int64_t n) {
+    for (int i = 0; i < GUARD; i++)
+        if (p[n + i] != SENTINEL)
+            return 0;
+    return 1;
+}
+
+/* Normalized max error of got vs want (n), or INFINITY on a NaN/inf mismatch or broken guard. */
+static double nerr(const float *got, const float *want, int64_t n) {
+    double maxd = 0.0, maxr = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(got[i]) || isnan(want[i]) || isinf(got[i]) || isinf(want[i])) {
+            if (!(got[i] == want[i]))
+                return INFINITY;
+            continue;
+        }
+        double d = fabs((double)got[i] - (double)want[i]);
+        maxd = d > maxd ? d : maxd;
+        maxr = fabs(want[i]) > maxr ? fabs(want[i]) : maxr;
+    }
+    if (!guard_ok(got, n) || !guard_ok(want, n))
+        return INFINITY;
+    return maxr > 0.0 ? maxd / maxr : maxd;
+}
+
+static void compare(const float *got, const float *want, int64_t n, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void compare(const float *got, const float *want, int64_t n, const char *fmt, ...) {
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    double e = nerr(got, want, n);
+    result(e <= TOL, "%s [threads=%d]: normalized error %.3g", what, rlx_pool_threads(), e);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Kernel parity: cpu vs ref
+ * ------------------------------------------------------------------------------------------- */
+
+static void test_matmul(void) {
+    const int64_t Ms[] = {1, 3, 17, 64}, Ks[] = {5, 64, 77}, Ns[] = {1, 7, 130};
+    for (int mi = 0; mi < 4; mi++)
+        for (int ki = 0; ki < 3; ki++)
+            for (int ni = 0; ni < 3; ni++)
+                for (int tb = 0; tb < 2; tb++) {
+                    int64_t M = Ms[mi], K = Ks[ki], N = Ns[ni];
+                    float *a = rand_buf(M * K, -1, 1), *b = rand_buf(K * N, -1, 1);
+                    float *o1 = buf(M * N), *o2 = buf(M * N);
+                    CPU->matmul_f32(o1, a, b, M, K, N, tb);
+                    REF->matmul_f32(o2, a, b, M, K, N, tb);
+                    compare(o1, o2, M * N, "matmul M=%lld K=%lld N=%lld trans_b=%d", (long long)M,
+                            (long long)K, (long long)N, tb);
+                    free(a), free(b), free(o1), free(o2);
+                }
+}
+
+static void test_embedding(void) {
+    const int64_t V = 50, ds[] = {1, 7, 130}, ns[] = {1, 3, 17, 3000};
+    for (int di = 0; di < 3; di++)
+        for (int ni = 0; ni < 4; ni++) {
+            int64_t d = ds[di], n = ns[ni];
+            float *table = rand_buf(V * d, -1, 1), *o1 = buf(n * d), *o2 = buf(n * d);
+            int32_t *ids = malloc((size_t)n * sizeof *ids);
+            for (int64_t i = 0; i < n; i++)
+                ids[i] = (int32_t)(rng_u32() % V);
+            CPU->embedding_f32(o1, table, ids, n, d);
+            REF->embedding_f32(o2, table, ids, n, d);
+            compare(o1, o2, n * d, "embedding n=%lld d=%lld", (long long)n, (long long)d);
+            free(table), free(o1), free(o2), free(ids);
+        }
+}
+
+static void test_norms(void) {
+    const int64_t rows_[] = {1, 3, 17, 5000}, ds[] = {5, 64, 77, 130};
+    for (int ri = 0; ri < 4; ri++)
+        for (int di = 0; di < 4; di++) {
+            int64_t rows = rows_[ri], d = ds[di], n = rows * d;
+            const float eps = 1e-6f;
+            float *x = rand_buf(n, -2, 2), *y = rand_buf(n, -2, 2), *w = rand_buf(d, 0.5f, 1.5f);
+            float *o1 = buf(n), *o2 = buf(n), *s1 = buf(n), *s2 = buf(n);
+            CPU->rmsnorm_f32(o1, x, w, rows, d, eps);
+            REF->rmsnorm_f32(o2, x, w, rows, d, eps);
+            compare(o1, o2, n, "rmsnorm rows=%lld d=%lld", (long long)rows, (long long)d);
+
+            CPU->add_rmsnorm_f32(s1, o1, x, y, w, rows, d, eps);
+            REF->add_rmsnorm_f32(s2, o2, x, y, w, rows, d, eps);
+            compare(s1, s2, n, "add_rmsnorm sum rows=%lld d=%lld", (long long)rows, (long long)d);
+            compare(o1, o2, n, "add_rmsnorm out rows=%lld d=%lld", (long long)rows, (long long)d);
+
+            /* in place: sum written over a */
+            memcpy(s1, x, (size_t)n * sizeof(float));
+            CPU->add_rmsnorm_f32(s1, o1, s1, y, w, rows, d, eps);
+            compare(s1, s2, n, "add_rmsnorm in-place sum rows=%lld d=%lld", (long long)rows, (long long)d);
+            compare(o1, o2, n, "add_rmsnorm in-place out rows=%lld d=%lld", (long long)rows, (long long)d);
+            free(x), free(y), free(w), free(o1), free(o2), free(s1), free(s2);
+        }
+}
+
+static void test_rope(void) {
+    const int64_t ss[] = {1, 3, 17, 200}, hs[] = {1, 4, 8}, ds[] = {8, 64, 130};
+    for (int si = 0; si < 4; si++)
+        for (int hi = 0; hi < 3; hi++)
+            for (int di = 0; di < 3; di++) {
+                int64_t s = ss[si], h = hs[hi], d = ds[di], n = s * h * d;
+                float *x = rand_buf(n, -1, 1), *o1 = buf(n), *o2 = buf(n), *inv = buf(d / 2);
+                int32_t *pos = malloc((size_t)s * sizeof *pos);
+                for (int64_t i = 0; i < d / 2; i++)
+                    inv[i] = powf(10000.0f, -2.0f * (float)i / (float)d);
+                for (int64_t t = 0; t < s; t++)
+                    pos[t] = t == 0 ? 0 : (int32_t)(rng_u32() % 40000);
+                CPU->rope_f32(o1, x, pos, inv, s, h, d);
+                REF->rope_f32(o2, x, pos, inv, s, h, d);
+                compare(o1, o2, n, "rope s=%lld h=%lld d=%lld", (long long)s, (long long)h, (long long)d);
+                /* in place */
+                memcpy(o1, x, (size_t)n * sizeof(float));
+                CPU->rope_f32(o1, o1, pos, inv, s, h, d);
+                compare(o1, o2, n, "rope in-place s=%lld h=%lld d=%lld", (long long)s, (long long)h,
+                        (long long)d);
+                free(x), free(o1), free(o2), free(inv), free(pos);
+            }
+}
+
+static void test_softmax(void) {
+    const int64_t rows_[] = {1, 3, 17, 300}, ns[] = {1, 7, 130};
+    for (int ri = 0; ri < 4; ri++)
+        for (int ni = 0; ni < 3; ni++) {
+            int64_t rows = rows_[ri], n = ns[ni];
+            float *x = rand_buf(rows * n, -20, 20), *o1 = buf(rows * n), *o2 = buf(rows * n);
+            if (n > 1)
+                x[0] = -INFINITY; /* a masked logit */
+            CPU->softmax_f32(o1, x, rows, n);
+            REF->softmax_f32(o2, x, rows, n);
+            compare(o1, o2, rows * n, "softmax rows=%lld n=%lld", (long long)rows, (long long)n);
+            free(x), free(o1), free(o2);
+        }
+}
+
+static void test_pointwise(void) {
+    const int64_t ns[] = {1, 7, 130, 100003};
+    for (int ni = 0; ni < 4; ni++) {
+        int64_t n = ns[ni];
+        float *a = rand_buf(n, -12, 12), *b = rand_buf(n, -2, 2), *o1 = buf(n), *o2 = buf(n);
+        CPU->silu_f32(o1, a, n);
+        REF->silu_f32(o2, a, n);
+        compare(o1, o2, n, "silu n=%lld", (long long)n);
+        CPU->silu_mul_f32(o1, a, b, n);
+        REF->silu_mul_f32(o2, a, b, n);
+        compare(o1, o2, n, "silu_mul n=%lld", (long long)n);
+        free(a), free(b), free(o1), free(o2);
+    }
+    const int64_t shapes[][2] = {{1, 1},     {7, 1},         {7, 7},           {390, 130}, {85, 5},
+                                 {100000, 1}, {270000, 270000}, {131 * 2003, 131}, {77 * 999, 77}, {300007, 1}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int64_t n = shapes[si][0], nb = shapes[si][1];
+        float *a = rand_buf(n, -2, 2), *b = rand_buf(nb, -2, 2), *o1 = buf(n), *o2 = buf(n);
+        CPU->add_f32(o1, a, b, n, nb);
+        REF->add_f32(o2, a, b, n, nb);
+        compare(o1, o2, n, "add n=%lld nb=%lld", (long long)n, (long long)nb);
+        CPU->mul_f32(o1, a, b, n, nb);
+        REF->mul_f32(o2, a, b, n, nb);
+        compare(o1, o2, n, "mul n=%lld nb=%lld", (long long)n, (long long)nb);
+        free(a), free(b), free(o1), free(o2);
+    }
+}
+
+/* Masks: 0 none, 1 f32, 2 u8, 3 both. The f32 mask has random penalties and -inf entries; with
+ * S > 1 its row 0 is all -inf. The u8 mask drops ~20% of keys; its last row is all zero. */
+static void attention_case(int64_t S, int64_t P, int64_t Hq, int64_t Hkv, int64_t D, int causal,
+                           int64_t window, int masks) {
+    const int64_t L = P + S;
+    struct rlx_attn_args a = {
+        .q = rand_buf(S * Hq * D, -1, 1),
+        .k = rand_buf(S * Hkv * D, -1, 1),
+        .v = rand_buf(S * Hkv * D, -1, 1),
+        .k_past = P ? rand_buf(P * Hkv * D, -1, 1) : NULL,
+        .v_past = P ? rand_buf(P * Hkv * D, -1, 1) : NULL,
+        .S = S, .P = P, .Hq = Hq, .Hkv = Hkv, .D = D,
+        .scale = 1.0f / sqrtf((float)D) * 2.0f,
+        .causal = causal,
+        .window = window,
+    };
+    float *mf = NULL;
+    uint8_t *mu = NULL;
+    int64_t zero_row = -1; /* a row that must come out all zero */
+    if (masks & 1) {
+        mf = buf(S * L);
+        for (int64_t i = 0; i < S * L; i++)
+            mf[i] = rng_u32() % 10 == 0 ? -INFINITY : rng_f(-2, 0);
+        if (S > 1) {
+            for (int64_t j = 0; j < L; j++)
+                mf[j] = -INFINITY;
+            zero_row = 0;
+        }
+        a.mask_f32 = mf;
+    }
+    if (masks & 2) {
+        mu = malloc((size_t)(S * L));
+        for (int64_t i = 0; i < S * L; i++)
+            mu[i] = rng_u32() % 5 != 0;
+        for (int64_t j = 0; j < L; j++)
+            mu[(S - 1) * L + j] = 0;
+        zero_row = S - 1;
+        a.mask_u8 = mu;
+    }
+    const int64_t n = S * Hq * D;
+    size_t sc_cpu = CPU->attention_scratch(S, P), sc_ref = REF->attention_scratch(S, P);
+    float *scratch = buf((int64_t)(sc_cpu > sc_ref ? sc_cpu : sc_ref));
+    for (size_t i = 0; i < (sc_cpu > sc_ref ? sc_cpu : sc_ref); i++)
+        scratch[i] = 3.0e38f; /* garbage a kernel must not read before writing */
+    float *o1 = buf(n), *o2 = buf(n);
+
+    a.out = o2;
+    a.scratch = scratch;
+    REF->attention_f32(&a);
+    a.out = o1;
+    CPU->attention_f32(&a);
+    int scratch_ok = guard_ok(scratch, (int64_t)sc_cpu > (int64_t)sc_ref ? (int64_t)sc_cpu : (int64_t)sc_ref);
+    compare(o1, o2, n, "attention S=%lld P=%lld Hq=%lld Hkv=%lld D=%lld causal=%d window=%lld masks=%d",
+            (long long)S, (long long)P, (long long)Hq, (long long)Hkv, (long long)D, causal,
+            (long long)window, masks);
+    result(scratch_ok, "attention S=%lld P=%lld: wrote past its scratch", (long long)S, (long long)P);
+    if (zero_row >= 0) {
+        int zeros = 1;
+        for (int64_t e = 0; e < Hq * D; e++)
+            zeros &= o1[zero_row * Hq * D + e] == 0.0f && o2[zero_row * Hq * D + e] == 0.0f;
+        result(zeros, "attention S=%lld P=%lld masks=%d: fully masked row %lld not zero", (long long)S,
+               (long long)P, masks, (long long)zero_row);
+    }
+    free((void *)a.q), free((void *)a.k), free((void *)a.v), free((void *)a.k_past), free((void *)a.v_past);
+    free(mf), free(mu), free(scratch), free(o1), free(o2);
+}
+
+static void test_attention(void) {
+    const int64_t Ss[] = {1, 4, 9}, Ps[] = {0, 3, 16}, Hs[][2] = {{4, 4}, {4, 2}, {8, 2}}, Ds[] = {8, 16};
+    for (int si = 0; si < 3; si++)
+        for (int pi = 0; pi < 3; pi++)
+            for (int hi = 0; hi < 3; hi++)
+                for (int di = 0; di < 2; di++)
+                    for (int causal = 0; causal < 2; causal++)
+                        for (int64_t window = 0; window <= 3; window += 3)
+                            for (int masks = 0; masks < 4; masks++)
+                                attention_case(Ss[si], Ps[pi], Hs[hi][0], Hs[hi][1], Ds[di], causal, window,
+                                               masks);
+    /* big enough to split over threads */
+    for (int masks = 0; masks < 4; masks++) {
+        attention_case(64, 64, 8, 2, 16, 1, 0, masks);
+        attention_case(64, 64, 8, 2, 16, 1, 20, masks);
+        attention_case(1, 300, 8, 2, 64, 1, 0, masks);
+        attention_case(33, 0, 6, 3, 40, 0, 0, masks);
+        attention_case(3, 1500, 8, 2, 64, 1, 0, masks); /* long rows: tasks overlap in time */
+    }
+}
+
+static void test_kernels(void) {
+    test_matmul();
+    test_embedding();
+    test_norms();
+    test_rope();
+    test_softmax();
+    test_pointwise();
+    test_attention();
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The oracle against hand-computed values
+ * ------------------------------------------------------------------------------------------- */
+
+static int close_to(const float *got, const float *want, int n) {
+    for (int i = 0; i < n; i++)
+        if (!(fabsf(got[i] - want[i]) <= 1e-6f * (1.0f + fabsf(want[i]))))
+            return 0;
+    return 1;
+}
+
+static void test_ref_by_hand(void) {
+    float out[8];
+    {
+        const float a[] = {1, 2, 3, 4, 5, 6}, b[] = {1, 0, 0, 1, 1, 1}; /* a (2,3), b (3,2) */
+        const float want[] = {4, 5, 10, 11};
+        REF->matmul_f32(out, a, b, 2, 3, 2, 0);
+        result(close_to(out, want, 4), "ref matmul by hand");
+        const float bt[] = {1, 0, 1, 0, 1, 1}; /* the same b, stored (2,3) */
+        REF->matmul_f32(out, a, bt, 2, 3, 2, 1);
+        result(close_to(out, want, 4), "ref matmul trans_b by hand");
+    }
+    {
+        const float x[] = {3, 4}, w[] = {1, 2};
+        const float want[] = {3 / sqrtf(12.5f), 8 / sqrtf(12.5f)};
+        REF->rmsnorm_f32(out, x, w, 1, 2, 0.0f);
+        result(close_to(out, want, 2), "ref rmsnorm by hand");
+    }
+    {
+        const float x[] = {0, logf(3.0f)}, want[] = {0.25f, 0.75f};
+        REF->softmax_f32(out, x, 1, 2);
+        result(close_to(out, want, 2), "ref softmax by hand");
+    }
+    {
+        const float x[] = {1, 2, 3, 4}, inv[] = {1.0f, 0.5f};
+        const int32_t pos0 = 0, pos1 = 1;
+        REF->rope_f32(out, x, &pos0, inv, 1, 1, 4);
+        result(close_to(out, x, 4), "ref rope at position 0 is the identity");
+        const float c1 = cosf(1), s1 = sinf(1), c2 = cosf(0.5f), s2 = sinf(0.5f);
+        const float want[] = {1 * c1 - 3 * s1, 2 * c2 - 4 * s2, 3 * c1 + 1 * s1, 4 * c2 + 2 * s2};
+        REF->rope_f32(out, x, &pos1, inv, 1, 1, 4);
+        result(close_to(out, want, 4), "ref rope at position 1 by hand");
+    }
+    {
+        const float x[] = {0, 2}, want[] = {0, 2 / (1 + expf(-2))};
+        REF->silu_f32(out, x, 2);
+        result(close_to(out, want, 2), "ref silu by hand");
+    }
+    {
+        /* one query, two keys: scores 0 and ln 3 -> weights 1/4, 3/4 */
+        const float q[] = {1, 0}, k[] = {0, 0, logf(3.0f), 0}, v[] = {4, 8, 0, 4}, want[] = {1, 5};
+        float scratch[2];
+        struct rlx_attn_args a = {.out = out, .q = q, .k = k + 2, .v = v + 2, .k_past = k, .v_past = v,
+                                  .S = 1, .P = 1, .Hq = 1, .Hkv = 1, .D = 2, .scale = 1.0f,
+                                  .scratch = scratch};
+        REF->attention_f32(&a);
+        result(close_to(out, want, 2), "ref attention by hand");
+        a.causal = 1;
+        a.window = 1; /* only the new key is visible */
+        REF->attention_f32(&a);
+        result(close_to(out, v + 2, 2), "ref attention window=1 sees only itself");
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The pool
+ * ------------------------------------------------------------------------------------------- */
+
+#define COVER_MAX 1000
+
+struct cover {
+    atomic_int hits[COVER_MAX];
+    atomic_int chunks;
+    atomic_llong min_chunk;
+    atomic_int nested_ok;
+    int nest;
+};
+
+static void cover_fn(void *p, int64_t begin, int64_t end) {
+    struct cover *c = p;
+    for (int64_t i = begin; i < end; i++)
+        atomic_fetch_add(&c->hits[i], 1);
+    atomic_fetch_add(&c->chunks, 1);
+    long long len = end - begin, cur = atomic_load(&c->min_chunk);
+    while (len < cur && !atomic_compare_exchange_weak(&c->min_chunk, &cur, len))
+        ;
+    if (c->nest) {
+        struct cover *inner = calloc(1, sizeof *inner);
+        inner->min_chunk = 1 << 30;
+        rlx_parallel_for(37, 1, cover_fn, inner);
+        int ok = atomic_load(&inner->chunks) == 1;
+        for (int i = 0; i < 37; i++)
+            ok &= atomic_load(&inner->hits[i]) == 1;
+        if (ok)
+            atomic_fetch_add(&c->nested_ok, 1);
+        free(inner);
+    }
+}
+
+static void test_pool_cover(int nest) {
+    const int64_t ns[] = {1, 2, 3, 7, 100, 1000}, grains[] = {0, 1, 3, 50};
+    for (int ni = 0; ni < 6; ni++)
+        for (int gi = 0; gi < 4; gi++) {
+            int64_t n = ns[ni], grain = grains[gi], g = grain < 1 ? 1 : grain;
+            struct cover *c = calloc(1, sizeof *c);
+            c->min_chunk = 1 << 30;
+            c->nest = nest;
+            rlx_parallel_for(n, grain, cover_fn, c);
+            int once = 1;
+            for (int64_t i = 0; i < n; i++)
+                once &= atomic_load(&c->hits[i]) == 1;
+            int chunks = atomic_load(&c->chunks);
+            long long minc = atomic_load(&c->min_chunk);
+            result(once, "pool n=%lld grain=%lld nest=%d: an index not run exactly once", (long long)n,
+                   (long long)grain, nest);
+            result(chunks >= 1 && chunks <= rlx_pool_threads(),
+                   "pool n=%lld grain=%lld: %d chunks for %d threads", (long long)n, (long long)grain, chunks,
+                   rlx_pool_threads());
+            result(minc >= (g < n ? g : n), "pool n=%lld grain=%lld: a chunk of %lld items", (long long)n,
+                   (long long)grain, minc);
+            result(!nest || atomic_load(&c->nested_ok) == chunks,
+                   "pool n=%lld grain=%lld: nested region did not run inline", (long long)n, (long long)grain);
+            free(c);
+        }
+}
+
+struct sum_ctx {
+    const int32_t *x;
+    atomic_llong total;
+};
+
+static void sum_fn(void *p, int64_t begin, int64_t end) {
+    struct sum_ctx *c = p;
+    long long s = 0;
+    for (int64_t i = begin; i < end; i++)
+        s += c->x[i];
+    atomic_fetch_add(&c->total, s);
+}
+
+#define SUM_N 5000
+
+static int32_t sum_data[SUM_N];
+
+static void *concurrent_main(void *arg) {
+    int *ok = arg;
+    *ok = 1;
+    for (int r = 0; r < 300; r++) {
+        struct sum_ctx c = {.x = sum_data};
+        rlx_parallel_for(SUM_N, 16, sum_fn, &c);
+        *ok &= atomic_load(&c.total) == (long long)SUM_N * (SUM_N - 1) / 2;
+    }
+    return NULL;
+}
+
+static void test_pool_concurrent(void) {
+    for (int i = 0; i < SUM_N; i++)
+        sum_data[i] = i;
+    pthread_t th[3];
+    int ok[3];
+    for (int i = 0; i < 3; i++)
+        pthread_create(&th[i], NULL, concurrent_main, &ok[i]);
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
+    result(ok[0] && ok[1] && ok[2], "pool: concurrent callers got a wrong sum");
+}
+
+static void test_pool(void) {
+    test_pool_cover(0);
+    test_pool_cover(1);
+    test_pool_concurrent();
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * main
+ * ------------------------------------------------------------------------------------------- */
+
+int main(void) {
+    test_ref_by_hand();
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    const int counts[] = {1, 2, 3};
+    for (int ti = 0; ti < 3; ti++) {
+        rlx_set_num_threads(counts[ti]);
+        result(rlx_get_num_threads() == counts[ti] && rlx_pool_threads() == counts[ti],
+               "set_num_threads(%d) then get = %d", counts[ti], rlx_get_num_threads());
+        test_pool();
+        test_kernels();
+    }
+    rlx_set_num_threads(0);
+    result(rlx_get_num_threads() == (online < 1 ? 1 : online) || (online > 256 && rlx_get_num_threads() == 256),
+           "set_num_threads(0) gives %d, online CPUs %ld", rlx_get_num_threads(), online);
+    test_pool();
+    rlx_set_num_threads(1);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The three phases of `make test`, in order. Every phase runs even when an
+# earlier one failed, so one CI run shows every failure; the exit status is
+# non-zero when any phase failed.
+#   [1/3] pytest tests/                       (normal build, rlx/_C*.so in place)
+#   [2/3] tests/c/test_*.c under valgrind     (tools/run_c_tests.sh)
+#   [3/3] pytest tests/unit tests/bindings against an ASan+UBSan build
+#                                             (tools/run_asan_tests.sh)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+export PYTHON
+
+names=("pytest tests/" "C tests under valgrind" "ASan+UBSan pytest")
+status=()
+
+header() { printf '\n==================== [%s/3] %s ====================\n' "$1" "$2"; }
+
+header 1 "${names[0]}"
+"$PYTHON" -m pytest tests -q -p no:cacheprovider
+rc=$?
+if [ $rc -eq 5 ]; then echo "error: pytest collected no tests under tests/" >&2; fi
+status+=($rc)
+
+header 2 "${names[1]}"
+tools/run_c_tests.sh
+status+=($?)
+
+header 3 "${names[2]}"
+tools/run_asan_tests.sh
+status+=($?)
+
+echo
+echo "==================== make test summary ===================="
+fail=0
+for i in 0 1 2; do
+  if [ "${status[$i]}" -eq 0 ]; then r=ok; else r="FAILED (exit ${status[$i]})"; fail=1; fi
+  printf '  [%d/3] %-26s %s\n' $((i + 1)) "${names[$i]}" "$r"
+done
+exit $fail
