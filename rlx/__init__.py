@@ -16,6 +16,8 @@ from rlx._C import Error, build_info, get_num_threads, set_num_threads
 from rlx.config import LlamaConfig, Qwen3Config, load_config
 from rlx.errors import ConfigError, WeightsError
 from rlx.generator import Generator, SampleOpts
+from rlx.api import Model, load
+from rlx.tokenizer import Tokenizer
 from rlx.graph import Graph, Plan, Value, compile
 from rlx.weights import load_weights
 
@@ -25,6 +27,9 @@ backends = _C.backends
 
 __all__ = [
     "Generator",
+    "Model",
+    "load",
+    "Tokenizer",
     "SampleOpts",
     "Graph",
     "Value",

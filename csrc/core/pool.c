@@ -9,6 +9,7 @@
  * on its own thread; it must never wait for the pool. Resizing joins every worker while holding
  * the region lock, so it waits for a running region to end; rlx_set_num_threads(1) leaves no
  * worker alive, which is the way to shut the pool down completely (nothing is freed at exit).
+ * Workers block all signals; a fork() child starts over with no workers.
  */
 #include "core/pool.h"
 
@@ -16,6 +17,7 @@
 
 #include <cblas.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -68,6 +70,18 @@ static int default_threads(void) {
     return clamp_threads(sysconf(_SC_NPROCESSORS_ONLN));
 }
 
+/* In a child of fork() only the forking thread exists: forget the workers (a fresh set is made
+ * on the next region) and reset locks a parent thread may have held at the fork. */
+static void pool_after_fork_child(void) {
+    pthread_mutex_init(&g_pool.region, NULL);
+    pthread_mutex_init(&g_pool.m, NULL);
+    pthread_cond_init(&g_pool.work, NULL);
+    pthread_cond_init(&g_pool.done, NULL);
+    g_pool.quit = 0;
+    g_pool.pending = 0;
+    g_pool.nworkers = 0;
+}
+
 static void pool_init_once(void) {
     int n = default_threads();
     const char *env = getenv("RLX_NUM_THREADS");
@@ -79,6 +93,7 @@ static void pool_init_once(void) {
     }
     atomic_store(&g_threads, n);
     openblas_set_num_threads(n);
+    pthread_atfork(NULL, NULL, pool_after_fork_child);
 }
 
 static void pool_init(void) {
@@ -139,6 +154,12 @@ static void workers_fit(void) {
     int want = atomic_load(&g_threads) - 1;
     if (want < g_pool.nworkers)
         workers_join();
+    if (g_pool.nworkers >= want)
+        return;
+    /* Workers start with every signal blocked: signals go to the application's own threads. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
     while (g_pool.nworkers < want) {
         struct rlx_pool_worker *w = &g_pool.workers[g_pool.nworkers];
         w->id = g_pool.nworkers + 1;
@@ -149,6 +170,7 @@ static void workers_fit(void) {
         g_pool.nworkers++;
         pthread_mutex_unlock(&g_pool.m);
     }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 /* Runs the whole range on this thread, as a region of its own: calls made from inside run inline. */

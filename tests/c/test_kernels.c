@@ -5,7 +5,7 @@
  * sizes include some big enough to make the cpu kernels split work. Outputs and scratch are
  * pre-filled with NaN / garbage and guarded at their ends, so an unwritten element, a read of
  * stale scratch or a write past the end fails. The ref table gets a few hand-computed checks of
- * its own. The pool is checked for coverage, chunk rules, nested and concurrent calls. Ends with
+ * its own. The pool is checked for coverage, chunk rules, nested and concurrent calls, fork. Ends with
  * rlx_set_num_threads(1), which joins every worker, so valgrind sees no leaked thread.
  * Prints one line per failure, then exactly "N passed, M failed"; exits non-zero on failure.
  */
@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define TOL 1e-4
@@ -516,10 +517,31 @@ static void test_pool_concurrent(void) {
     result(ok[0] && ok[1] && ok[2], "pool: concurrent callers got a wrong sum");
 }
 
+/* A fork() child of a process whose pool has workers gets a working pool of its own. */
+static void test_pool_fork(void) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(60);
+        int ok = 1;
+        for (int r = 0; r < 20; r++) {
+            struct sum_ctx c = {.x = sum_data};
+            rlx_parallel_for(SUM_N, 16, sum_fn, &c);
+            ok &= atomic_load(&c.total) == (long long)SUM_N * (SUM_N - 1) / 2;
+        }
+        rlx_set_num_threads(1);
+        _exit(ok ? 0 : 1);
+    }
+    int st = 0;
+    int waited = pid > 0 && waitpid(pid, &st, 0) == pid;
+    result(waited && WIFEXITED(st) && WEXITSTATUS(st) == 0, "pool: region in a fork() child failed (status %d)",
+           st);
+}
+
 static void test_pool(void) {
     test_pool_cover(0);
     test_pool_cover(1);
     test_pool_concurrent();
+    test_pool_fork();
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@
  */
 #include "backends/cpu/cpu.h"
 
+#include "core/pool.h"
+
 #include <cblas.h>
 #include <string.h>
 
@@ -18,6 +20,8 @@ void rlx_cpu_matmul_f32(float *out, const float *a, const float *b, int64_t M, i
         memset(out, 0, (size_t)(M * N) * sizeof(float));
         return;
     }
+    /* the first pool use applies RLX_NUM_THREADS to OpenBLAS too */
+    (void)rlx_pool_threads();
     if (M == 1) {
         /* out (N) = b (N, K) @ a (K) when trans_b, else b (K, N)^T @ a (K) */
         if (trans_b)

@@ -1,0 +1,72 @@
+"""The high-level API: a model directory in, text out.
+
+    model = rlx.load("path/to/model")                 # tokenizer + generator + generation_config
+    model.generate("Once upon a time", max_new_tokens=64)               # -> the continuation
+    for delta in model.generate("Once upon a time", stream=True): ...   # UTF-8-safe pieces
+
+Generation stops at max_new_tokens, at an end-of-sequence id (config.json / generation_config.json)
+or at the end of the context, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+from rlx.config import ModelConfig, load_config
+from rlx.generator import Generator, SampleOpts
+from rlx.tokenizer import Tokenizer
+from rlx.weights import load_weights
+
+
+class Model:
+    """A loaded model: ``config``, ``tokenizer``, ``generator``."""
+
+    def __init__(self, config: ModelConfig, generator: Generator, tokenizer: Tokenizer):
+        self.config = config
+        self.generator = generator
+        self.tokenizer = tokenizer
+
+    def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0, seed: int = 0,
+                 stream: bool = False) -> str | Iterator[str]:
+        """The text generated after prompt (greedy by default). With stream=True, an iterator of
+        text deltas whose concatenation is that text."""
+        opts = SampleOpts(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                          repetition_penalty=repetition_penalty, seed=seed)
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+        prompt_ids = self.tokenizer.encode(prompt)
+        self.generator.prefill(prompt_ids)  # validates before any generation starts
+        deltas = self._stream(prompt_ids, max_new_tokens, opts)
+        return deltas if stream else "".join(deltas)
+
+    def _stream(self, prompt_ids: list[int], max_new_tokens: int, opts: SampleOpts) -> Iterator[str]:
+        gen, eos = self.generator, set(self.config.eos_token_ids)
+        new: list[int] = []
+        emitted = ""
+        room = self.config.max_position_embeddings - len(prompt_ids)
+        for _ in range(min(max_new_tokens, room)):
+            tok = gen.step_cached(opts)
+            if tok in eos:
+                break
+            new.append(tok)
+            text = self.tokenizer.decode_continuation(prompt_ids, new)
+            if len(text) > len(emitted):
+                yield text[len(emitted):]
+                emitted = text
+        full = self.tokenizer.decode(prompt_ids + new)[len(self.tokenizer.decode(prompt_ids)):]
+        if len(full) > len(emitted):  # an incomplete character held back at the very end
+            yield full[len(emitted):]
+
+    def __repr__(self) -> str:
+        return f"Model({self.generator!r})"
+
+
+def load(path: str | os.PathLike, device: str = "cpu") -> Model:
+    """Loads a Hugging Face model directory: config.json (+ generation_config.json), safetensors
+    weights and a tokenizer. Decoding plans are compiled once with symbolic shapes."""
+    config = load_config(path)
+    gen = Generator(config, load_weights(path), device=device)
+    gen.with_dynamic_prefill_cache().with_dynamic_decode_cache()
+    return Model(config, gen, Tokenizer.from_dir(path))

@@ -1,0 +1,93 @@
+"""Tokenizers for model directories: a Hugging Face ``tokenizer.json`` through the `tokenizers`
+package, or a SentencePiece model (``tokenizer.model`` or a single ``*.model`` file) through the
+`sentencepiece` package. Both behave the same way: ``encode(text)`` adds the BOS id when the
+model has one, ``decode(ids)`` returns text, and ``decode_continuation(prefix, new)`` returns the
+text that ``new`` adds after ``prefix`` (so leading spaces and multi-byte characters come out
+right when text is streamed token by token).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Sequence
+
+
+class Tokenizer:
+    """Common interface; build one with ``Tokenizer.from_dir(path)``."""
+
+    bos_id: int | None = None
+
+    @staticmethod
+    def from_dir(path: str | os.PathLike) -> "Tokenizer":
+        path = os.fspath(path)
+        if os.path.isfile(os.path.join(path, "tokenizer.json")):
+            return HFTokenizer(path)
+        models = sorted(glob.glob(os.path.join(path, "tokenizer.model")) or glob.glob(os.path.join(path, "*.model")))
+        if len(models) == 1:
+            return SentencePieceTokenizer(models[0])
+        if len(models) > 1:
+            raise ValueError(f"{path}: several SentencePiece models ({', '.join(map(os.path.basename, models))}); "
+                             "keep one, or name it tokenizer.model")
+        raise ValueError(f"{path}: no tokenizer found (expected tokenizer.json or a SentencePiece *.model file)")
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int]) -> str:
+        raise NotImplementedError
+
+    def decode_continuation(self, prefix: Sequence[int], new: Sequence[int]) -> str:
+        """Text that `new` adds after `prefix`. Holds back a trailing incomplete UTF-8 character
+        (decoded as U+FFFD) so that streamed deltas never split one."""
+        full = self.decode(list(prefix) + list(new))
+        head = self.decode(list(prefix))
+        text = full[len(head):] if full.startswith(head) else full
+        while text.endswith("\ufffd"):
+            text = text[:-1]
+        return text
+
+
+class SentencePieceTokenizer(Tokenizer):
+    def __init__(self, model_file: str):
+        import sentencepiece
+
+        self._sp = sentencepiece.SentencePieceProcessor(model_file=model_file)
+        bos = self._sp.bos_id()
+        self.bos_id = bos if bos >= 0 else None
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        ids = list(self._sp.encode(text))
+        return ([self.bos_id] if add_bos and self.bos_id is not None else []) + ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._sp.decode([int(i) for i in ids])
+
+
+class HFTokenizer(Tokenizer):
+    def __init__(self, path: str):
+        import tokenizers
+
+        self._tok = tokenizers.Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+        self.bos_id = None
+        cfg_file = os.path.join(path, "tokenizer_config.json")
+        if os.path.isfile(cfg_file):
+            with open(cfg_file, encoding="utf-8") as f:
+                cfg = json.load(f)
+            bos = cfg.get("bos_token")
+            if isinstance(bos, dict):
+                bos = bos.get("content")
+            # Llama 3 adds <|begin_of_text|> through its post-processor; add it here only when
+            # the tokenizer would not (add_bos_token true without a post-processor doing it).
+            if isinstance(bos, str) and cfg.get("add_bos_token", False):
+                self.bos_id = self._tok.token_to_id(bos)
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=add_bos).ids
+        if add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
