@@ -82,6 +82,10 @@ class Generator:
         self._config = config
         self._device = device
         self._c = _C.Generator(_c_config(config), arrays, device)
+        self._prefill_policy = ("oneshot", 1)
+        self._decode_policy = ("oneshot", 1)
+        budget, hint = soft_memory_budget()
+        self._c.set_memory_budget(budget, hint)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, device: str = "cpu") -> "Generator":
@@ -159,24 +163,43 @@ class Generator:
 
     # -- compiled plans -------------------------------------------------------------------------
 
+    def with_prefill_cache(self, capacity: int) -> "Generator":
+        """Keeps the `capacity` most recently used prefill plans, each specialised to its length."""
+        return self._set_policy(prefill=("lru", _positive("capacity", capacity)))
+
+    def with_decode_cache(self, max_past: int) -> "Generator":
+        """Bucketed decode: one plan per power-of-two past length up to max_past, compiled at the
+        bucket's upper bound; the padded past rows are hidden by a mask (O(log n) compiles). An
+        utterance whose past outgrows max_past raises instead of switching policy."""
+        return self._set_policy(decode=("bucketed", _positive("max_past", max_past)))
+
     def with_dynamic_prefill_cache(self, capacity: int = 8) -> "Generator":
         """Prefill plans compiled once with a symbolic SEQ and bound per length."""
-        return self._set_policy(capacity, prefill="dynamic")
+        return self._set_policy(prefill=("dynamic", _positive("capacity", capacity)))
 
     def with_dynamic_decode_cache(self, capacity: int = 8) -> "Generator":
         """Decode plans compiled once with symbolic SEQ / PAST and bound per step."""
-        return self._set_policy(capacity, decode="dynamic")
+        return self._set_policy(decode=("dynamic", _positive("capacity", capacity)))
 
-    def _set_policy(self, capacity: int, prefill: str | None = None, decode: str | None = None) -> "Generator":
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
-            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
-        self._prefill_policy = prefill or getattr(self, "_prefill_policy", "oneshot")
-        self._decode_policy = decode or getattr(self, "_decode_policy", "oneshot")
-        self._c.set_policy(self._prefill_policy, self._decode_policy)
+    def with_compile_seq_cap(self, cap: int) -> "Generator":
+        """Bounds the symbolic SEQ / PAST of dynamic plans at cap (below max_position_embeddings):
+        their memory is planned once for cap, and a longer context raises."""
+        self._c.set_seq_cap(_positive("cap", cap))
+        return self
+
+    def _set_policy(self, prefill: tuple[str, int] | None = None,
+                    decode: tuple[str, int] | None = None) -> "Generator":
+        """Policies change only between utterances (the C side refuses while the cache is filled)."""
+        new_prefill = prefill or self._prefill_policy
+        new_decode = decode or self._decode_policy
+        max_past = new_decode[1] if new_decode[0] == "bucketed" else self._config.max_position_embeddings
+        self._c.set_policy(new_prefill[0], new_prefill[1], new_decode[0], max_past)
+        self._prefill_policy, self._decode_policy = new_prefill, new_decode
         return self
 
     def compile_stats(self) -> dict:
-        """prefill_compiles, decode_compiles, compile_seconds, plans_cached, planned_bytes."""
+        """prefill_compiles, decode_compiles, plan_hits, compile_seconds, plans_cached and
+        planned_bytes (the intermediates' arenas of the plans held now)."""
         return self._c.stats()
 
     def release_decode_graphs(self) -> None:
@@ -191,3 +214,24 @@ class Generator:
         return (f"Generator({type(self._config).__name__}, layers={self._config.num_hidden_layers}, "
                 f"device={self._device!r}, tokens={len(self.tokens)})")
 
+
+def _positive(name: str, value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def soft_memory_budget() -> tuple[int, str]:
+    """The soft memory budget for one plan's intermediates: RLX_SOFT_MEMORY_FRACTION (default 0.8)
+    of physical RAM, and the hint a refusal carries."""
+    raw = os.environ.get("RLX_SOFT_MEMORY_FRACTION", "0.8")
+    try:
+        fraction = float(raw)
+    except ValueError:
+        raise ValueError(f"RLX_SOFT_MEMORY_FRACTION must be a number in (0, 1], got {raw!r}") from None
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"RLX_SOFT_MEMORY_FRACTION must be in (0, 1], got {fraction}")
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    hint = (f"the budget is RLX_SOFT_MEMORY_FRACTION={raw} of {ram / 2**30:.1f} GiB RAM: raise it, or bound "
+            "shapes with with_compile_seq_cap() / a shorter context")
+    return int(ram * fraction), hint

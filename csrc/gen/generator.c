@@ -8,8 +8,12 @@
  * Cached logits always mean "bring the cache up to the whole history, return the last logits", so
  * prefill, decode and mixed naive / cached use share one path. New K/V rows are read from the
  * plan straight into the cache's next slots: the cache is never copied or reallocated.
+ * Plans are kept in one list keyed by (kind, seq, past) under the policies of model.h: ONESHOT
+ * keeps one per kind, LRU the most recently used prefill plans, BUCKETED one decode plan per
+ * power-of-two past (the padding rows hidden by masks), DYNAMIC one symbolic plan per kind.
  * Every failing call leaves the history and the cache as they were.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,12 +25,19 @@
 
 enum plan_kind { KIND_FULL, KIND_SEED, KIND_EXTEND, KIND_COUNT };
 
+#define MAX_MASKS 4 /* distinct layer windows a masked plan may need */
+
 struct plan_slot {
     struct rlx_plan *plan;
-    int64_t seq, past;          /* the shape a one-shot plan was built for */
+    enum plan_kind kind;
+    int64_t seq, past;          /* key: the shape it was built for (past: the bucket); -1 = symbolic */
+    uint64_t last_used;
     int in_ids, in_pos, out_logits;
     int *in_pk, *in_pv;         /* (n_layers) EXTEND only */
     int *out_k, *out_v;         /* (n_layers) SEED / EXTEND */
+    int n_masks;                /* BUCKETED decode: mask inputs and the window each is for */
+    int mask_in[MAX_MASKS];
+    int64_t mask_w[MAX_MASKS];
 };
 
 struct weight {
@@ -37,7 +48,10 @@ struct weight {
 struct rlx_generator {
     struct rlx_model_config cfg;
     char device[32];
-    enum rlx_plan_policy policy[KIND_COUNT];
+    enum rlx_plan_policy prefill_policy, decode_policy;
+    int64_t prefill_capacity, max_past, seq_cap;
+    size_t memory_budget;
+    char budget_hint[256];
     struct weight *weights;     /* (n_weights) */
     int n_weights, cap_weights;
     int32_t *tokens;            /* (max_position_embeddings) history */
@@ -48,7 +62,11 @@ struct rlx_generator {
     bool logits_valid;          /* logits belong to the current history (cache == history) */
     float *sample_scratch;      /* (vocab) */
     int32_t *sample_idx;        /* (vocab) */
-    struct plan_slot slots[KIND_COUNT];
+    struct plan_slot *slots;    /* (n_slots) compiled plans */
+    int n_slots, cap_slots;
+    uint64_t clock;             /* use counter for LRU */
+    float *mask;                /* (mask_floats) scratch for BUCKETED masks, grown on demand */
+    size_t mask_floats;
     struct rlx_generator_stats stats;
 };
 
@@ -80,6 +98,8 @@ rlx_status rlx_generator_create(const struct rlx_model_config *cfg, const char *
     if (!g) return RLX_ERR_NOMEM;
     g->cfg = *cfg;
     strcpy(g->device, device);
+    g->prefill_capacity = 1;
+    g->max_past = cfg->max_position_embeddings;
     int64_t ctx = cfg->max_position_embeddings, V = cfg->vocab_size;
     g->tokens = rlx_calloc((size_t)ctx, sizeof *g->tokens);
     g->pos = rlx_calloc((size_t)ctx, sizeof *g->pos);
@@ -99,7 +119,9 @@ rlx_status rlx_generator_create(const struct rlx_model_config *cfg, const char *
 void rlx_generator_free(struct rlx_generator *g)
 {
     if (!g) return;
-    for (int k = 0; k < KIND_COUNT; k++) slot_clear(&g->slots[k]);
+    rlx_generator_release_plans(g);
+    free(g->slots);
+    free(g->mask);
     rlx_kv_cache_free(g->kv);
     free(g->weights);
     free(g->tokens);
@@ -128,14 +150,41 @@ rlx_status rlx_generator_set_weight(struct rlx_generator *g, const char *name, c
     return RLX_OK;
 }
 
-rlx_status rlx_generator_set_policy(struct rlx_generator *g, enum rlx_plan_policy prefill, enum rlx_plan_policy decode)
+rlx_status rlx_generator_set_policy(struct rlx_generator *g, enum rlx_plan_policy prefill, int64_t prefill_capacity,
+                                    enum rlx_plan_policy decode, int64_t max_past)
 {
-    if ((unsigned)prefill > RLX_POLICY_DYNAMIC || (unsigned)decode > RLX_POLICY_DYNAMIC)
-        return rlx_set_error(RLX_ERR_INVALID, "unknown plan policy");
-    g->policy[KIND_FULL] = g->policy[KIND_SEED] = prefill;
-    g->policy[KIND_EXTEND] = decode;
+    if (prefill != RLX_POLICY_ONESHOT && prefill != RLX_POLICY_LRU && prefill != RLX_POLICY_DYNAMIC)
+        return rlx_set_error(RLX_ERR_INVALID, "prefill plans take the oneshot, lru or dynamic policy");
+    if (decode != RLX_POLICY_ONESHOT && decode != RLX_POLICY_BUCKETED && decode != RLX_POLICY_DYNAMIC)
+        return rlx_set_error(RLX_ERR_INVALID, "decode plans take the oneshot, bucketed or dynamic policy");
+    if (prefill_capacity < 1 || max_past < 1)
+        return rlx_set_error(RLX_ERR_INVALID, "plan cache capacity and max_past must be >= 1");
+    if (rlx_kv_cache_len(g->kv) > 0)
+        return rlx_set_error(RLX_ERR_STATE, "plan policies cannot change mid-utterance (the KV cache holds %lld "
+                             "positions): call prefill() first", (long long)rlx_kv_cache_len(g->kv));
+    g->prefill_policy = prefill;
+    g->decode_policy = decode;
+    g->prefill_capacity = prefill == RLX_POLICY_LRU ? prefill_capacity : 1;
+    g->max_past = max_past < g->cfg.max_position_embeddings ? max_past : g->cfg.max_position_embeddings;
     rlx_generator_release_plans(g);
     return RLX_OK;
+}
+
+rlx_status rlx_generator_set_seq_cap(struct rlx_generator *g, int64_t cap)
+{
+    if (cap < 0 || cap > g->cfg.max_position_embeddings)
+        return rlx_set_error(RLX_ERR_INVALID, "compile seq cap %lld outside [1, max_position_embeddings %lld]",
+                             (long long)cap, (long long)g->cfg.max_position_embeddings);
+    g->seq_cap = cap;
+    rlx_generator_release_plans(g);
+    return RLX_OK;
+}
+
+void rlx_generator_set_memory_budget(struct rlx_generator *g, size_t bytes, const char *hint)
+{
+    g->memory_budget = bytes;
+    snprintf(g->budget_hint, sizeof g->budget_hint, "%s", hint ? hint : "");
+    rlx_generator_release_plans(g);
 }
 
 /* ---- history ------------------------------------------------------------------------------ */
@@ -192,13 +241,20 @@ static rlx_status bind_weights(const struct rlx_generator *g, struct rlx_plan *p
     return RLX_OK;
 }
 
-static rlx_status index_slot(struct plan_slot *s, int64_t n_layers, enum plan_kind kind)
+static rlx_status index_slot(struct plan_slot *s, int64_t n_layers)
 {
     struct rlx_plan *p = s->plan;
     RLX_TRY(rlx_plan_input_index(p, "ids", &s->in_ids));
     RLX_TRY(rlx_plan_input_index(p, "pos", &s->in_pos));
     RLX_TRY(rlx_plan_output_index(p, "logits", &s->out_logits));
-    if (kind == KIND_FULL) return RLX_OK;
+    for (int i = 0; i < rlx_plan_input_count(p); i++) {
+        const char *name = rlx_plan_input_name(p, i);
+        if (strncmp(name, "mask", 4) != 0) continue;
+        if (s->n_masks == MAX_MASKS) return rlx_set_error(RLX_ERR_UNSUPPORTED, "more than %d layer windows", MAX_MASKS);
+        s->mask_in[s->n_masks] = i;
+        s->mask_w[s->n_masks++] = name[4] == '_' ? strtoll(name + 6, NULL, 10) : 0; /* "mask" or "mask_w<W>" */
+    }
+    if (s->kind == KIND_FULL) return RLX_OK;
     s->out_k = rlx_calloc((size_t)n_layers, sizeof(int));
     s->out_v = rlx_calloc((size_t)n_layers, sizeof(int));
     s->in_pk = rlx_calloc((size_t)n_layers, sizeof(int));
@@ -210,7 +266,7 @@ static rlx_status index_slot(struct plan_slot *s, int64_t n_layers, enum plan_ki
         RLX_TRY(rlx_plan_output_index(p, name, &s->out_k[l]));
         snprintf(name, sizeof name, "v.%lld", (long long)l);
         RLX_TRY(rlx_plan_output_index(p, name, &s->out_v[l]));
-        if (kind != KIND_EXTEND) continue;
+        if (s->kind != KIND_EXTEND) continue;
         snprintf(name, sizeof name, "past_k.%lld", (long long)l);
         RLX_TRY(rlx_plan_input_index(p, name, &s->in_pk[l]));
         snprintf(name, sizeof name, "past_v.%lld", (long long)l);
@@ -219,47 +275,136 @@ static rlx_status index_slot(struct plan_slot *s, int64_t n_layers, enum plan_ki
     return RLX_OK;
 }
 
-/* The plan for `kind` at (seq, past), reusing the slot's when it fits. */
+static int64_t pow2_ceil(int64_t v)
+{
+    int64_t r = 1;
+    while (r < v) r *= 2;
+    return r;
+}
+
+/* The key a (kind, seq, past) request maps to under the policies; *bucketed for masked plans. */
+static rlx_status plan_key(const struct rlx_generator *g, enum plan_kind kind, int64_t seq, int64_t past,
+                           int64_t *kseq, int64_t *kpast, bool *bucketed)
+{
+    enum rlx_plan_policy pol = kind == KIND_EXTEND ? g->decode_policy : g->prefill_policy;
+    *bucketed = pol == RLX_POLICY_BUCKETED;
+    *kseq = seq;
+    *kpast = past;
+    if (pol == RLX_POLICY_DYNAMIC) {
+        *kseq = *kpast = -1;
+    } else if (*bucketed) {
+        if (past > g->max_past)
+            return rlx_set_error(RLX_ERR_RANGE, "the cached past of %lld positions exceeds max_past %lld of the "
+                                 "bucketed decode cache; this utterance cannot grow further under it (use a larger "
+                                 "max_past)", (long long)past, (long long)g->max_past);
+        *kpast = pow2_ceil(past);
+        if (*kpast > g->max_past) *kpast = g->max_past;
+    }
+    return RLX_OK;
+}
+
+/* Makes room for one more plan of `kind`: ONESHOT keeps one per kind, LRU `capacity` prefill
+ * plans; BUCKETED and DYNAMIC keep theirs (one per bucket / one in all). */
+static void evict_for(struct rlx_generator *g, enum plan_kind kind)
+{
+    bool prefill = kind != KIND_EXTEND;
+    enum rlx_plan_policy pol = prefill ? g->prefill_policy : g->decode_policy;
+    if (pol == RLX_POLICY_BUCKETED || pol == RLX_POLICY_DYNAMIC) return;
+    for (;;) {
+        int count = 0, victim = -1;
+        for (int i = 0; i < g->n_slots; i++) {
+            bool same = pol == RLX_POLICY_LRU ? (g->slots[i].kind != KIND_EXTEND) == prefill : g->slots[i].kind == kind;
+            if (!same) continue;
+            count++;
+            if (victim < 0 || g->slots[i].last_used < g->slots[victim].last_used) victim = i;
+        }
+        if (count < (pol == RLX_POLICY_LRU ? g->prefill_capacity : 1)) return;
+        slot_clear(&g->slots[victim]);
+        g->slots[victim] = g->slots[--g->n_slots];
+    }
+}
+
+/* The plan for `kind` at (seq, past), compiled on a miss. */
 static rlx_status get_plan(struct rlx_generator *g, enum plan_kind kind, int64_t seq, int64_t past,
                            struct plan_slot **out)
 {
-    struct plan_slot *s = &g->slots[kind];
-    bool dynamic = g->policy[kind] == RLX_POLICY_DYNAMIC;
-    if (s->plan && (dynamic || (s->seq == seq && s->past == past))) {
-        *out = s;
-        return RLX_OK;
+    int64_t kseq, kpast;
+    bool bucketed;
+    RLX_TRY(plan_key(g, kind, seq, past, &kseq, &kpast, &bucketed));
+    for (int i = 0; i < g->n_slots; i++) {
+        struct plan_slot *s = &g->slots[i];
+        if (s->kind == kind && s->seq == kseq && s->past == kpast) {
+            s->last_used = ++g->clock;
+            g->stats.plan_hits++;
+            *out = s;
+            return RLX_OK;
+        }
     }
-    slot_clear(s);
+    evict_for(g, kind);
+    RLX_TRY(rlx_grow(&g->slots, &g->cap_slots, g->n_slots + 1));
+    struct plan_slot *s = &g->slots[g->n_slots];
+    memset(s, 0, sizeof *s);
+    s->kind = kind;
     double t0 = now_seconds();
+    bool dynamic = kseq < 0;
     struct rlx_block_spec spec = {
         .layer_begin = 0,
         .layer_end = g->cfg.n_layers,
         .flags = RLX_BLOCK_EMBED | RLX_BLOCK_HEAD | (kind != KIND_FULL ? RLX_BLOCK_KV_OUT : 0u) |
-                 (kind == KIND_EXTEND ? RLX_BLOCK_PAST : 0u),
-        .seq = dynamic ? rlx_dim_sym(RLX_SYM_SEQ) : rlx_dim_const(seq),
-        .past = dynamic ? rlx_dim_sym(RLX_SYM_PAST) : rlx_dim_const(past),
+                 (kind == KIND_EXTEND ? RLX_BLOCK_PAST : 0u) | (bucketed ? RLX_BLOCK_MASK : 0u),
+        .seq = dynamic ? rlx_dim_sym(RLX_SYM_SEQ) : rlx_dim_const(kseq),
+        .past = dynamic ? rlx_dim_sym(RLX_SYM_PAST) : rlx_dim_const(kpast),
     };
     struct rlx_graph *graph;
     RLX_TRY(rlx_decoder_build(&g->cfg, &spec, &graph));
     struct rlx_compile_opts opts = rlx_compile_opts_default();
-    if (dynamic) {
-        opts.sym_cap[RLX_SYM_SEQ] = g->cfg.max_position_embeddings;
-        opts.sym_cap[RLX_SYM_PAST] = g->cfg.max_position_embeddings;
-    }
+    opts.memory_budget = g->memory_budget;
+    opts.budget_hint = g->budget_hint;
+    if (dynamic && g->seq_cap) opts.sym_cap[RLX_SYM_SEQ] = opts.sym_cap[RLX_SYM_PAST] = g->seq_cap;
     rlx_status st = rlx_compile(graph, g->device, &opts, &s->plan);
     rlx_graph_free(graph);
     if (st == RLX_OK) st = bind_weights(g, s->plan);
-    if (st == RLX_OK) st = index_slot(s, g->cfg.n_layers, kind);
+    if (st == RLX_OK) st = index_slot(s, g->cfg.n_layers);
     if (st != RLX_OK) {
         slot_clear(s);
         return st;
     }
-    s->seq = seq;
-    s->past = past;
+    s->seq = kseq;
+    s->past = kpast;
+    s->last_used = ++g->clock;
+    g->n_slots++;
     g->stats.compile_seconds += now_seconds() - t0;
     if (kind == KIND_EXTEND) g->stats.decode_compiles++;
     else g->stats.prefill_compiles++;
     *out = s;
+    return RLX_OK;
+}
+
+/* Masks of a bucketed plan: (S, B+S) with B = s->past padded rows, of which the first `past` hold
+ * the cache. Query i sits at position past+i; key j < B at position j (hidden if j >= past), key
+ * B+k at position past+k. Visible: causal and, for window W, position distance < W. */
+static rlx_status set_masks(struct rlx_generator *g, struct plan_slot *s, int64_t S, int64_t past)
+{
+    int64_t B = s->past, T = B + S;
+    size_t need = (size_t)(S * T) * (size_t)s->n_masks;
+    if (need > g->mask_floats) {
+        float *m = realloc(g->mask, need * sizeof *m);
+        if (!m) return rlx_set_error(RLX_ERR_NOMEM, "out of memory for %zu mask floats", need);
+        g->mask = m;
+        g->mask_floats = need;
+    }
+    for (int k = 0; k < s->n_masks; k++) {
+        float *m = g->mask + (size_t)(S * T) * (size_t)k;
+        int64_t w = s->mask_w[k];
+        for (int64_t i = 0; i < S; i++)
+            for (int64_t j = 0; j < T; j++) {
+                int64_t qpos = past + i, kpos = j < B ? j : past + (j - B);
+                bool ok = (j < past || j >= B) && kpos <= qpos && (w == 0 || qpos - kpos < w);
+                m[i * T + j] = ok ? 0.0f : -INFINITY;
+            }
+        struct rlx_host_tensor t = {.data = m, .dtype = RLX_F32, .ndim = 2, .shape = {S, T}};
+        RLX_TRY(rlx_plan_set_input(s->plan, s->mask_in[k], &t));
+    }
     return RLX_OK;
 }
 
@@ -301,9 +446,11 @@ rlx_status rlx_generator_logits_cached(struct rlx_generator *g, const float **lo
     struct plan_slot *s;
     RLX_TRY(get_plan(g, cached ? KIND_EXTEND : KIND_SEED, n, cached, &s));
     RLX_TRY(set_token_inputs(g, s, cached));
+    int64_t past_rows = s->past > 0 ? s->past : cached; /* a bucket pads the past */
+    if (s->n_masks) RLX_TRY(set_masks(g, s, n, cached));
     for (int64_t l = 0; cached && l < L; l++) {
         struct rlx_host_tensor pk = {.data = rlx_kv_cache_k(g->kv, l), .dtype = RLX_F32, .ndim = 3,
-                                     .shape = {cached, g->cfg.n_kv_heads, g->cfg.head_dim}};
+                                     .shape = {past_rows, g->cfg.n_kv_heads, g->cfg.head_dim}};
         struct rlx_host_tensor pv = pk;
         pv.data = rlx_kv_cache_v(g->kv, l);
         RLX_TRY(rlx_plan_set_input(s->plan, s->in_pk[l], &pk));
@@ -335,18 +482,22 @@ rlx_status rlx_generator_sample(struct rlx_generator *g, const float *logits, co
 void rlx_generator_stats(const struct rlx_generator *g, struct rlx_generator_stats *out)
 {
     *out = g->stats;
-    out->plans_cached = 0;
+    out->plans_cached = g->n_slots;
     out->planned_bytes = 0;
-    for (int k = 0; k < KIND_COUNT; k++)
-        if (g->slots[k].plan) {
-            out->plans_cached++;
-            out->planned_bytes += rlx_plan_planned_bytes(g->slots[k].plan);
+    for (int i = 0; i < g->n_slots; i++) out->planned_bytes += rlx_plan_planned_bytes(g->slots[i].plan);
+}
+
+void rlx_generator_release_decode_plans(struct rlx_generator *g)
+{
+    for (int i = g->n_slots - 1; i >= 0; i--)
+        if (g->slots[i].kind == KIND_EXTEND) {
+            slot_clear(&g->slots[i]);
+            g->slots[i] = g->slots[--g->n_slots];
         }
 }
 
-void rlx_generator_release_decode_plans(struct rlx_generator *g) { slot_clear(&g->slots[KIND_EXTEND]); }
-
 void rlx_generator_release_plans(struct rlx_generator *g)
 {
-    for (int k = 0; k < KIND_COUNT; k++) slot_clear(&g->slots[k]);
+    for (int i = 0; i < g->n_slots; i++) slot_clear(&g->slots[i]);
+    g->n_slots = 0;
 }

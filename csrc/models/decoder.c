@@ -106,9 +106,21 @@ static int reshape(struct bld *b, int x, int ndim, const struct rlx_dim *shape)
 }
 
 struct block_io {
-    int pos, inv_freq, mask; /* mask -1 when absent */
+    int pos, inv_freq;
     struct rlx_dim seq, past;
 };
+
+/* The mask input for a layer with window w ("mask" or "mask_w<w>"), made on first use. */
+static int mask_input(struct bld *b, const struct rlx_block_spec *spec, int64_t w)
+{
+    char name[RLX_NAME_MAX];
+    if (w) snprintf(name, sizeof name, "mask_w%lld", (long long)w);
+    else snprintf(name, sizeof name, "mask");
+    for (int id = 0; b->s == RLX_OK && id < b->g->n_nodes; id++)
+        if (b->g->nodes[id].op == RLX_OP_INPUT && strcmp(b->g->nodes[id].name, name) == 0) return id;
+    struct rlx_dim total = (spec->flags & RLX_BLOCK_PAST) ? rlx_dim_add(&spec->past, &spec->seq) : spec->seq;
+    return input(b, name, RLX_F32, 2, (struct rlx_dim[]){spec->seq, total});
+}
 
 /* One decoder layer: x (SEQ, H) -> x (SEQ, H). */
 static int layer(struct bld *b, const struct rlx_model_config *c, const struct rlx_block_spec *spec,
@@ -143,8 +155,10 @@ static int layer(struct bld *b, const struct rlx_model_config *c, const struct r
         snprintf(name, sizeof name, "past_v.%lld", l);
         in[n_in++] = input(b, name, RLX_F32, 3, pshape);
     }
-    if (io->mask >= 0) in[n_in++] = io->mask;
-    struct rlx_attrs aa = {.scale = (float)(1.0 / sqrt((double)D)), .causal = 1, .window = c->layer_window[l]};
+    bool masked = spec->flags & RLX_BLOCK_MASK;
+    if (masked) in[n_in++] = mask_input(b, spec, c->layer_window[l]);
+    struct rlx_attrs aa = {.scale = (float)(1.0 / sqrt((double)D)), .causal = 1,
+                           .window = masked ? 0 : c->layer_window[l]};
     int a = op(b, RLX_OP_ATTENTION, n_in, in, &aa);                                       /* (SEQ, Hq, D) */
     a = reshape(b, a, 2, (struct rlx_dim[]){S, rlx_dim_const(Hq * D)});                  /* (SEQ, Hq*D) */
     int o = linear(b, a, Hq * D, H, c->attention_bias, "model.layers.%lld.self_attn.o_proj", l);
@@ -164,12 +178,10 @@ rlx_status rlx_decoder_build(const struct rlx_model_config *c, const struct rlx_
     if (spec->layer_begin < 0 || spec->layer_end > c->n_layers || spec->layer_begin > spec->layer_end)
         return rlx_set_error(RLX_ERR_INVALID, "decoder block: layers [%lld, %lld) outside [0, %lld)",
                              (long long)spec->layer_begin, (long long)spec->layer_end, (long long)c->n_layers);
-    if ((spec->flags & RLX_BLOCK_MASK) && !(spec->flags & RLX_BLOCK_PAST) && spec->layer_begin == spec->layer_end)
-        return rlx_set_error(RLX_ERR_INVALID, "decoder block: a mask needs at least one layer");
     struct bld b = {0};
     RLX_TRY(rlx_graph_create(&b.g));
     const int64_t H = c->hidden_size;
-    struct block_io io = {.seq = spec->seq, .past = spec->past, .mask = -1};
+    struct block_io io = {.seq = spec->seq, .past = spec->past};
     struct rlx_dim s1[1] = {spec->seq};
     int x;
     if (spec->flags & RLX_BLOCK_EMBED) {
@@ -181,10 +193,6 @@ rlx_status rlx_decoder_build(const struct rlx_model_config *c, const struct rlx_
     }
     io.pos = input(&b, "pos", RLX_I32, 1, s1);
     io.inv_freq = param(&b, 1, (int64_t[]){c->head_dim / 2}, "rope.inv_freq", 0);
-    if (spec->flags & RLX_BLOCK_MASK) {
-        struct rlx_dim total = (spec->flags & RLX_BLOCK_PAST) ? rlx_dim_add(&spec->past, &spec->seq) : spec->seq;
-        io.mask = input(&b, "mask", RLX_F32, 2, (struct rlx_dim[]){spec->seq, total});
-    }
     for (int64_t l = spec->layer_begin; l < spec->layer_end; l++) x = layer(&b, c, spec, &io, x, (long long)l);
     if (spec->flags & RLX_BLOCK_HEAD) {
         if (!(spec->flags & RLX_BLOCK_ALL_LOGITS)) x = op(&b, RLX_OP_GATHER_LAST, 1, (int[]){x}, NULL); /* (1, H) */

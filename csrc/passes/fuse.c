@@ -51,7 +51,8 @@ static void fuse_add_rmsnorm(struct rlx_graph *g, int id)
     struct rlx_node *add = &g->nodes[s];
     if (add->op != RLX_OP_ADD || add->companion >= 0) return;
     if (!same_shape(&g->nodes[add->in[0]], &g->nodes[add->in[1]])) return;
-    if (w >= s) return; /* the weight must exist when the add runs */
+    enum rlx_op wop = g->nodes[w].op;
+    if (w >= s && wop != RLX_OP_PARAM && wop != RLX_OP_INPUT) return; /* a computed weight must exist when the add runs */
     add->op = RLX_OP_ADD_RMSNORM;
     add->n_in = 3;
     add->in[2] = w;

@@ -532,25 +532,53 @@ static PyObject *gen_kv_cache(struct gen_object *self, PyObject *layer_obj)
 
 static int parse_policy(const char *s, enum rlx_plan_policy *out)
 {
-    if (strcmp(s, "oneshot") == 0) *out = RLX_POLICY_ONESHOT;
-    else if (strcmp(s, "dynamic") == 0) *out = RLX_POLICY_DYNAMIC;
-    else {
-        PyErr_Format(PyExc_ValueError, "unknown plan policy '%s' (expected 'oneshot' or 'dynamic')", s);
-        return -1;
-    }
-    return 0;
+    static const struct {
+        const char *name;
+        enum rlx_plan_policy p;
+    } names[] = {{"oneshot", RLX_POLICY_ONESHOT},
+                 {"lru", RLX_POLICY_LRU},
+                 {"bucketed", RLX_POLICY_BUCKETED},
+                 {"dynamic", RLX_POLICY_DYNAMIC}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(s, names[i].name) == 0) {
+            *out = names[i].p;
+            return 0;
+        }
+    PyErr_Format(PyExc_ValueError, "unknown plan policy '%s' (expected oneshot, lru, bucketed or dynamic)", s);
+    return -1;
 }
 
 static PyObject *gen_set_policy(struct gen_object *self, PyObject *args)
 {
     const char *pf, *dc;
+    long long capacity, max_past;
     enum rlx_plan_policy p, d;
-    if (!PyArg_ParseTuple(args, "ss:set_policy", &pf, &dc) || parse_policy(pf, &p) < 0 || parse_policy(dc, &d) < 0 ||
-        gen_acquire(self) < 0)
+    if (!PyArg_ParseTuple(args, "sLsL:set_policy", &pf, &capacity, &dc, &max_past) || parse_policy(pf, &p) < 0 ||
+        parse_policy(dc, &d) < 0 || gen_acquire(self) < 0)
         return NULL;
-    rlx_status s = rlx_generator_set_policy(self->gen, p, d);
+    rlx_status s = rlx_generator_set_policy(self->gen, p, capacity, d, max_past);
     gen_release(self);
     if (rlx_py_raise(s)) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *gen_set_seq_cap(struct gen_object *self, PyObject *arg)
+{
+    long long cap = PyLong_AsLongLong(arg);
+    if ((cap == -1 && PyErr_Occurred()) || gen_acquire(self) < 0) return NULL;
+    rlx_status s = rlx_generator_set_seq_cap(self->gen, cap);
+    gen_release(self);
+    if (rlx_py_raise(s)) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *gen_set_memory_budget(struct gen_object *self, PyObject *args)
+{
+    unsigned long long bytes;
+    const char *hint = "";
+    if (!PyArg_ParseTuple(args, "K|s:set_memory_budget", &bytes, &hint) || gen_acquire(self) < 0) return NULL;
+    rlx_generator_set_memory_budget(self->gen, (size_t)bytes, hint);
+    gen_release(self);
     Py_RETURN_NONE;
 }
 
@@ -559,8 +587,9 @@ static PyObject *gen_stats(struct gen_object *self, PyObject *unused)
     (void)unused;
     struct rlx_generator_stats st;
     rlx_generator_stats(self->gen, &st);
-    return Py_BuildValue("{s:L,s:L,s:d,s:L,s:n}", "prefill_compiles", (long long)st.prefill_compiles,
-                         "decode_compiles", (long long)st.decode_compiles, "compile_seconds", st.compile_seconds,
+    return Py_BuildValue("{s:L,s:L,s:L,s:d,s:L,s:n}", "prefill_compiles", (long long)st.prefill_compiles,
+                         "decode_compiles", (long long)st.decode_compiles, "plan_hits", (long long)st.plan_hits,
+                         "compile_seconds", st.compile_seconds,
                          "plans_cached", (long long)st.plans_cached, "planned_bytes", (Py_ssize_t)st.planned_bytes);
 }
 
@@ -591,7 +620,12 @@ static PyMethodDef gen_methods[] = {
      "kv_cache(layer) -> (k, v)\n\nViews (len, kv_heads, head_dim) of the cache's filled part; they see later "
      "writes but keep their length."},
     {"set_policy", (PyCFunction)gen_set_policy, METH_VARARGS,
-     "set_policy(prefill, decode)\n\n'oneshot' or 'dynamic' for each; drops compiled plans."},
+     "set_policy(prefill, capacity, decode, max_past)\n\nprefill: 'oneshot', 'lru' or 'dynamic'; decode: 'oneshot', "
+     "'bucketed' or 'dynamic'. Refused mid-utterance; drops compiled plans."},
+    {"set_seq_cap", (PyCFunction)gen_set_seq_cap, METH_O,
+     "set_seq_cap(cap)\n\nBounds SEQ / PAST of dynamic plans (0 = none); drops compiled plans."},
+    {"set_memory_budget", (PyCFunction)gen_set_memory_budget, METH_VARARGS,
+     "set_memory_budget(bytes, hint='')\n\nRefuse plans whose intermediates exceed bytes (0 = none)."},
     {"stats", (PyCFunction)gen_stats, METH_NOARGS, "stats() -> dict of compile counts, seconds and planned bytes"},
     {"release_plans", (PyCFunction)gen_release_plans, METH_VARARGS,
      "release_plans(decode_only=False)\n\nFrees compiled plans; they are rebuilt on demand."},

@@ -3,6 +3,7 @@
  * plan's interface (inputs, params, outputs) and hands the graph to the backend. Also the
  * plan's accessors and rlx_plan_free.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,6 +76,8 @@ rlx_status rlx_compile(const struct rlx_graph *g, const char *device, const stru
     if (!p) return RLX_ERR_NOMEM;
     p->be = be;
     p->opts = opts ? *opts : rlx_compile_opts_default();
+    snprintf(p->budget_hint, sizeof p->budget_hint, "%s", p->opts.budget_hint ? p->opts.budget_hint : "");
+    p->opts.budget_hint = p->budget_hint;
     rlx_status s = rlx_graph_clone(g, &p->g);
     if (s == RLX_OK) s = run_passes(p);
     if (s == RLX_OK) s = collect_interface(p);

@@ -13,7 +13,8 @@ struct rlx_plan {
     struct rlx_graph *g;               /* compiled graph, owned */
     const struct rlx_backend *be;
     void *be_state;
-    struct rlx_compile_opts opts;
+    struct rlx_compile_opts opts;      /* opts.budget_hint points at budget_hint below */
+    char budget_hint[256];
     struct rlx_liveness lv;
 
     int n_inputs, n_params;

@@ -225,7 +225,15 @@ static rlx_status ensure_memory(struct rlx_plan *p)
         target[s] = cap > 0 ? cap : round_up_pow2(p->sym[s] > p->planned_sym[s] ? p->sym[s] : p->planned_sym[s]);
     }
     size_t arena, unshared;
+    p->planned = false; /* the offsets are rewritten below; valid again only on success */
     RLX_TRY(plan_into(p, target, p->sizes, p->offsets, p->scratch, &arena, &unshared));
+    if (p->opts.memory_budget && arena > p->opts.memory_budget)
+        return rlx_set_error(RLX_ERR_NOMEM,
+                             "this run needs an estimated %zu bytes (%.1f MiB) of intermediates, above the memory "
+                             "budget of %zu bytes (%.1f MiB)%s%s",
+                             arena, (double)arena / 1048576.0, p->opts.memory_budget,
+                             (double)p->opts.memory_budget / 1048576.0,
+                             p->opts.budget_hint[0] ? "; " : "", p->opts.budget_hint);
     if (!p->arena || p->arena_cap < arena) {
         struct rlx_buffer *b;
         RLX_TRY(p->be->buffer_alloc(arena, &b));
@@ -279,6 +287,23 @@ static rlx_status place_values(struct rlx_plan *p)
     return RLX_OK;
 }
 
+/* Slices over a symbolic axis can only be checked once the symbols are bound: do it before any
+ * memory is planned for their outputs. */
+static rlx_status check_slices(const struct rlx_plan *p)
+{
+    for (int id = 0; id < p->g->n_nodes; id++) {
+        const struct rlx_node *n = &p->g->nodes[id];
+        if (n->dead || n->op != RLX_OP_SLICE) continue;
+        int64_t shape[RLX_MAX_DIMS];
+        rlx_plan_eval_shape(p, n->in[0], p->sym, shape);
+        int64_t extent = shape[n->attrs.axis], start = n->attrs.start < 0 ? extent + n->attrs.start : n->attrs.start;
+        if (start < 0 || n->attrs.len > extent - start)
+            return rlx_set_error(RLX_ERR_RANGE, "node %d (slice): start %lld len %lld fall outside an axis of %lld", id,
+                                 (long long)n->attrs.start, (long long)n->attrs.len, (long long)extent);
+    }
+    return RLX_OK;
+}
+
 static rlx_status run_checked(struct rlx_plan *p)
 {
     for (int i = 0; i < p->n_params; i++)
@@ -295,6 +320,7 @@ static rlx_status run_checked(struct rlx_plan *p)
                     return rlx_set_error(RLX_ERR_INVALID, "symbol %s is used by node %d but not bound by any input; "
                                          "bind it explicitly", p->g->sym_names[s], id);
     }
+    RLX_TRY(check_slices(p));
     RLX_TRY(ensure_memory(p));
     RLX_TRY(place_values(p));
     return p->be->plan_run(p->be_state, p->g, p->values);

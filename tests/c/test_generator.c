@@ -2,7 +2,7 @@
  * test_generator.c - the decoder builder and the generator from C on a tiny random model that
  * uses every family feature (GQA, q/k norm, biases, a sliding-window layer, untied head): the
  * KV-cached logits must equal the naive recompute at every step, on both host backends and under
- * both plan policies; bad input fails with a status and leaves the generator usable. Runs under
+ * the one-shot, bucketed (masked padding, a sliding-window layer) and dynamic plan policies; bad input fails with a status and leaves the generator usable. Runs under
  * valgrind in `make test`. (Parity with transformers and llama2.c is proven in tests/models.)
  */
 #include <math.h>
@@ -92,7 +92,8 @@ static void test_cached_equals_naive(const char *device, enum rlx_plan_policy po
     if (!g) return;
     n_bufs = 0;
     load(g, &c);
-    CHECK(rlx_generator_set_policy(g, policy, policy) == RLX_OK, "policy");
+    enum rlx_plan_policy prefill = policy == RLX_POLICY_BUCKETED ? RLX_POLICY_LRU : policy;
+    CHECK(rlx_generator_set_policy(g, prefill, 2, policy, 12) == RLX_OK, "policy");
     int32_t prompt[5] = {1, 7, 3, 30, 2};
     CHECK(rlx_generator_prefill(g, prompt, 5) == RLX_OK, "prefill");
     float naive[37];
@@ -145,8 +146,9 @@ int main(void)
 {
     srand(3);
     const char *devices[] = {"cpu", "ref"};
+    const enum rlx_plan_policy policies[] = {RLX_POLICY_ONESHOT, RLX_POLICY_BUCKETED, RLX_POLICY_DYNAMIC};
     for (int d = 0; d < 2; d++)
-        for (int p = 0; p < 2; p++) test_cached_equals_naive(devices[d], (enum rlx_plan_policy)p);
+        for (int p = 0; p < 3; p++) test_cached_equals_naive(devices[d], policies[p]);
     test_missing_weight();
     rlx_set_num_threads(1);
     printf("%d passed, %d failed\n", passed, failed);

@@ -36,7 +36,9 @@ enum rlx_block_flags {
     RLX_BLOCK_HEAD = 1 << 1,       /* final norm + LM head -> output "logits" (1, V); else output "hidden" */
     RLX_BLOCK_PAST = 1 << 2,       /* inputs "past_k.L", "past_v.L" (PAST, Hkv, D) per layer L */
     RLX_BLOCK_KV_OUT = 1 << 3,     /* outputs "k.L", "v.L" (SEQ, Hkv, D): the new positions' K/V */
-    RLX_BLOCK_MASK = 1 << 4,       /* input "mask" f32 (SEQ, PAST+SEQ), added to the scores (with causal) */
+    RLX_BLOCK_MASK = 1 << 4,       /* inputs "mask" f32 (SEQ, PAST+SEQ) for full-attention layers and "mask_w<W>"
+                                      for layers with window W, added to the scores (causal stays on; the
+                                      kernel's own window is off: the mask carries it) */
     RLX_BLOCK_ALL_LOGITS = 1 << 5, /* with HEAD: logits for every position (SEQ, V) */
 };
 
@@ -60,9 +62,14 @@ rlx_status rlx_decoder_build(const struct rlx_model_config *cfg, const struct rl
 
 struct rlx_generator;
 
+/* How plans are compiled and kept. Prefill plans (every position of a history) take ONESHOT, LRU or
+ * DYNAMIC; decode plans (positions after a cached past) take ONESHOT, BUCKETED or DYNAMIC. */
 enum rlx_plan_policy {
-    RLX_POLICY_ONESHOT = 0,   /* plans specialised to the exact shape, recompiled when it changes */
-    RLX_POLICY_DYNAMIC = 1,   /* one plan with symbolic SEQ / PAST, bound per call */
+    RLX_POLICY_ONESHOT = 0,   /* specialised to the exact shape; one kept per kind, recompiled on change */
+    RLX_POLICY_LRU = 1,       /* specialised; the `capacity` most recently used kept (prefill) */
+    RLX_POLICY_BUCKETED = 2,  /* decode: PAST rounded up to a power of two (capped at max_past), the
+                                 padding hidden by a mask; one plan per bucket: O(log n) compiles */
+    RLX_POLICY_DYNAMIC = 3,   /* symbolic SEQ / PAST, compiled once and bound per call */
 };
 
 rlx_status rlx_generator_create(const struct rlx_model_config *cfg, const char *device,
@@ -71,8 +78,15 @@ void rlx_generator_free(struct rlx_generator *g);
 /* Binds a weight by its Hugging Face name (or "rope.inv_freq"). The generator keeps the pointer
  * (zero-copy) until it is freed or the weight is set again. f32 only. */
 rlx_status rlx_generator_set_weight(struct rlx_generator *g, const char *name, const struct rlx_host_tensor *t);
-rlx_status rlx_generator_set_policy(struct rlx_generator *g, enum rlx_plan_policy prefill,
-                                    enum rlx_plan_policy decode);
+/* prefill_capacity: LRU size (>= 1); max_past: BUCKETED's largest past (>= 1). Fails with
+ * RLX_ERR_STATE while the KV cache holds positions (no policy change mid-utterance). Drops plans. */
+rlx_status rlx_generator_set_policy(struct rlx_generator *g, enum rlx_plan_policy prefill, int64_t prefill_capacity,
+                                    enum rlx_plan_policy decode, int64_t max_past);
+/* Bounds SEQ and PAST of dynamic plans (memory planned once at the cap; 0 = max_position_embeddings
+ * bounds them and memory grows with use). Drops plans. */
+rlx_status rlx_generator_set_seq_cap(struct rlx_generator *g, int64_t cap);
+/* Soft memory budget for each plan's intermediates (0 = none); hint is appended to refusals. */
+void rlx_generator_set_memory_budget(struct rlx_generator *g, size_t bytes, const char *hint);
 
 /* Replaces the history with ids (n >= 1) and clears the cache. */
 rlx_status rlx_generator_prefill(struct rlx_generator *g, const int32_t *ids, int64_t n);
@@ -94,7 +108,7 @@ rlx_status rlx_generator_sample(struct rlx_generator *g, const float *logits, co
                                 uint64_t index, int32_t *token);
 
 struct rlx_generator_stats {
-    int64_t prefill_compiles, decode_compiles;
+    int64_t prefill_compiles, decode_compiles, plan_hits;
     double compile_seconds;
     int64_t plans_cached;
     size_t planned_bytes;

@@ -191,9 +191,14 @@ void rlx_dim_format(const struct rlx_graph *g, const struct rlx_dim *d, char *bu
 
 struct rlx_compile_opts {
     bool fuse;                   /* run the fusion pass (default true) */
-    int64_t sym_cap[RLX_MAX_SYMS]; /* upper bound of each symbol for capacity planning; 0 = none */
+    int64_t sym_cap[RLX_MAX_SYMS]; /* upper bound of each symbol: memory is planned once at the caps and
+                                    a binding above a cap is RLX_ERR_RANGE; 0 = none */
+    size_t memory_budget;        /* > 0: a run whose arena would exceed this many bytes is refused with
+                                    RLX_ERR_NOMEM before anything is allocated; 0 = none */
+    const char *budget_hint;     /* appended to that refusal (how to change the budget); may be NULL.
+                                    Borrowed for the duration of rlx_compile (copied). */
 };
-/* Defaults: fuse on, no caps. */
+/* Defaults: fuse on, no caps, no budget. */
 struct rlx_compile_opts rlx_compile_opts_default(void);
 
 struct rlx_plan;

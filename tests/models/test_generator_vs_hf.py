@@ -1,0 +1,95 @@
+"""rlx.Generator against transformers (PyTorch CPU, float32) on every HF_CASES model, loaded by rlx
+from the directory transformers wrote with save_pretrained.
+
+Per case and device:
+- prefill (prefill_get_last_logits) logits within 1e-4 max-abs of transformers' last position;
+- 8 KV-cached decode steps (decode_get_logits with the greedy token), each within 1e-4 of
+  transformers' logits for the same growing sequence (full recompute);
+- 16 greedy tokens from `generate` (naive) and `generate_cached` both identical to
+  transformers' `model.generate(do_sample=False, max_new_tokens=16)` (no early stop).
+
+"cpu" runs every case; the slow NumPy-like "ref" device runs a subset. The largest logit
+difference per (case, device) is recorded and printed by the last test (run with -s to see it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import HF_CASES, case_ids, hf_logits, torch
+
+import rlx
+
+TOL = 1e-4
+N_PROMPT = 13
+N_DECODE = 8
+N_GREEDY = 16
+REF_CASES = ["llama_gqa2_tied", "llama_rope_llama3", "qwen3_sliding"]
+
+PARAMS = [pytest.param(c, "cpu", id=f"{c}-cpu") for c in HF_CASES] + \
+         [pytest.param(c, "ref", id=f"{c}-ref") for c in REF_CASES]
+
+# (case, device) -> largest |rlx - transformers| over prefill and the decode steps
+MAX_DIFF: dict[tuple[str, str], float] = {}
+
+
+def _hf_greedy(model, ids, n):
+    x = torch.tensor([list(ids)], dtype=torch.long)
+    with torch.no_grad():
+        out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
+                             min_new_tokens=n, eos_token_id=None, pad_token_id=0, temperature=None, top_p=None,
+                             top_k=None)
+    new = out[0, len(ids):].tolist()
+    assert len(new) == n
+    return new
+
+
+@pytest.mark.parametrize("hf_model,device", PARAMS, indirect=["hf_model"])
+def test_generator_matches_transformers(hf_model, device, request):
+    path, model = hf_model
+    case = request.node.callspec.params["hf_model"]
+    gen = rlx.Generator.from_pretrained(path, device=device)
+    V = gen.config.vocab_size
+    prompt = [int(t) for t in case_ids(model, N_PROMPT)]
+
+    # prefill: last-position logits
+    got = gen.prefill_get_last_logits(prompt)
+    assert got.shape == (V,) and got.dtype == np.float32
+    want = hf_logits(model, prompt)[-1]
+    diffs = [float(np.abs(got - want).max())]
+    assert diffs[-1] <= TOL, f"prefill: max |rlx - hf| = {diffs[-1]:.3g}"
+    assert gen.kv_len == len(prompt)
+
+    # 8 cached decode steps, each fed the greedy token of the previous logits
+    seq = list(prompt)
+    for step in range(N_DECODE):
+        tok = int(np.argmax(got))
+        seq.append(tok)
+        got = gen.decode_get_logits(tok)
+        want = hf_logits(model, seq)[-1]
+        diffs.append(float(np.abs(got - want).max()))
+        assert diffs[-1] <= TOL, f"decode step {step}: max |rlx - hf| = {diffs[-1]:.3g}"
+        assert gen.tokens == seq and gen.kv_len == len(seq)
+    MAX_DIFF[(case, device)] = max(diffs)
+
+    # 16 greedy tokens: transformers' generate vs rlx naive and cached
+    want_ids = _hf_greedy(model, prompt, N_GREEDY)
+    gen.prefill(prompt)
+    naive = gen.generate(N_GREEDY, rlx.SampleOpts.greedy())
+    gen.prefill(prompt)
+    cached = gen.generate_cached(N_GREEDY, rlx.SampleOpts.greedy())
+    assert naive == want_ids, f"naive {naive} != transformers {want_ids}"
+    assert cached == want_ids, f"cached {cached} != transformers {want_ids}"
+    assert gen.tokens == prompt + want_ids
+    assert gen.kv_len == len(prompt) + N_GREEDY - 1
+
+
+def test_zz_summary():
+    """Prints the largest logit difference per case (last in the file: runs after the others)."""
+    if not MAX_DIFF:
+        pytest.skip("no comparison ran")
+    print("\nmax |rlx - transformers| over prefill + 8 decode steps:")
+    for (case, device), d in sorted(MAX_DIFF.items()):
+        print(f"  {case:22s} {device:4s} {d:.3g}")
+    assert max(MAX_DIFF.values()) <= TOL
