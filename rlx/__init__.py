@@ -18,6 +18,7 @@ from rlx.errors import ConfigError, WeightsError
 from rlx.generator import Generator, SampleOpts
 from rlx.api import Model, load
 from rlx.tokenizer import Tokenizer
+from rlx.compile_cache import CompileCache
 from rlx.graph import Graph, Plan, Value, compile
 from rlx.weights import load_weights
 
@@ -35,6 +36,7 @@ __all__ = [
     "Value",
     "Plan",
     "compile",
+    "CompileCache",
     "Error",
     "build_info",
     "set_num_threads",
