@@ -32,7 +32,8 @@ ifneq ($(PY_IS_OTHER),1)
 APT_PACKAGES += python3 python3-dev python3-venv
 endif
 
-EXT_SUFFIX := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+# Ask the venv's Python when there is one (it may differ from $(PYTHON)).
+EXT_SUFFIX := $(shell $(if $(wildcard $(VPY)),$(VPY),$(PYTHON)) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
 EXT_SO     := rlx/_C$(EXT_SUFFIX)
 CSRC_FILES := $(shell find csrc -type f \( -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.comp' -o -name '*.glsl' \) 2>/dev/null | LC_ALL=C sort)
 

@@ -1,8 +1,8 @@
 /*
  * attention.c - the cpu table's grouped-query attention over past + new keys. One (query i,
  * head h) pair is scored against its visible keys (dot products), softmaxed with the max
- * subtracted, and its output accumulated as a weighted sum of value rows (axpy); the dot and
- * axpy loops are compiled per ISA.
+ * subtracted, and its output accumulated as a weighted sum of value rows; the two loops over
+ * key rows (scores, weighted sum) are compiled per ISA.
  *
  * Threading and scratch: the pairs are dealt round-robin to `ntasks` tasks (ntasks <=
  * rlx_pool_threads(), fewer when the work is small), so causal rows of unequal length balance.
@@ -19,109 +19,106 @@
 #include <math.h>
 #include <string.h>
 
-/* a (n) . b (n) */
+/* sc[j] = scale * q (D) . k[j * stride .. + D] for j < n */
 RLX_CPU_CLONES
-static float dot(const float *a, const float *b, int64_t n) {
-    rlx_cpu_v16 acc0 = {0}, acc1 = {0};
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        rlx_cpu_v16 a0, b0, a1, b1;
-        memcpy(&a0, a + i, sizeof a0);
-        memcpy(&b0, b + i, sizeof b0);
-        memcpy(&a1, a + i + 16, sizeof a1);
-        memcpy(&b1, b + i + 16, sizeof b1);
-        acc0 += a0 * b0;
-        acc1 += a1 * b1;
+static void score_rows(float *sc, const float *q, const float *k, int64_t stride, int64_t n, int64_t D,
+                       float scale) {
+    for (int64_t j = 0; j < n; j++) {
+        const float *kj = k + j * stride;
+        rlx_cpu_v16 acc0 = {0}, acc1 = {0};
+        int64_t e = 0;
+        for (; e + 32 <= D; e += 32) {
+            rlx_cpu_v16 q0, k0, q1, k1;
+            memcpy(&q0, q + e, sizeof q0);
+            memcpy(&k0, kj + e, sizeof k0);
+            memcpy(&q1, q + e + 16, sizeof q1);
+            memcpy(&k1, kj + e + 16, sizeof k1);
+            acc0 += q0 * k0;
+            acc1 += q1 * k1;
+        }
+        for (; e + 16 <= D; e += 16) {
+            rlx_cpu_v16 q0, k0;
+            memcpy(&q0, q + e, sizeof q0);
+            memcpy(&k0, kj + e, sizeof k0);
+            acc0 += q0 * k0;
+        }
+        acc0 += acc1;
+        float s = 0.0f;
+        for (int l = 0; l < 16; l++)
+            s += acc0[l];
+        for (; e < D; e++)
+            s += q[e] * kj[e];
+        sc[j] = scale * s;
     }
-    for (; i + 16 <= n; i += 16) {
-        rlx_cpu_v16 a0, b0;
-        memcpy(&a0, a + i, sizeof a0);
-        memcpy(&b0, b + i, sizeof b0);
-        acc0 += a0 * b0;
-    }
-    acc0 += acc1;
-    float s = 0.0f;
-    for (int l = 0; l < 16; l++)
-        s += acc0[l];
-    for (; i < n; i++)
-        s += a[i] * b[i];
-    return s;
 }
 
-/* y (n) += alpha * x (n) */
+/* o (D) += sum_j p[j] * v[j * stride .. + D] for j < n, skipping p[j] == 0 (masked keys, whose
+ * rows may hold anything) */
 RLX_CPU_CLONES
-static void axpy(float *y, float alpha, const float *x, int64_t n) {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        rlx_cpu_v16 xv, yv;
-        memcpy(&xv, x + i, sizeof xv);
-        memcpy(&yv, y + i, sizeof yv);
-        yv += alpha * xv;
-        memcpy(y + i, &yv, sizeof yv);
+static void weigh_rows(float *o, const float *p, const float *v, int64_t stride, int64_t n, int64_t D) {
+    for (int64_t j = 0; j < n; j++) {
+        if (p[j] == 0.0f)
+            continue;
+        const float w = p[j];
+        const float *vj = v + j * stride;
+        int64_t e = 0;
+        for (; e + 16 <= D; e += 16) {
+            rlx_cpu_v16 ov, vv;
+            memcpy(&ov, o + e, sizeof ov);
+            memcpy(&vv, vj + e, sizeof vv);
+            ov += w * vv;
+            memcpy(o + e, &ov, sizeof ov);
+        }
+        for (; e < D; e++)
+            o[e] += w * vj[e];
     }
-    for (; i < n; i++)
-        y[i] += alpha * x[i];
-}
-
-/* y (n) *= alpha */
-RLX_CPU_CLONES
-static void scal(float *y, float alpha, int64_t n) {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        rlx_cpu_v16 yv;
-        memcpy(&yv, y + i, sizeof yv);
-        yv *= alpha;
-        memcpy(y + i, &yv, sizeof yv);
-    }
-    for (; i < n; i++)
-        y[i] *= alpha;
-}
-
-/* Row j (0..P+S-1, past first) of k or v for kv head kvh: (D). */
-static const float *kv_row(const struct rlx_attn_args *a, const float *past, const float *now, int64_t j,
-                           int64_t kvh) {
-    return j < a->P ? past + (j * a->Hkv + kvh) * a->D : now + ((j - a->P) * a->Hkv + kvh) * a->D;
 }
 
 /* out[i, h] (D) = sum_j softmax_j(scale * q[i, h] . k_j + mask) v_j over the keys visible to i;
- * sc: P+S floats of scratch. */
+ * sc: P+S floats of scratch. Keys lo..hi (past first) are split at P into the two arrays. */
 static void attend_one(const struct rlx_attn_args *a, int64_t i, int64_t h, float *sc) {
-    const int64_t L = a->P + a->S, D = a->D;
+    const int64_t P = a->P, L = P + a->S, D = a->D, stride = a->Hkv * D;
     const int64_t kvh = h / (a->Hq / a->Hkv);
     const float *q = a->q + (i * a->Hq + h) * D;
     float *o = a->out + (i * a->Hq + h) * D;
-    int64_t lo = 0, hi = L - 1; /* visible keys: lo..hi inclusive, before the masks */
-    if (a->causal && hi > a->P + i)
-        hi = a->P + i;
-    if (a->window > 0 && lo < a->P + i - a->window + 1)
-        lo = a->P + i - a->window + 1;
+    int64_t lo = 0, hi = L; /* visible keys: [lo, hi), before the masks */
+    if (a->causal && hi > P + i + 1)
+        hi = P + i + 1;
+    if (a->window > 0 && lo < P + i - a->window + 1)
+        lo = P + i - a->window + 1;
     memset(o, 0, (size_t)D * sizeof(float));
+    if (lo >= hi)
+        return;
+    const int64_t mid = lo > P ? lo : (hi < P ? hi : P); /* [lo, mid) past, [mid, hi) new */
+    if (mid > lo)
+        score_rows(sc + lo, q, a->k_past + lo * stride + kvh * D, stride, mid - lo, D, a->scale);
+    if (hi > mid)
+        score_rows(sc + mid, q, a->k + (mid - P) * stride + kvh * D, stride, hi - mid, D, a->scale);
     const float *mf = a->mask_f32 ? a->mask_f32 + i * L : NULL;
     const uint8_t *mu = a->mask_u8 ? a->mask_u8 + i * L : NULL;
     float m = -INFINITY;
-    for (int64_t j = lo; j <= hi; j++) {
-        if (mu && !mu[j]) {
+    for (int64_t j = lo; j < hi; j++) {
+        if (mu && !mu[j])
             sc[j] = -INFINITY;
-            continue;
-        }
-        float s = a->scale * dot(q, kv_row(a, a->k_past, a->k, j, kvh), D);
-        if (mf)
-            s += mf[j];
-        sc[j] = s;
-        m = s > m ? s : m;
+        else if (mf)
+            sc[j] += mf[j];
+        m = sc[j] > m ? sc[j] : m;
     }
     if (m == -INFINITY)
         return; /* nothing visible: zeros */
     float sum = 0.0f;
-    for (int64_t j = lo; j <= hi; j++) {
+    for (int64_t j = lo; j < hi; j++) {
         const float p = sc[j] == -INFINITY ? 0.0f : expf(sc[j] - m);
         sc[j] = p;
         sum += p;
     }
-    for (int64_t j = lo; j <= hi; j++)
-        if (sc[j] != 0.0f)
-            axpy(o, sc[j], kv_row(a, a->v_past, a->v, j, kvh), D);
-    scal(o, 1.0f / sum, D);
+    if (mid > lo)
+        weigh_rows(o, sc + lo, a->v_past + lo * stride + kvh * D, stride, mid - lo, D);
+    if (hi > mid)
+        weigh_rows(o, sc + mid, a->v + (mid - P) * stride + kvh * D, stride, hi - mid, D);
+    const float inv = 1.0f / sum;
+    for (int64_t e = 0; e < D; e++)
+        o[e] *= inv;
 }
 
 struct attn_ctx {
