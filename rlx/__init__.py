@@ -16,6 +16,7 @@ from rlx._C import Error, build_info, get_num_threads, set_num_threads
 from rlx.config import LlamaConfig, Qwen3Config, load_config
 from rlx.errors import ConfigError, WeightsError
 from rlx.generator import Generator, SampleOpts
+from rlx.stages import PipelineDecodeStage, PipelineStage
 from rlx.api import Model, load
 from rlx.tokenizer import Tokenizer
 from rlx.compile_cache import CompileCache
@@ -28,6 +29,8 @@ backends = _C.backends
 
 __all__ = [
     "Generator",
+    "PipelineStage",
+    "PipelineDecodeStage",
     "Model",
     "load",
     "Tokenizer",

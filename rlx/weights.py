@@ -159,14 +159,16 @@ def expected_weights(cfg) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_weights(cfg, weights: dict) -> dict[str, np.ndarray]:
+def check_weights(cfg, weights: dict, keep=None) -> dict[str, np.ndarray]:
     """Checks weights against `expected_weights(cfg)` and returns {name: float32 C-contiguous
-    array} holding exactly the expected names. Missing, extra or mis-shaped tensors raise one
+    array} holding exactly the expected names. keep(name) -> bool, when given, narrows the
+    expected names to a block of the model (a pipeline stage): names it rejects are neither
+    required nor reported as extra. Missing, extra or mis-shaped tensors raise one
     WeightsError listing every problem (tensor name, expected and actual shapes; the message is
     capped in length). A tied model may carry an lm_head.weight of shape (V, H): it is ignored.
     float32 C-contiguous arrays are returned as they are (zero-copy); other float arrays are
     converted to float32; non-float arrays are an error."""
-    expected = expected_weights(cfg)
+    expected = {k: v for k, v in expected_weights(cfg).items() if keep is None or keep(k)}
     problems: list[str] = []
     out: dict[str, np.ndarray] = {}
     for name, shape in expected.items():
@@ -186,7 +188,7 @@ def check_weights(cfg, weights: dict) -> dict[str, np.ndarray]:
             arr = np.ascontiguousarray(arr, dtype=np.float32)
         out[name] = arr
     for name in weights:
-        if name in expected:
+        if name in expected or (keep is not None and not keep(name)):
             continue
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             shape = tuple(np.shape(weights[name]))

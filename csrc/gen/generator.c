@@ -32,7 +32,7 @@ struct plan_slot {
     enum plan_kind kind;
     int64_t seq, past;          /* key: the shape it was built for (past: the bucket); -1 = symbolic */
     uint64_t last_used;
-    int in_ids, in_pos, out_logits;
+    int in_x, in_pos, out_y;    /* "ids" or "hidden"; "pos"; "logits" or "hidden" */
     int *in_pk, *in_pv;         /* (n_layers) EXTEND only */
     int *out_k, *out_v;         /* (n_layers) SEED / EXTEND */
     int n_masks;                /* BUCKETED decode: mask inputs and the window each is for */
@@ -47,6 +47,8 @@ struct weight {
 
 struct rlx_generator {
     struct rlx_model_config cfg;
+    int64_t layer_begin, layer_end; /* the block of layers this generator runs */
+    unsigned ends;              /* RLX_BLOCK_EMBED (input ids, else hidden) | RLX_BLOCK_HEAD (output logits, else hidden) */
     char device[32];
     enum rlx_plan_policy prefill_policy, decode_policy;
     int64_t prefill_capacity, max_past, seq_cap;
@@ -59,6 +61,8 @@ struct rlx_generator {
     int64_t n_tokens;
     struct rlx_kv_cache *kv;    /* (n_layers, max_position_embeddings, n_kv_heads * head_dim) */
     float *logits;              /* (vocab) of the position after the cached history */
+    float *hidden;              /* (hidden_rows, hidden_size) output of a block without a head */
+    int64_t hidden_rows;
     bool logits_valid;          /* logits belong to the current history (cache == history) */
     float *sample_scratch;      /* (vocab) */
     int32_t *sample_idx;        /* (vocab) */
@@ -87,9 +91,15 @@ static void slot_clear(struct plan_slot *s)
     memset(s, 0, sizeof *s);
 }
 
-rlx_status rlx_generator_create(const struct rlx_model_config *cfg, const char *device, struct rlx_generator **out)
+rlx_status rlx_generator_create_block(const struct rlx_model_config *cfg, const char *device, int64_t layer_begin,
+                                     int64_t layer_end, unsigned ends, struct rlx_generator **out)
 {
     RLX_TRY(rlx_model_config_check(cfg));
+    if (layer_begin < 0 || layer_end > cfg->n_layers || layer_begin > layer_end)
+        return rlx_set_error(RLX_ERR_INVALID, "generator block: layers [%lld, %lld) outside [0, %lld)",
+                             (long long)layer_begin, (long long)layer_end, (long long)cfg->n_layers);
+    if (ends & ~(unsigned)(RLX_BLOCK_EMBED | RLX_BLOCK_HEAD))
+        return rlx_set_error(RLX_ERR_INVALID, "generator block: ends may only be RLX_BLOCK_EMBED | RLX_BLOCK_HEAD");
     if (!device || strlen(device) >= sizeof ((struct rlx_generator *)0)->device)
         return rlx_set_error(RLX_ERR_INVALID, "generator: bad device name");
     const struct rlx_backend *be; /* fail now, not at the first step, for an unknown device */
@@ -97,23 +107,31 @@ rlx_status rlx_generator_create(const struct rlx_model_config *cfg, const char *
     struct rlx_generator *g = rlx_calloc(1, sizeof *g);
     if (!g) return RLX_ERR_NOMEM;
     g->cfg = *cfg;
+    g->layer_begin = layer_begin;
+    g->layer_end = layer_end;
+    g->ends = ends;
     strcpy(g->device, device);
     g->prefill_capacity = 1;
     g->max_past = cfg->max_position_embeddings;
-    int64_t ctx = cfg->max_position_embeddings, V = cfg->vocab_size;
+    int64_t ctx = cfg->max_position_embeddings, V = cfg->vocab_size, L = layer_end - layer_begin;
     g->tokens = rlx_calloc((size_t)ctx, sizeof *g->tokens);
     g->pos = rlx_calloc((size_t)ctx, sizeof *g->pos);
     g->logits = rlx_calloc((size_t)V, sizeof *g->logits);
     g->sample_scratch = rlx_calloc(rlx_sample_scratch_floats(V), sizeof *g->sample_scratch);
     g->sample_idx = rlx_calloc((size_t)V, sizeof *g->sample_idx);
     rlx_status s = (g->tokens && g->pos && g->logits && g->sample_scratch && g->sample_idx) ? RLX_OK : RLX_ERR_NOMEM;
-    if (s == RLX_OK) s = rlx_kv_cache_create(cfg->n_layers, cfg->n_kv_heads * cfg->head_dim, ctx, &g->kv);
+    if (s == RLX_OK) s = rlx_kv_cache_create(L > 0 ? L : 1, cfg->n_kv_heads * cfg->head_dim, ctx, &g->kv);
     if (s != RLX_OK) {
         rlx_generator_free(g);
         return s;
     }
     *out = g;
     return RLX_OK;
+}
+
+rlx_status rlx_generator_create(const struct rlx_model_config *cfg, const char *device, struct rlx_generator **out)
+{
+    return rlx_generator_create_block(cfg, device, 0, cfg->n_layers, RLX_BLOCK_EMBED | RLX_BLOCK_HEAD, out);
 }
 
 void rlx_generator_free(struct rlx_generator *g)
@@ -127,6 +145,7 @@ void rlx_generator_free(struct rlx_generator *g)
     free(g->tokens);
     free(g->pos);
     free(g->logits);
+    free(g->hidden);
     free(g->sample_scratch);
     free(g->sample_idx);
     free(g);
@@ -210,6 +229,13 @@ rlx_status rlx_generator_prefill(struct rlx_generator *g, const int32_t *ids, in
     return rlx_kv_cache_truncate(g->kv, 0);
 }
 
+void rlx_generator_reset(struct rlx_generator *g)
+{
+    g->n_tokens = 0;
+    g->logits_valid = false;
+    rlx_kv_cache_truncate(g->kv, 0); /* cannot fail for 0 */
+}
+
 rlx_status rlx_generator_append(struct rlx_generator *g, int32_t token)
 {
     if (g->n_tokens == 0) return rlx_set_error(RLX_ERR_STATE, "no context: call prefill first");
@@ -223,6 +249,13 @@ rlx_status rlx_generator_append(struct rlx_generator *g, int32_t token)
 }
 
 int64_t rlx_generator_len(const struct rlx_generator *g) { return g->n_tokens; }
+
+void rlx_generator_block(const struct rlx_generator *g, int64_t *begin, int64_t *end, unsigned *ends)
+{
+    *begin = g->layer_begin;
+    *end = g->layer_end;
+    *ends = g->ends;
+}
 const int32_t *rlx_generator_tokens(const struct rlx_generator *g) { return g->tokens; }
 const struct rlx_model_config *rlx_generator_config(const struct rlx_generator *g) { return &g->cfg; }
 struct rlx_kv_cache *rlx_generator_kv(struct rlx_generator *g) { return g->kv; }
@@ -241,12 +274,13 @@ static rlx_status bind_weights(const struct rlx_generator *g, struct rlx_plan *p
     return RLX_OK;
 }
 
-static rlx_status index_slot(struct plan_slot *s, int64_t n_layers)
+static rlx_status index_slot(const struct rlx_generator *g, struct plan_slot *s)
 {
     struct rlx_plan *p = s->plan;
-    RLX_TRY(rlx_plan_input_index(p, "ids", &s->in_ids));
+    RLX_TRY(rlx_plan_input_index(p, (g->ends & RLX_BLOCK_EMBED) ? "ids" : "hidden", &s->in_x));
     RLX_TRY(rlx_plan_input_index(p, "pos", &s->in_pos));
-    RLX_TRY(rlx_plan_output_index(p, "logits", &s->out_logits));
+    RLX_TRY(rlx_plan_output_index(p, (g->ends & RLX_BLOCK_HEAD) ? "logits" : "hidden", &s->out_y));
+    int64_t n_layers = g->layer_end - g->layer_begin;
     for (int i = 0; i < rlx_plan_input_count(p); i++) {
         const char *name = rlx_plan_input_name(p, i);
         if (strncmp(name, "mask", 4) != 0) continue;
@@ -260,16 +294,17 @@ static rlx_status index_slot(struct plan_slot *s, int64_t n_layers)
     s->in_pk = rlx_calloc((size_t)n_layers, sizeof(int));
     s->in_pv = rlx_calloc((size_t)n_layers, sizeof(int));
     if (!s->out_k || !s->out_v || !s->in_pk || !s->in_pv) return RLX_ERR_NOMEM;
-    for (int64_t l = 0; l < n_layers; l++) {
+    for (int64_t l = 0; l < n_layers; l++) { /* local index l, global layer_begin + l in the names */
         char name[RLX_NAME_MAX];
-        snprintf(name, sizeof name, "k.%lld", (long long)l);
+        long long gl = (long long)(g->layer_begin + l);
+        snprintf(name, sizeof name, "k.%lld", gl);
         RLX_TRY(rlx_plan_output_index(p, name, &s->out_k[l]));
-        snprintf(name, sizeof name, "v.%lld", (long long)l);
+        snprintf(name, sizeof name, "v.%lld", gl);
         RLX_TRY(rlx_plan_output_index(p, name, &s->out_v[l]));
         if (s->kind != KIND_EXTEND) continue;
-        snprintf(name, sizeof name, "past_k.%lld", (long long)l);
+        snprintf(name, sizeof name, "past_k.%lld", gl);
         RLX_TRY(rlx_plan_input_index(p, name, &s->in_pk[l]));
-        snprintf(name, sizeof name, "past_v.%lld", (long long)l);
+        snprintf(name, sizeof name, "past_v.%lld", gl);
         RLX_TRY(rlx_plan_input_index(p, name, &s->in_pv[l]));
     }
     return RLX_OK;
@@ -348,9 +383,9 @@ static rlx_status get_plan(struct rlx_generator *g, enum plan_kind kind, int64_t
     double t0 = now_seconds();
     bool dynamic = kseq < 0;
     struct rlx_block_spec spec = {
-        .layer_begin = 0,
-        .layer_end = g->cfg.n_layers,
-        .flags = RLX_BLOCK_EMBED | RLX_BLOCK_HEAD | (kind != KIND_FULL ? RLX_BLOCK_KV_OUT : 0u) |
+        .layer_begin = g->layer_begin,
+        .layer_end = g->layer_end,
+        .flags = g->ends | (kind != KIND_FULL ? RLX_BLOCK_KV_OUT : 0u) |
                  (kind == KIND_EXTEND ? RLX_BLOCK_PAST : 0u) | (bucketed ? RLX_BLOCK_MASK : 0u),
         .seq = dynamic ? rlx_dim_sym(RLX_SYM_SEQ) : rlx_dim_const(kseq),
         .past = dynamic ? rlx_dim_sym(RLX_SYM_PAST) : rlx_dim_const(kpast),
@@ -364,7 +399,7 @@ static rlx_status get_plan(struct rlx_generator *g, enum plan_kind kind, int64_t
     rlx_status st = rlx_compile(graph, g->device, &opts, &s->plan);
     rlx_graph_free(graph);
     if (st == RLX_OK) st = bind_weights(g, s->plan);
-    if (st == RLX_OK) st = index_slot(s, g->cfg.n_layers);
+    if (st == RLX_OK) st = index_slot(g, s);
     if (st != RLX_OK) {
         slot_clear(s);
         return st;
@@ -408,67 +443,118 @@ static rlx_status set_masks(struct rlx_generator *g, struct plan_slot *s, int64_
     return RLX_OK;
 }
 
-/* Binds ids and positions for history [from, n_tokens). */
-static rlx_status set_token_inputs(struct rlx_generator *g, struct plan_slot *s, int64_t from)
+/* Runs positions [from, from + n) through a plan of `kind` (FULL: from == 0, no cache; SEED / EXTEND:
+ * over the cached past [0, from), writing the new rows into the cache). The block's input is the
+ * history's ids (embedding blocks) or hidden (n, H). *out: logits (1, V) or hidden (n, H). */
+static rlx_status run_positions(struct rlx_generator *g, enum plan_kind kind, const float *hidden, int64_t from, int64_t n,
+                                const float **out, int64_t *rows)
 {
-    int64_t n = g->n_tokens - from;
+    int64_t L = g->layer_end - g->layer_begin, row = rlx_kv_cache_row(g->kv), H = g->cfg.hidden_size;
+    struct plan_slot *s;
+    RLX_TRY(get_plan(g, kind, n, from, &s));
     for (int64_t i = 0; i < n; i++) g->pos[i] = (int32_t)(from + i);
-    struct rlx_host_tensor ids = {.data = g->tokens + from, .dtype = RLX_I32, .ndim = 1, .shape = {n}};
+    struct rlx_host_tensor x = {.data = g->tokens + from, .dtype = RLX_I32, .ndim = 1, .shape = {n}};
+    if (!(g->ends & RLX_BLOCK_EMBED)) x = (struct rlx_host_tensor){.data = hidden, .dtype = RLX_F32, .ndim = 2, .shape = {n, H}};
     struct rlx_host_tensor pos = {.data = g->pos, .dtype = RLX_I32, .ndim = 1, .shape = {n}};
-    RLX_TRY(rlx_plan_set_input(s->plan, s->in_ids, &ids));
-    return rlx_plan_set_input(s->plan, s->in_pos, &pos);
-}
-
-rlx_status rlx_generator_logits_naive(struct rlx_generator *g, const float **logits)
-{
-    if (g->n_tokens == 0) return rlx_set_error(RLX_ERR_STATE, "no context: call prefill first");
-    struct plan_slot *s;
-    RLX_TRY(get_plan(g, KIND_FULL, g->n_tokens, 0, &s));
-    RLX_TRY(set_token_inputs(g, s, 0));
-    RLX_TRY(rlx_plan_run(s->plan));
-    RLX_TRY(rlx_plan_read_output(s->plan, s->out_logits, g->logits, sizeof(float) * (size_t)g->cfg.vocab_size));
-    /* the cache may hold a different prefix state; these logits are not the cached path's */
-    g->logits_valid = false;
-    *logits = g->logits;
-    return RLX_OK;
-}
-
-rlx_status rlx_generator_logits_cached(struct rlx_generator *g, const float **logits)
-{
-    if (g->n_tokens == 0) return rlx_set_error(RLX_ERR_STATE, "no context: call prefill first");
-    int64_t cached = rlx_kv_cache_len(g->kv);
-    if (cached == g->n_tokens && g->logits_valid) {
-        *logits = g->logits;
-        return RLX_OK;
+    RLX_TRY(rlx_plan_set_input(s->plan, s->in_x, &x));
+    RLX_TRY(rlx_plan_set_input(s->plan, s->in_pos, &pos));
+    if (kind == KIND_EXTEND) {
+        int64_t past_rows = s->past > 0 ? s->past : from; /* a bucket pads the past */
+        if (s->n_masks) RLX_TRY(set_masks(g, s, n, from));
+        for (int64_t l = 0; l < L; l++) {
+            struct rlx_host_tensor pk = {.data = rlx_kv_cache_k(g->kv, l), .dtype = RLX_F32, .ndim = 3,
+                                         .shape = {past_rows, g->cfg.n_kv_heads, g->cfg.head_dim}};
+            struct rlx_host_tensor pv = pk;
+            pv.data = rlx_kv_cache_v(g->kv, l);
+            RLX_TRY(rlx_plan_set_input(s->plan, s->in_pk[l], &pk));
+            RLX_TRY(rlx_plan_set_input(s->plan, s->in_pv[l], &pv));
+        }
     }
-    if (cached == g->n_tokens) cached--; /* recompute the last position to get its logits */
-    int64_t n = g->n_tokens - cached, L = g->cfg.n_layers, row = rlx_kv_cache_row(g->kv);
-    struct plan_slot *s;
-    RLX_TRY(get_plan(g, cached ? KIND_EXTEND : KIND_SEED, n, cached, &s));
-    RLX_TRY(set_token_inputs(g, s, cached));
-    int64_t past_rows = s->past > 0 ? s->past : cached; /* a bucket pads the past */
-    if (s->n_masks) RLX_TRY(set_masks(g, s, n, cached));
-    for (int64_t l = 0; cached && l < L; l++) {
-        struct rlx_host_tensor pk = {.data = rlx_kv_cache_k(g->kv, l), .dtype = RLX_F32, .ndim = 3,
-                                     .shape = {past_rows, g->cfg.n_kv_heads, g->cfg.head_dim}};
-        struct rlx_host_tensor pv = pk;
-        pv.data = rlx_kv_cache_v(g->kv, l);
-        RLX_TRY(rlx_plan_set_input(s->plan, s->in_pk[l], &pk));
-        RLX_TRY(rlx_plan_set_input(s->plan, s->in_pv[l], &pv));
-    }
-    RLX_TRY(rlx_kv_cache_truncate(g->kv, cached));
+    if (kind != KIND_FULL) RLX_TRY(rlx_kv_cache_truncate(g->kv, from));
     RLX_TRY(rlx_plan_run(s->plan));
-    for (int64_t l = 0; l < L; l++) {
+    if (g->ends & RLX_BLOCK_HEAD) {
+        RLX_TRY(rlx_plan_read_output(s->plan, s->out_y, g->logits, sizeof(float) * (size_t)g->cfg.vocab_size));
+        *out = g->logits;
+        *rows = 1;
+    } else {
+        if (n > g->hidden_rows) {
+            float *h = realloc(g->hidden, sizeof(float) * (size_t)(n * H));
+            if (!h) return rlx_set_error(RLX_ERR_NOMEM, "out of memory for %lld hidden rows", (long long)n);
+            g->hidden = h;
+            g->hidden_rows = n;
+        }
+        RLX_TRY(rlx_plan_read_output(s->plan, s->out_y, g->hidden, sizeof(float) * (size_t)(n * H)));
+        *out = g->hidden;
+        *rows = n;
+    }
+    for (int64_t l = 0; kind != KIND_FULL && l < L; l++) {
         float *k, *v;
         RLX_TRY(rlx_kv_cache_slot(g->kv, l, n, &k, &v));
         size_t bytes = sizeof(float) * (size_t)(n * row);
         RLX_TRY(rlx_plan_read_output(s->plan, s->out_k[l], k, bytes));
         RLX_TRY(rlx_plan_read_output(s->plan, s->out_v[l], v, bytes));
     }
-    RLX_TRY(rlx_plan_read_output(s->plan, s->out_logits, g->logits, sizeof(float) * (size_t)g->cfg.vocab_size));
-    RLX_TRY(rlx_kv_cache_advance(g->kv, n));
-    g->logits_valid = true;
-    *logits = g->logits;
+    if (kind != KIND_FULL) RLX_TRY(rlx_kv_cache_advance(g->kv, n));
+    return RLX_OK;
+}
+
+/* The whole history of an embedding block, recomputed or through the cache. */
+static rlx_status forward_history(struct rlx_generator *g, bool cached, const float **out, int64_t *rows)
+{
+    if (g->n_tokens == 0) return rlx_set_error(RLX_ERR_STATE, "no context: call prefill first");
+    if (!cached) {
+        g->logits_valid = false; /* these are not the cached path's logits */
+        return run_positions(g, KIND_FULL, NULL, 0, g->n_tokens, out, rows);
+    }
+    int64_t from = rlx_kv_cache_len(g->kv);
+    if (from == g->n_tokens && g->logits_valid) {
+        *out = g->logits;
+        *rows = 1;
+        return RLX_OK;
+    }
+    if (from == g->n_tokens) from--; /* recompute the last position to get its output */
+    g->logits_valid = false;
+    RLX_TRY(run_positions(g, from ? KIND_EXTEND : KIND_SEED, NULL, from, g->n_tokens - from, out, rows));
+    g->logits_valid = (g->ends & RLX_BLOCK_HEAD) != 0;
+    return RLX_OK;
+}
+
+static rlx_status need_full_model(const struct rlx_generator *g)
+{
+    if ((g->ends & (RLX_BLOCK_EMBED | RLX_BLOCK_HEAD)) != (RLX_BLOCK_EMBED | RLX_BLOCK_HEAD))
+        return rlx_set_error(RLX_ERR_STATE, "this generator runs a block without %s: use rlx_generator_forward",
+                             (g->ends & RLX_BLOCK_EMBED) ? "the LM head" : "the embedding");
+    return RLX_OK;
+}
+
+rlx_status rlx_generator_logits_naive(struct rlx_generator *g, const float **logits)
+{
+    int64_t rows;
+    RLX_TRY(need_full_model(g));
+    return forward_history(g, false, logits, &rows);
+}
+
+rlx_status rlx_generator_logits_cached(struct rlx_generator *g, const float **logits)
+{
+    int64_t rows;
+    RLX_TRY(need_full_model(g));
+    return forward_history(g, true, logits, &rows);
+}
+
+rlx_status rlx_generator_forward(struct rlx_generator *g, const float *hidden, int64_t n, bool cached,
+                                 const float **out, int64_t *rows)
+{
+    if (g->ends & RLX_BLOCK_EMBED) {
+        if (hidden) return rlx_set_error(RLX_ERR_INVALID, "an embedding block takes its input from the history");
+        return forward_history(g, cached, out, rows);
+    }
+    if (!hidden || n < 1) return rlx_set_error(RLX_ERR_INVALID, "forward: no hidden rows given");
+    int64_t from = cached ? rlx_kv_cache_len(g->kv) : 0;
+    if (from + n > g->cfg.max_position_embeddings)
+        return rlx_set_error(RLX_ERR_RANGE, "forward: %lld positions exceed max_position_embeddings %lld",
+                             (long long)(from + n), (long long)g->cfg.max_position_embeddings);
+    RLX_TRY(run_positions(g, cached ? (from ? KIND_EXTEND : KIND_SEED) : KIND_FULL, hidden, from, n, out, rows));
+    g->n_tokens = cached ? from + n : n;
     return RLX_OK;
 }
 

@@ -230,13 +230,17 @@ static void gen_dealloc(struct gen_object *self)
 
 static PyObject *gen_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"config", "weights", "device", NULL};
+    static char *kwlist[] = {"config", "weights", "device", "layer_begin", "layer_end", "embed", "head", NULL};
     PyObject *config, *weights;
     const char *device = "cpu";
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!|s:Generator", kwlist, &config, &PyDict_Type, &weights, &device))
+    long long begin = 0, end = -1;
+    int embed = 1, head = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!|sLLpp:Generator", kwlist, &config, &PyDict_Type, &weights,
+                                     &device, &begin, &end, &embed, &head))
         return NULL;
     struct rlx_model_config cfg;
     if (config_from_dict(config, &cfg) < 0) return NULL;
+    if (end < 0) end = cfg.n_layers;
     struct gen_object *self = (struct gen_object *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
     self->lock = PyThread_allocate_lock();
@@ -245,7 +249,8 @@ static PyObject *gen_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         if (!PyErr_Occurred()) PyErr_NoMemory();
         goto error;
     }
-    if (rlx_py_raise(rlx_generator_create(&cfg, device, &self->gen))) goto error;
+    unsigned ends = (embed ? (unsigned)RLX_BLOCK_EMBED : 0u) | (head ? (unsigned)RLX_BLOCK_HEAD : 0u);
+    if (rlx_py_raise(rlx_generator_create_block(&cfg, device, begin, end, ends, &self->gen))) goto error;
     Py_ssize_t pos = 0;
     PyObject *key, *val;
     while (PyDict_Next(weights, &pos, &key, &val)) {
@@ -287,6 +292,15 @@ static PyObject *gen_prefill(struct gen_object *self, PyObject *ids_obj)
     gen_release(self);
     PyMem_Free(ids);
     if (rlx_py_raise(s)) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *gen_reset(struct gen_object *self, PyObject *unused)
+{
+    (void)unused;
+    if (gen_acquire(self) < 0) return NULL;
+    rlx_generator_reset(self->gen);
+    gen_release(self);
     Py_RETURN_NONE;
 }
 
@@ -474,6 +488,53 @@ error:
     return out;
 }
 
+/* forward(hidden=None, cached=True): runs the block; see rlx_generator_forward. */
+static PyObject *gen_forward(struct gen_object *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"hidden", "cached", NULL};
+    PyObject *hidden_obj = Py_None;
+    int cached = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|Op:forward", kwlist, &hidden_obj, &cached)) return NULL;
+    const struct rlx_model_config *c = rlx_generator_config(self->gen);
+    PyArrayObject *hidden = NULL;
+    PyObject *out = NULL;
+    int64_t n = 0;
+    if (hidden_obj != Py_None) {
+        hidden = (PyArrayObject *)PyArray_FROM_OTF(hidden_obj, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY);
+        if (hidden == NULL) return NULL;
+        if (PyArray_NDIM(hidden) != 2 || PyArray_DIM(hidden, 1) != c->hidden_size) {
+            PyErr_Format(PyExc_ValueError, "hidden must have shape (n, %lld)", (long long)c->hidden_size);
+            goto error;
+        }
+        n = (int64_t)PyArray_DIM(hidden, 0);
+    }
+    if (gen_acquire(self) < 0) goto error;
+    const float *y;
+    int64_t rows;
+    rlx_status s;
+    const float *h = hidden ? PyArray_DATA(hidden) : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    s = rlx_generator_forward(self->gen, h, n, cached != 0, &y, &rows);
+    Py_END_ALLOW_THREADS
+    if (s == RLX_OK) { /* copy out while the lock keeps the generator's buffer stable */
+        int64_t begin, end;
+        unsigned ends;
+        rlx_generator_block(self->gen, &begin, &end, &ends);
+        if (ends & RLX_BLOCK_HEAD) {
+            out = logits_array(self, y);
+        } else {
+            npy_intp dims[2] = {(npy_intp)rows, (npy_intp)c->hidden_size};
+            out = PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+            if (out) memcpy(PyArray_DATA((PyArrayObject *)out), y, sizeof(float) * (size_t)(rows * c->hidden_size));
+        }
+    }
+    gen_release(self);
+    if (rlx_py_raise(s)) Py_CLEAR(out);
+error:
+    Py_XDECREF(hidden);
+    return out;
+}
+
 static PyObject *gen_get_tokens(struct gen_object *self, void *closure)
 {
     (void)closure;
@@ -605,6 +666,7 @@ static PyObject *gen_release_plans(struct gen_object *self, PyObject *args)
 
 static PyMethodDef gen_methods[] = {
     {"prefill", (PyCFunction)gen_prefill, METH_O, "prefill(ids)\n\nReplaces the history with ids; clears the cache."},
+    {"reset", (PyCFunction)gen_reset, METH_NOARGS, "reset()\n\nForgets the history and empties the cache."},
     {"append", (PyCFunction)gen_append, METH_O, "append(token)\n\nAppends one token to the history."},
     {"logits", (PyCFunction)(void (*)(void))gen_logits, METH_VARARGS | METH_KEYWORDS,
      "logits(cached=True) -> ndarray (vocab,)\n\nNext-token logits after the history (KV-cached or recomputed)."},
@@ -614,6 +676,9 @@ static PyMethodDef gen_methods[] = {
     {"generate", (PyCFunction)(void (*)(void))gen_generate, METH_VARARGS | METH_KEYWORDS,
      "generate(n, opts=None, cached=True, on_token=None, stop_ids=None) -> list[int]\n\nUp to n steps; stops after "
      "a token in stop_ids; on_token(token) after each."},
+    {"forward", (PyCFunction)(void (*)(void))gen_forward, METH_VARARGS | METH_KEYWORDS,
+     "forward(hidden=None, cached=True) -> ndarray\n\nRuns the block: over the history (embedding blocks) or over "
+     "hidden (n, H) rows; returns logits (vocab,) for a block with the head, else hidden (rows, H)."},
     {"sample", (PyCFunction)(void (*)(void))gen_sample, METH_VARARGS | METH_KEYWORDS,
      "sample(logits, opts=None, sample_index=0) -> int"},
     {"kv_cache", (PyCFunction)gen_kv_cache, METH_O,

@@ -4,8 +4,10 @@
  * subtracted, and its output accumulated as a weighted sum of value rows; the two loops over
  * key rows (scores, weighted sum) are compiled per ISA.
  *
- * Threading and scratch: the pairs are dealt round-robin to `ntasks` tasks (ntasks <=
- * rlx_pool_threads(), fewer when the work is small), so causal rows of unequal length balance.
+ * Threading and scratch: pairs come in blocks, one block per (query, kv head) holding the
+ * Hq/Hkv query heads that read the same key/value rows (so the second head finds them in cache).
+ * Blocks are dealt round-robin to `ntasks` tasks (ntasks <= rlx_pool_threads(), fewer when the
+ * work is small), so causal rows of unequal length balance.
  * rlx_parallel_for runs over the task ids [0, ntasks), and task t keeps its scores in
  * scratch[t * (P+S) .. (t+1) * (P+S)): slices are owned by task id, not by thread or chunk, so
  * they stay distinct however the pool groups task ids into chunks (or runs them all inline).
@@ -129,11 +131,12 @@ struct attn_ctx {
 static void attend_tasks(void *p, int64_t begin, int64_t end) {
     const struct attn_ctx *c = p;
     const struct rlx_attn_args *a = c->a;
-    const int64_t pairs = a->S * a->Hq;
+    const int64_t G = a->Hq / a->Hkv, blocks = a->S * a->Hkv;
     for (int64_t t = begin; t < end; t++) {
         float *sc = a->scratch + t * (a->P + a->S);
-        for (int64_t pr = t; pr < pairs; pr += c->ntasks)
-            attend_one(a, pr / a->Hq, pr % a->Hq, sc);
+        for (int64_t b = t; b < blocks; b += c->ntasks)
+            for (int64_t pr = b * G; pr < (b + 1) * G; pr++)
+                attend_one(a, pr / a->Hq, pr % a->Hq, sc);
     }
 }
 
@@ -146,8 +149,8 @@ void rlx_cpu_attention_f32(const struct rlx_attn_args *a) {
     const int64_t threads = rlx_pool_threads();
     if (ntasks > threads)
         ntasks = threads;
-    if (ntasks > pairs)
-        ntasks = pairs;
+    if (ntasks > a->S * a->Hkv)
+        ntasks = a->S * a->Hkv;
     if (ntasks < 1)
         ntasks = 1;
     struct attn_ctx c = {.a = a, .ntasks = ntasks};

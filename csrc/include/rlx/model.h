@@ -74,6 +74,12 @@ enum rlx_plan_policy {
 
 rlx_status rlx_generator_create(const struct rlx_model_config *cfg, const char *device,
                                 struct rlx_generator **out);
+/* A generator for the block of layers [layer_begin, layer_end) (a pipeline stage). ends:
+ * RLX_BLOCK_EMBED (the block embeds the history's token ids; else it takes hidden rows) and/or
+ * RLX_BLOCK_HEAD (it ends in the LM head; else it outputs hidden rows). Its KV cache holds only its
+ * own layers. rlx_generator_create is the block of all layers with both ends. */
+rlx_status rlx_generator_create_block(const struct rlx_model_config *cfg, const char *device, int64_t layer_begin,
+                                      int64_t layer_end, unsigned ends, struct rlx_generator **out);
 void rlx_generator_free(struct rlx_generator *g);
 /* Binds a weight by its Hugging Face name (or "rope.inv_freq"). The generator keeps the pointer
  * (zero-copy) until it is freed or the weight is set again. f32 only. */
@@ -90,9 +96,13 @@ void rlx_generator_set_memory_budget(struct rlx_generator *g, size_t bytes, cons
 
 /* Replaces the history with ids (n >= 1) and clears the cache. */
 rlx_status rlx_generator_prefill(struct rlx_generator *g, const int32_t *ids, int64_t n);
+/* Forgets the history and empties the cache (plans are kept). */
+void rlx_generator_reset(struct rlx_generator *g);
 /* Appends one token to the history (range-checked; RLX_ERR_RANGE past max_position_embeddings). */
 rlx_status rlx_generator_append(struct rlx_generator *g, int32_t token);
 int64_t rlx_generator_len(const struct rlx_generator *g);
+/* The block this generator runs: layers [*begin, *end) and its ends (RLX_BLOCK_EMBED | RLX_BLOCK_HEAD). */
+void rlx_generator_block(const struct rlx_generator *g, int64_t *begin, int64_t *end, unsigned *ends);
 const int32_t *rlx_generator_tokens(const struct rlx_generator *g);
 const struct rlx_model_config *rlx_generator_config(const struct rlx_generator *g);
 struct rlx_kv_cache *rlx_generator_kv(struct rlx_generator *g);
@@ -103,6 +113,13 @@ rlx_status rlx_generator_logits_naive(struct rlx_generator *g, const float **log
 /* The same through the KV cache: runs only the positions not cached yet (all of them the first
  * time, one per decode step); afterwards the cache holds the whole history. */
 rlx_status rlx_generator_logits_cached(struct rlx_generator *g, const float **logits);
+/* Runs the block: an embedding block over its history (hidden must be NULL), recomputed or through
+ * the cache as above; a hidden-input block over hidden (n, hidden_size) rows: with cached, positions
+ * continuing after the cache (which then grows by n), else positions 0..n-1 (no cache).
+ * *out: the logits (1, vocab) of the last position for a block with the head, else hidden rows
+ * (rows, hidden_size) of every position run. Owned by the generator until its next call. */
+rlx_status rlx_generator_forward(struct rlx_generator *g, const float *hidden, int64_t n, bool cached,
+                                 const float **out, int64_t *rows);
 /* Samples from logits with draw index `index`, the history as repetition context. */
 rlx_status rlx_generator_sample(struct rlx_generator *g, const float *logits, const struct rlx_sample_opts *o,
                                 uint64_t index, int32_t *token);

@@ -1,0 +1,103 @@
+"""Pipeline stages: one rank's block of a model, built by the same decoder builder as the whole
+model (a block of all layers IS the monolithic model).
+
+    st = rlx.PipelineStage(cfg, "cpu", rank, world, weights)         # recomputes the block each step
+    st = rlx.PipelineDecodeStage(cfg, "cpu", rank, world, weights)   # KV-cached, one position per step
+
+``forward(tokens=...)`` feeds the embedding block, ``forward(hidden=...)`` the others. It returns the
+block's output: logits (vocab,) of the last position for the block with the head, hidden rows
+(n, hidden_size) for the others. Each stage holds only its block's weights.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from rlx import _C
+from rlx.config import ModelConfig
+from rlx.dist.partition import BlockSpec, block_role, block_weight_filter, pipeline_layer_range
+from rlx.generator import _c_config, soft_memory_budget
+from rlx.weights import check_weights
+
+
+class PipelineStage:
+    """Recomputes its block over the whole sequence at every step (no cache)."""
+
+    cached = False
+
+    def __init__(self, config: ModelConfig, device: str, rank: int, world: int, weights: dict):
+        self.config, self.device, self.rank, self.world = config, device, rank, world
+        self.role = block_role(rank, world)
+        self.spec = BlockSpec.for_role(self.role, pipeline_layer_range(config.num_hidden_layers, rank, world))
+        arrays = check_weights(config, weights, keep=lambda name: block_weight_filter(name, config, self.spec))
+        self._weight_count = len(arrays)
+        arrays["rope.inv_freq"] = config.rope_inv_freq()
+        self._c = _C.Generator(_c_config(config), arrays, device, layer_begin=self.spec.layer_begin,
+                               layer_end=self.spec.layer_end, embed=self.spec.embed, head=self.spec.head)
+        budget, hint = soft_memory_budget()
+        self._c.set_memory_budget(budget, hint)
+        self._started = False
+
+    def layers(self) -> range:
+        """The global indices of this block's layers."""
+        return self.spec.layers
+
+    def weight_count(self) -> int:
+        """Number of weight tensors this stage holds."""
+        return self._weight_count
+
+    def reset(self) -> None:
+        """Starts a new sequence (empties the cache of a decode stage)."""
+        self._c.reset()
+        self._started = False
+
+    def forward(self, tokens: Sequence[int] | None = None, hidden: np.ndarray | None = None) -> np.ndarray:
+        """tokens: the whole sequence (embedding block); hidden: (n, hidden_size) rows from the
+        previous block. Returns logits (vocab,) or hidden (n, hidden_size)."""
+        if self.spec.embed:
+            if tokens is None or hidden is not None:
+                raise ValueError("the embedding block takes tokens, not hidden states")
+            self._c.prefill(tokens)
+            return self._c.forward(None, cached=False)
+        if hidden is None or tokens is not None:
+            raise ValueError("this block takes hidden states from the previous rank, not tokens")
+        return self._c.forward(hidden, cached=False)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(rank={self.rank}/{self.world}, role={self.role.value}, "
+                f"layers={self.spec.layer_begin}..{self.spec.layer_end - 1}, weights={self._weight_count})")
+
+
+class PipelineDecodeStage(PipelineStage):
+    """KV-cached: the first call after reset() seeds the block's cache with the prompt; each later
+    call runs only the new positions (one token per step)."""
+
+    cached = True
+
+    def with_decode_cache(self, max_past: int) -> "PipelineDecodeStage":
+        """Bucketed decode plans (see Generator.with_decode_cache)."""
+        if not isinstance(max_past, int) or isinstance(max_past, bool) or max_past < 1:
+            raise ValueError(f"max_past must be a positive int, got {max_past!r}")
+        self._c.set_policy("oneshot", 1, "bucketed", max_past)
+        return self
+
+    def forward(self, tokens: Sequence[int] | None = None, hidden: np.ndarray | None = None) -> np.ndarray:
+        """tokens: the prompt on the first call, then the new token(s); hidden: the rows for the
+        same positions from the previous block."""
+        if self.spec.embed:
+            if tokens is None or hidden is not None:
+                raise ValueError("the embedding block takes tokens, not hidden states")
+            if not self._started:
+                self._c.prefill(tokens)
+            else:
+                for t in tokens:
+                    self._c.append(t)
+            out = self._c.forward(None, cached=True)
+        else:
+            if hidden is None or tokens is not None:
+                raise ValueError("this block takes hidden states from the previous rank, not tokens")
+            out = self._c.forward(hidden, cached=True)
+        self._started = True
+        return out
