@@ -197,6 +197,16 @@ class Generator:
         self._prefill_policy, self._decode_policy = new_prefill, new_decode
         return self
 
+    def profile(self, on: bool = True) -> "Generator":
+        """Times every op of every forward pass from now on (or stops, with on=False)."""
+        self._c.set_profiling(on)
+        return self
+
+    def last_profile(self) -> dict[str, float]:
+        """Seconds per op (matmul, attention, ...) of the last forward pass, largest first."""
+        prof = self._c.last_profile()
+        return dict(sorted(prof.items(), key=lambda kv: -kv[1]))
+
     def compile_stats(self) -> dict:
         """prefill_compiles, decode_compiles, plan_hits, compile_seconds, plans_cached and
         planned_bytes (the intermediates' arenas of the plans held now)."""

@@ -33,8 +33,10 @@ struct rlx_backend {
     rlx_status (*download)(const struct rlx_buffer *b, size_t offset, void *dst, size_t bytes);
     rlx_status (*plan_compile)(const struct rlx_graph *g, void **state);
     void (*plan_free)(void *state);
-    /* Executes every live node in id order; values: (g->n_nodes) placed values. */
-    rlx_status (*plan_run)(void *state, const struct rlx_graph *g, const struct rlx_tensor *values);
+    /* Executes every live node in id order; values: (g->n_nodes) placed values. node_seconds, when
+     * not NULL, receives each node's wall time (g->n_nodes entries; nodes not run get 0). */
+    rlx_status (*plan_run)(void *state, const struct rlx_graph *g, const struct rlx_tensor *values,
+                           double *node_seconds);
 };
 
 extern const struct rlx_backend rlx_cpu_backend;

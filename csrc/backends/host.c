@@ -6,6 +6,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/core.h"
 #include "backends/host.h"
@@ -263,11 +264,24 @@ static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g,
     return rlx_set_error(RLX_ERR_INTERNAL, "node %d: no kernel for op %d", id, (int)n->op);
 }
 
-rlx_status rlx_host_run(void *state, const struct rlx_graph *g, const struct rlx_tensor *values)
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+rlx_status rlx_host_run(void *state, const struct rlx_graph *g, const struct rlx_tensor *values, double *node_seconds)
 {
     for (int id = 0; id < g->n_nodes; id++) {
         if (g->nodes[id].dead) continue;
+        if (!node_seconds) {
+            RLX_TRY(run_node(state, g, id, values));
+            continue;
+        }
+        double t0 = now_seconds();
         RLX_TRY(run_node(state, g, id, values));
+        node_seconds[id] = now_seconds() - t0;
     }
     return RLX_OK;
 }

@@ -34,6 +34,6 @@ struct rlx_host_state {
 };
 rlx_status rlx_host_state_create(const struct rlx_kernels *k, void **state);
 void rlx_host_state_free(void *state);
-rlx_status rlx_host_run(void *state, const struct rlx_graph *g, const struct rlx_tensor *values);
+rlx_status rlx_host_run(void *state, const struct rlx_graph *g, const struct rlx_tensor *values, double *node_seconds);
 
 #endif

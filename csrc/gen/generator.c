@@ -72,6 +72,9 @@ struct rlx_generator {
     float *mask;                /* (mask_floats) scratch for BUCKETED masks, grown on demand */
     size_t mask_floats;
     struct rlx_generator_stats stats;
+    bool profiling;             /* plans time every node; profile holds the last run's sums per op */
+    double profile[RLX_OP_COUNT];
+    bool profile_valid;
 };
 
 static double now_seconds(void)
@@ -400,6 +403,7 @@ static rlx_status get_plan(struct rlx_generator *g, enum plan_kind kind, int64_t
     rlx_graph_free(graph);
     if (st == RLX_OK) st = bind_weights(g, s->plan);
     if (st == RLX_OK) st = index_slot(g, s);
+    if (st == RLX_OK && g->profiling) st = rlx_plan_set_profiling(s->plan, true);
     if (st != RLX_OK) {
         slot_clear(s);
         return st;
@@ -471,7 +475,9 @@ static rlx_status run_positions(struct rlx_generator *g, enum plan_kind kind, co
         }
     }
     if (kind != KIND_FULL) RLX_TRY(rlx_kv_cache_truncate(g->kv, from));
+    g->profile_valid = false;
     RLX_TRY(rlx_plan_run(s->plan));
+    if (g->profiling) g->profile_valid = rlx_plan_profile(s->plan, g->profile) == RLX_OK;
     if (g->ends & RLX_BLOCK_HEAD) {
         RLX_TRY(rlx_plan_read_output(s->plan, s->out_y, g->logits, sizeof(float) * (size_t)g->cfg.vocab_size));
         *out = g->logits;
@@ -586,4 +592,21 @@ void rlx_generator_release_plans(struct rlx_generator *g)
 {
     for (int i = 0; i < g->n_slots; i++) slot_clear(&g->slots[i]);
     g->n_slots = 0;
+}
+
+rlx_status rlx_generator_set_profiling(struct rlx_generator *g, bool on)
+{
+    for (int i = 0; i < g->n_slots; i++) RLX_TRY(rlx_plan_set_profiling(g->slots[i].plan, on));
+    g->profiling = on;
+    g->profile_valid = false;
+    return RLX_OK;
+}
+
+rlx_status rlx_generator_last_profile(const struct rlx_generator *g, double *seconds_by_op)
+{
+    if (!g->profile_valid)
+        return rlx_set_error(RLX_ERR_STATE, g->profiling ? "no forward pass has run since profiling was turned on"
+                                                         : "profiling is off: turn it on first");
+    memcpy(seconds_by_op, g->profile, sizeof g->profile);
+    return RLX_OK;
 }

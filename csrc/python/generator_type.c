@@ -654,6 +654,31 @@ static PyObject *gen_stats(struct gen_object *self, PyObject *unused)
                          "plans_cached", (long long)st.plans_cached, "planned_bytes", (Py_ssize_t)st.planned_bytes);
 }
 
+static PyObject *gen_set_profiling(struct gen_object *self, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0 || gen_acquire(self) < 0) return NULL;
+    rlx_status s = rlx_generator_set_profiling(self->gen, on != 0);
+    gen_release(self);
+    if (rlx_py_raise(s)) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *gen_last_profile(struct gen_object *self, PyObject *unused)
+{
+    (void)unused;
+    double sec[RLX_OP_COUNT];
+    if (rlx_py_raise(rlx_generator_last_profile(self->gen, sec))) return NULL;
+    PyObject *out = PyDict_New();
+    for (int op = 0; out && op < RLX_OP_COUNT; op++) {
+        if (sec[op] <= 0) continue;
+        PyObject *v = PyFloat_FromDouble(sec[op]);
+        if (v == NULL || PyDict_SetItemString(out, rlx_op_name((enum rlx_op)op), v) < 0) Py_CLEAR(out);
+        Py_XDECREF(v);
+    }
+    return out;
+}
+
 static PyObject *gen_release_plans(struct gen_object *self, PyObject *args)
 {
     int decode_only = 0;
@@ -691,6 +716,10 @@ static PyMethodDef gen_methods[] = {
      "set_seq_cap(cap)\n\nBounds SEQ / PAST of dynamic plans (0 = none); drops compiled plans."},
     {"set_memory_budget", (PyCFunction)gen_set_memory_budget, METH_VARARGS,
      "set_memory_budget(bytes, hint='')\n\nRefuse plans whose intermediates exceed bytes (0 = none)."},
+    {"set_profiling", (PyCFunction)gen_set_profiling, METH_O,
+     "set_profiling(on)\n\nTime every op of every forward pass (small overhead)."},
+    {"last_profile", (PyCFunction)gen_last_profile, METH_NOARGS,
+     "last_profile() -> dict[str, float]\n\nSeconds per op of the last forward pass."},
     {"stats", (PyCFunction)gen_stats, METH_NOARGS, "stats() -> dict of compile counts, seconds and planned bytes"},
     {"release_plans", (PyCFunction)gen_release_plans, METH_VARARGS,
      "release_plans(decode_only=False)\n\nFrees compiled plans; they are rebuilt on demand."},

@@ -111,6 +111,7 @@ void rlx_plan_free(struct rlx_plan *p)
     free(p->scratch);
     free(p->values);
     free(p->used);
+    free(p->node_seconds);
     rlx_graph_free(p->g);
     free(p);
 }

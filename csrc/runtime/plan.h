@@ -41,6 +41,8 @@ struct rlx_plan {
 
     struct rlx_tensor *values;         /* (n_nodes) placed values of the last run */
     bool ran;                          /* values hold a successful run's results */
+    double *node_seconds;              /* (n_nodes) wall time of each node in the last run, or NULL when
+                                          profiling is off */
 };
 
 /* Concrete shape of node id under symbol values vals (all its symbols bound). */

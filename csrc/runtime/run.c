@@ -323,7 +323,8 @@ static rlx_status run_checked(struct rlx_plan *p)
     RLX_TRY(check_slices(p));
     RLX_TRY(ensure_memory(p));
     RLX_TRY(place_values(p));
-    return p->be->plan_run(p->be_state, p->g, p->values);
+    if (p->node_seconds) memset(p->node_seconds, 0, sizeof(double) * (size_t)p->g->n_nodes);
+    return p->be->plan_run(p->be_state, p->g, p->values, p->node_seconds);
 }
 
 rlx_status rlx_plan_run(struct rlx_plan *p)
@@ -404,5 +405,27 @@ rlx_status rlx_plan_estimate_bytes(const struct rlx_plan *p, const int64_t sym_v
         inputs += b;
     }
     *out = arena + inputs;
+    return RLX_OK;
+}
+
+rlx_status rlx_plan_set_profiling(struct rlx_plan *p, bool on)
+{
+    if (!on) {
+        free(p->node_seconds);
+        p->node_seconds = NULL;
+        return RLX_OK;
+    }
+    if (!p->node_seconds) {
+        p->node_seconds = rlx_calloc((size_t)p->g->n_nodes, sizeof *p->node_seconds);
+        if (!p->node_seconds) return RLX_ERR_NOMEM;
+    }
+    return RLX_OK;
+}
+
+rlx_status rlx_plan_profile(const struct rlx_plan *p, double *seconds_by_op)
+{
+    if (!p->node_seconds) return rlx_set_error(RLX_ERR_STATE, "profiling is off for this plan");
+    for (int op = 0; op < RLX_OP_COUNT; op++) seconds_by_op[op] = 0;
+    for (int id = 0; id < p->g->n_nodes; id++) seconds_by_op[p->g->nodes[id].op] += p->node_seconds[id];
     return RLX_OK;
 }

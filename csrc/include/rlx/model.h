@@ -131,6 +131,9 @@ struct rlx_generator_stats {
     size_t planned_bytes;
 };
 void rlx_generator_stats(const struct rlx_generator *g, struct rlx_generator_stats *out);
+/* Per-op wall time of the last forward pass (RLX_OP_COUNT entries), when profiling is on. */
+rlx_status rlx_generator_set_profiling(struct rlx_generator *g, bool on);
+rlx_status rlx_generator_last_profile(const struct rlx_generator *g, double *seconds_by_op);
 /* Frees compiled decode plans / all plans (they are rebuilt on demand). */
 void rlx_generator_release_decode_plans(struct rlx_generator *g);
 void rlx_generator_release_plans(struct rlx_generator *g);

@@ -263,6 +263,11 @@ size_t rlx_plan_unshared_bytes(const struct rlx_plan *p);
 rlx_status rlx_plan_estimate_bytes(const struct rlx_plan *p, const int64_t sym_values[RLX_MAX_SYMS],
                                    size_t *out);
 
+/* Profiling: when on, each run records every node's wall time; rlx_plan_profile adds them up per
+ * op into seconds_by_op (RLX_OP_COUNT entries) for the last run. */
+rlx_status rlx_plan_set_profiling(struct rlx_plan *p, bool on);
+rlx_status rlx_plan_profile(const struct rlx_plan *p, double *seconds_by_op);
+
 /* ---------------------------------------------------------------------------------------------
  * Threads and build information
  * ------------------------------------------------------------------------------------------- */
