@@ -12,6 +12,10 @@ Metadata lives in pyproject.toml; this file only describes the extension.
 * C files compile in parallel (``build_ext.parallel`` defaults to the CPU count).
 * ``RLX_NO_EXT=1`` installs metadata/dependencies only (used by the Makefile, which
   then runs ``setup.py build_ext --inplace``).
+* MPI: ``csrc/dist/mpi*.c`` are not part of ``rlx._C``; they form a second extension,
+  ``rlx._mpi``, built only when ``mpicc --showme:compile`` / ``--showme:link`` work
+  (flags taken from them). Without mpicc the build says why and skips it;
+  ``rlx.dist.MpiTransport()`` then raises rlx.Error.
 """
 
 import glob
@@ -131,8 +135,11 @@ def _csrc_files(*patterns):
     return sorted(set(f.replace(os.sep, "/") for f in files))
 
 
+MPI_SOURCES = ["csrc/dist/mpi.c", "csrc/dist/mpi_module.c"]
+
+
 def c_sources():
-    return _csrc_files("*.c")
+    return [f for f in _csrc_files("*.c") if f not in MPI_SOURCES]
 
 
 def c_depends():
@@ -189,10 +196,46 @@ def make_extension():
     )
 
 
+def find_mpi():
+    """(compile_flags, link_flags) from ``mpicc --showme:*``, or (None, why not)."""
+    exe = shutil.which("mpicc")
+    if exe is None:
+        return None, "mpicc not found (Debian: apt-get install -y openmpi-bin libopenmpi-dev)"
+    flags = []
+    for what in ("compile", "link"):
+        try:
+            out = subprocess.run([exe, f"--showme:{what}"], check=True,
+                                 capture_output=True, text=True).stdout
+        except (subprocess.CalledProcessError, OSError) as e:
+            return None, f"`mpicc --showme:{what}` failed ({e}); is mpicc Open MPI's?"
+        flags.append(out.split())
+    return flags[0], flags[1]
+
+
+def make_mpi_extensions():
+    """[rlx._mpi] when MPI is available, else [] (after saying why)."""
+    mpi_cflags, mpi_ldflags = find_mpi()
+    if mpi_cflags is None:
+        print(f"rlx: building without MPI (rlx._mpi skipped): {mpi_ldflags}", file=sys.stderr)
+        return []
+    cflags = BASE_CFLAGS + (SANITIZE_FLAGS if _sanitize() else OPT_CFLAGS)
+    ldflags = SANITIZE_LDFLAGS if _sanitize() else []
+    return [Extension(
+        "rlx._mpi",
+        sources=MPI_SOURCES,
+        depends=c_depends(),
+        include_dirs=["csrc/include", "csrc"],
+        define_macros=[("RLX_WITH_MPI", "1")],
+        extra_compile_args=cflags + mpi_cflags,
+        extra_link_args=ldflags + mpi_ldflags,
+        language="c",
+    )]
+
+
 if os.environ.get("RLX_NO_EXT", "") not in ("", "0"):
     # Dependencies + editable finder only; the Makefile builds the extension
     # separately (`setup.py build_ext --inplace`) so that a C compile error
     # never leaves the virtual environment half set up.
     setup()
 else:
-    setup(ext_modules=[make_extension()], cmdclass={"build_ext": BuildExt})
+    setup(ext_modules=[make_extension(), *make_mpi_extensions()], cmdclass={"build_ext": BuildExt})

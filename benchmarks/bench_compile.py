@@ -16,12 +16,14 @@ Two measurements:
      first cached step after a 128-token prefill) and then one decode plan (one token over a past
      of 128). Reported: compile seconds (graph build + passes + binding, from compile_stats), the
      first run (includes arena allocation), and the plan's planned intermediate bytes.
-  2. end to end: a 16-token prompt, then 256 greedy tokens with generate_cached, under
+  2. end to end: a 16-token prompt, then 256 greedy tokens with step_cached, under
        oneshot            exact-shape plans, one decode plan compiled per token
        lru+oneshot        prefill LRU (capacity 4) + one-shot decode
        bucketed           one-shot prefill + bucketed decode (max_past 512)
        dynamic            dynamic prefill + dynamic decode (symbolic SEQ / PAST)
-     with compile counts, compile seconds, plans held, planned bytes and tokens per second.
+     with compile counts, compile seconds, plans held, planned bytes and tokens per second. The
+     policies step round-robin, one token each in turn, so that load from other processes on the
+     machine falls on all of them alike.
 
 Results: benchmarks/results/compile-<date>.json (git-ignored) and Markdown tables on stdout.
 Threads: --threads (default 2) via rlx.set_num_threads, which sets OpenBLAS's too.
@@ -102,80 +104,89 @@ def mib(b: float) -> float:
 
 # ---- 1. compile time per plan -----------------------------------------------------------------
 
-def bench_compile(cfg, weights) -> list[dict]:
-    rows = []
+def _compile_once(cfg, weights, policy: dict, prompt: list[int]) -> dict:
+    gen = make_gen(cfg, weights, policy)
+    gen.prefill(prompt)
+    s0 = gen.compile_stats()
+    t0 = time.perf_counter()
+    tok = gen.step_cached()                      # compiles + runs the prefill plan at SEQ 128
+    t_prefill = time.perf_counter() - t0
+    s1 = gen.compile_stats()
+    t0 = time.perf_counter()
+    gen.decode_get_logits(tok)                   # compiles + runs a decode plan over a past of 128
+    t_decode = time.perf_counter() - t0
+    s2 = gen.compile_stats()
+    # the next step (past 129): bucketed / dynamic hit their plan; one-shot compiles a new one
+    gen.step_cached()                            # samples from the logits held: no plan runs
+    t0 = time.perf_counter()
+    gen.decode_get_logits(gen.tokens[-1])
+    t_next = time.perf_counter() - t0
+    s3 = gen.compile_stats()
+    c_pre = s1["compile_seconds"] - s0["compile_seconds"]
+    c_dec = s2["compile_seconds"] - s1["compile_seconds"]
+    return {
+        "prefill_compile_s": c_pre, "prefill_first_run_s": t_prefill - c_pre,
+        "decode_compile_s": c_dec, "decode_first_run_s": t_decode - c_dec,
+        "decode_next_s": t_next, "decode_next_compile_s": s3["compile_seconds"] - s2["compile_seconds"],
+        "planned_bytes": s3["planned_bytes"], "plans_cached": s3["plans_cached"],
+    }
+
+
+def bench_compile(cfg, weights, reps: int) -> list[dict]:
+    """Median over reps fresh generators per policy (interleaved)."""
     prompt = prompt_ids(cfg, PREFILL_SEQ, seed=2)
-    for label, policy in (("oneshot / lru (exact shape)", {}),
-                          ("bucketed decode", {"decode": ("bucketed", MAX_PAST)}),
-                          ("dynamic", {"prefill": ("dynamic",), "decode": ("dynamic",)})):
-        gen = make_gen(cfg, weights, policy)
-        gen.prefill(prompt)
-        s0 = gen.compile_stats()
-        t0 = time.perf_counter()
-        tok = gen.step_cached()                      # compiles + runs the prefill plan at SEQ 128
-        t_prefill = time.perf_counter() - t0
-        s1 = gen.compile_stats()
-        t0 = time.perf_counter()
-        gen.decode_get_logits(tok)                   # compiles + runs a decode plan over a past of 128
-        t_decode = time.perf_counter() - t0
-        s2 = gen.compile_stats()
-        # steady state: the same decode plan again (bucketed / dynamic: a hit; one-shot: a new past)
-        t0 = time.perf_counter()
-        gen.step_cached()
-        gen.decode_get_logits(gen.tokens[-1])
-        t_again = time.perf_counter() - t0
-        s3 = gen.compile_stats()
-        c_pre = s1["compile_seconds"] - s0["compile_seconds"]
-        c_dec = s2["compile_seconds"] - s1["compile_seconds"]
-        c_again = s3["compile_seconds"] - s2["compile_seconds"]
-        rows.append({
-            "policy": label,
-            "prefill_compile_s": c_pre, "prefill_first_run_s": t_prefill - c_pre,
-            "decode_compile_s": c_dec, "decode_first_run_s": t_decode - c_dec,
-            "decode_next_s": t_again, "decode_next_compile_s": c_again,
-            "prefill_bytes_and_decode_bytes": s2["planned_bytes"],
-        })
-        del gen
+    kinds = (("oneshot / lru (exact shape)", {}),
+             ("bucketed decode", {"decode": ("bucketed", MAX_PAST)}),
+             ("dynamic", {"prefill": ("dynamic",), "decode": ("dynamic",)}))
+    runs = {label: [] for label, _ in kinds}
+    for _ in range(reps):
+        for label, policy in kinds:
+            runs[label].append(_compile_once(cfg, weights, policy, prompt))
+    rows = []
+    for label, rs in runs.items():
+        row = {"policy": label, "reps": len(rs)}
+        for key in rs[0]:
+            row[key] = statistics.median(r[key] for r in rs)
+        rows.append(row)
     return rows
 
 
 # ---- 2. end to end ------------------------------------------------------------------------------
 
 def bench_e2e(cfg, weights, n_tokens: int) -> list[dict]:
-    rows = []
+    """The policies step round-robin, one token each in turn (one generator per policy over the
+    same weights), so that a load change on the machine hits every policy alike."""
     prompt = prompt_ids(cfg, PROMPT_LEN, seed=1)
-    for name, policy in POLICIES.items():
-        gen = make_gen(cfg, weights, policy)
+    gens = {name: make_gen(cfg, weights, policy) for name, policy in POLICIES.items()}
+    times = {name: [] for name in gens}
+    toks = {name: [] for name in gens}
+    greedy = rlx.SampleOpts.greedy()
+    for gen in gens.values():
         gen.prefill(prompt)
-        step_times = []
-        t0 = time.perf_counter()
-        last = [t0]
-
-        def on_token(_t):
-            now = time.perf_counter()
-            step_times.append(now - last[0])
-            last[0] = now
-
-        toks = gen.generate_cached(n_tokens, rlx.SampleOpts.greedy(), on_token=on_token)
-        total = time.perf_counter() - t0
+    for i in range(n_tokens):
+        for name, gen in gens.items():
+            t0 = time.perf_counter()
+            toks[name].append(gen.step_cached(greedy))  # the first: prefill (compile + run) + sample
+            times[name].append(time.perf_counter() - t0)
+        if (i + 1) % 64 == 0:
+            print(f"  {i + 1}/{n_tokens} tokens", file=sys.stderr, flush=True)
+    rows = []
+    for name, gen in gens.items():
         st = gen.compile_stats()
-        decode_steps = step_times[1:]
+        t = times[name]
         rows.append({
             "policy": name,
-            "tokens": toks,
-            "n_tokens": len(toks),
-            "total_s": total,
-            "first_token_s": step_times[0],          # prefill (compile + run) and the first sample
-            "decode_s": sum(decode_steps),
-            "decode_median_ms": 1e3 * statistics.median(decode_steps) if decode_steps else 0.0,
-            "tok_per_s": len(toks) / total,
-            "decode_tok_per_s": len(decode_steps) / sum(decode_steps) if decode_steps else 0.0,
+            "tokens": toks[name],
+            "n_tokens": len(t),
+            "total_s": sum(t),
+            "first_token_s": t[0],
+            "decode_s": sum(t[1:]),
+            "decode_median_ms": 1e3 * statistics.median(t[1:]) if len(t) > 1 else 0.0,
+            "tok_per_s": len(t) / sum(t),
+            "decode_tok_per_s": (len(t) - 1) / sum(t[1:]) if len(t) > 1 else 0.0,
             **{k: st[k] for k in ("prefill_compiles", "decode_compiles", "plan_hits", "compile_seconds",
                                   "plans_cached", "planned_bytes")},
         })
-        print(f"  {name}: {total:.1f} s, {st['decode_compiles']} decode compiles, "
-              f"{st['compile_seconds']:.2f} s compiling", file=sys.stderr, flush=True)
-        del gen
     ref = rows[0]["tokens"]
     for r in rows:
         r["same_tokens_as_oneshot"] = r["tokens"] == ref
@@ -191,14 +202,14 @@ def markdown(meta: dict, comp: list[dict], e2e: list[dict]) -> str:
     out += [f"Compile time per plan (prefill at SEQ {PREFILL_SEQ}; decode of one token over a past of "
             f"{PREFILL_SEQ}):", "",
             "| plan | prefill compile ms | prefill run s | decode compile ms | decode first run ms | "
-            "next decode step ms (compile ms) | planned MiB |",
+            "next decode step ms (compile ms) | planned MiB (all plans held) |",
             "|---|---:|---:|---:|---:|---:|---:|"]
     for r in comp:
         out.append(f"| {r['policy']} | {1e3 * r['prefill_compile_s']:.1f} | {r['prefill_first_run_s']:.2f} | "
                    f"{1e3 * r['decode_compile_s']:.1f} | {1e3 * r['decode_first_run_s']:.0f} | "
                    f"{1e3 * r['decode_next_s']:.0f} ({1e3 * r['decode_next_compile_s']:.1f}) | "
-                   f"{mib(r['prefill_bytes_and_decode_bytes']):.1f} |")
-    out += ["", f"End to end: {PROMPT_LEN}-token prompt, {n} greedy tokens (generate_cached):", "",
+                   f"{mib(r['planned_bytes']):.1f} |")
+    out += ["", f"End to end: {PROMPT_LEN}-token prompt, {n} greedy tokens (step_cached, policies interleaved token by token):", "",
             "| policy | prefill compiles | decode compiles | plan hits | compile s | plans held | planned MiB | "
             "first token s | decode ms/token (median) | total s | tok/s | same tokens |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|"]
@@ -227,6 +238,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=None, help="generated tokens per policy (default 256)")
     ap.add_argument("--layers", type=int, default=28, help="decoder layers (default 28, Qwen3-0.6B)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3, help="fresh generators per policy for the compile table")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/compile-<date>.json)")
     args = ap.parse_args(argv)
     n_tokens = args.tokens or (32 if args.quick else 256)
@@ -241,7 +253,7 @@ def main(argv=None) -> int:
           file=sys.stderr, flush=True)
 
     print("compile time per plan ...", file=sys.stderr, flush=True)
-    comp = bench_compile(cfg, weights)
+    comp = bench_compile(cfg, weights, args.reps)
     print(f"end to end, {n_tokens} tokens per policy ...", file=sys.stderr, flush=True)
     e2e = bench_e2e(cfg, weights, n_tokens)
 
@@ -249,7 +261,7 @@ def main(argv=None) -> int:
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "model": "Qwen3-0.6B shape, random f32 weights (seed %d)" % SEED,
         "layers": args.layers, "params": int(n_params), "threads": rlx.get_num_threads(),
-        "n_tokens": n_tokens, "prompt_len": PROMPT_LEN, "prefill_seq": PREFILL_SEQ, "max_past": MAX_PAST,
+        "n_tokens": n_tokens, "compile_reps": args.reps, "prompt_len": PROMPT_LEN, "prefill_seq": PREFILL_SEQ, "max_past": MAX_PAST,
         "machine": {"cpu": cpu_name(), "nproc": os.cpu_count(), "python": platform.python_version()},
         "build_info": rlx.build_info(),
     }

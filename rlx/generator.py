@@ -25,7 +25,7 @@ import numpy as np
 
 from rlx import _C
 from rlx.config import ModelConfig, load_config
-from rlx.weights import check_weights, load_weights
+from rlx.weights import check_weights, load_weights, weight_dtype_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,9 +46,10 @@ class SampleOpts:
         return cls()
 
 
-def _c_config(cfg: ModelConfig) -> dict:
+def _c_config(cfg: ModelConfig, weight_dtype: str = "f32") -> dict:
     """The fields the C generator reads, with each layer's sliding window resolved."""
     return {
+        "weight_dtype": weight_dtype,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
@@ -69,28 +70,32 @@ def _c_config(cfg: ModelConfig) -> dict:
 class Generator:
     """Generates tokens from a Llama 3.2 or Qwen3 model on one device ("cpu" or "ref").
 
-    weights: {Hugging Face tensor name: array}. float32 C-contiguous arrays are used in place
-    (zero-copy: keep them unchanged while the generator lives); other float arrays are converted
-    to float32 once. Missing, extra or mis-shaped tensors raise rlx.WeightsError.
+    weights: {Hugging Face tensor name: array}. dtype is the dtype the 2-D weights (projections,
+    embedding, LM head) are computed from: "f32", "bf16" or "f16"; by default the one they are
+    stored in (bf16 stays bf16: no f32 copy is made). Arrays already in that dtype and C-contiguous
+    are used in place (zero-copy: keep them unchanged while the generator lives); others are
+    converted once; norms and biases are used as float32. Missing, extra or mis-shaped tensors
+    raise rlx.WeightsError.
     """
 
-    def __init__(self, config: ModelConfig, weights: dict, device: str = "cpu"):
+    def __init__(self, config: ModelConfig, weights: dict, device: str = "cpu", dtype: str | None = None):
         if not isinstance(config, ModelConfig):
             raise TypeError(f"config must be an rlx LlamaConfig or Qwen3Config, got {type(config).__name__}")
-        arrays = check_weights(config, weights)
+        self.dtype = dtype or weight_dtype_of(config, weights)
+        arrays = check_weights(config, weights, dtype=self.dtype)
         arrays["rope.inv_freq"] = config.rope_inv_freq()
         self._config = config
         self._device = device
-        self._c = _C.Generator(_c_config(config), arrays, device)
+        self._c = _C.Generator(_c_config(config, self.dtype), arrays, device)
         self._prefill_policy = ("oneshot", 1)
         self._decode_policy = ("oneshot", 1)
         budget, hint = soft_memory_budget()
         self._c.set_memory_budget(budget, hint)
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, device: str = "cpu") -> "Generator":
+    def from_pretrained(cls, path: str | os.PathLike, device: str = "cpu", dtype: str | None = None) -> "Generator":
         """A Hugging Face model directory (config.json + safetensors)."""
-        return cls(load_config(path), load_weights(path), device=device)
+        return cls(load_config(path), load_weights(path), device=device, dtype=dtype)
 
     # -- state ---------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from rlx import _C
 from rlx.config import ModelConfig
 from rlx.dist.partition import BlockSpec, block_role, block_weight_filter, pipeline_layer_range
 from rlx.generator import _c_config, soft_memory_budget
-from rlx.weights import check_weights
+from rlx.weights import check_weights, weight_dtype_of
 
 
 class PipelineStage:
@@ -27,14 +27,17 @@ class PipelineStage:
 
     cached = False
 
-    def __init__(self, config: ModelConfig, device: str, rank: int, world: int, weights: dict):
+    def __init__(self, config: ModelConfig, device: str, rank: int, world: int, weights: dict,
+                 dtype: str | None = None):
         self.config, self.device, self.rank, self.world = config, device, rank, world
         self.role = block_role(rank, world)
         self.spec = BlockSpec.for_role(self.role, pipeline_layer_range(config.num_hidden_layers, rank, world))
-        arrays = check_weights(config, weights, keep=lambda name: block_weight_filter(name, config, self.spec))
+        keep = lambda name: block_weight_filter(name, config, self.spec)  # noqa: E731
+        self.dtype = dtype or weight_dtype_of(config, {k: v for k, v in weights.items() if keep(k)})
+        arrays = check_weights(config, weights, keep=keep, dtype=self.dtype)
         self._weight_count = len(arrays)
         arrays["rope.inv_freq"] = config.rope_inv_freq()
-        self._c = _C.Generator(_c_config(config), arrays, device, layer_begin=self.spec.layer_begin,
+        self._c = _C.Generator(_c_config(config, self.dtype), arrays, device, layer_begin=self.spec.layer_begin,
                                layer_end=self.spec.layer_end, embed=self.spec.embed, head=self.spec.head)
         budget, hint = soft_memory_budget()
         self._c.set_memory_budget(budget, hint)

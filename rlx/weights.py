@@ -5,9 +5,8 @@
   weights is made; the map stays open as long as an array refers to it). The one exception: a
   float32 tensor whose data is not 4-byte aligned in the file (possible only after an odd-sized
   f16/bf16 tensor; never in files transformers writes) is copied, because C reads aligned floats;
-- float16 and bfloat16 tensors are CONVERTED to float32 (new arrays): the CPU backend computes in
-  f32, and native f16/bf16 kernels come with the performance work. bf16 -> f32 is exact (the
-  bf16 bits become the high half of the f32), f16 -> f32 is exact too.
+- float16 and bfloat16 tensors stay in their stored dtype, zero-copy too: np.float16 and
+  ml_dtypes.bfloat16 views of the map (the kernels read bf16 / f16 weights directly).
 Other stored dtypes are refused with WeightsError.
 
 The `safetensors` package validates each file (safe_open); rlx then parses the header itself
@@ -25,11 +24,12 @@ import json
 import os
 import struct
 
+import ml_dtypes
 import numpy as np
 
 from rlx.errors import WeightsError
 
-__all__ = ["load_weights", "expected_weights", "check_weights"]
+__all__ = ["load_weights", "expected_weights", "check_weights", "weight_dtype_of", "WEIGHT_DTYPES"]
 
 _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
 _MAX_MESSAGE = 2000
@@ -83,10 +83,10 @@ def _load_file(path: str, out: dict[str, np.ndarray]) -> None:
             arr = raw.view(np.float32).reshape(shape)  # zero-copy, read-only memmap view
             if not arr.flags.aligned:  # only after odd-sized f16/bf16 tensors; C needs 4-byte alignment
                 arr = arr.copy()
-        elif dtype == "F16":
-            arr = raw.view(np.float16).astype(np.float32).reshape(shape)
-        else:  # BF16: the 16 bits are the high half of an f32
-            arr = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+        else:  # F16 / BF16: zero-copy 16-bit views (2-byte alignment always holds in safetensors)
+            arr = raw.view(np.float16 if dtype == "F16" else ml_dtypes.bfloat16).reshape(shape)
+            if not arr.flags.aligned:
+                arr = arr.copy()
         arr.flags.writeable = False
         out[name] = arr
 
@@ -159,15 +159,31 @@ def expected_weights(cfg) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_weights(cfg, weights: dict, keep=None) -> dict[str, np.ndarray]:
-    """Checks weights against `expected_weights(cfg)` and returns {name: float32 C-contiguous
-    array} holding exactly the expected names. keep(name) -> bool, when given, narrows the
-    expected names to a block of the model (a pipeline stage): names it rejects are neither
-    required nor reported as extra. Missing, extra or mis-shaped tensors raise one
-    WeightsError listing every problem (tensor name, expected and actual shapes; the message is
-    capped in length). A tied model may carry an lm_head.weight of shape (V, H): it is ignored.
-    float32 C-contiguous arrays are returned as they are (zero-copy); other float arrays are
-    converted to float32; non-float arrays are an error."""
+WEIGHT_DTYPES = {"f32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16), "f16": np.dtype(np.float16)}
+
+
+def weight_dtype_of(cfg, weights: dict) -> str:
+    """The dtype the 2-D weights (projections, embedding, lm_head) are stored in: "bf16" or "f16"
+    when every one of them is, else "f32"."""
+    names = [n for n, s in expected_weights(cfg).items() if len(s) == 2 and n in weights]
+    for name, dt in WEIGHT_DTYPES.items():
+        if names and all(np.asarray(weights[n]).dtype == dt for n in names):
+            return name
+    return "f32"
+
+
+def check_weights(cfg, weights: dict, keep=None, dtype: str = "f32") -> dict[str, np.ndarray]:
+    """Checks weights against `expected_weights(cfg)` and returns {name: C-contiguous array}
+    holding exactly the expected names: the 2-D weights in `dtype` ("f32", "bf16" or "f16"), the
+    1-D ones (norms, biases) in float32. keep(name) -> bool, when given, narrows the expected names
+    to a block of the model (a pipeline stage): names it rejects are neither required nor reported
+    as extra. Missing, extra or mis-shaped tensors raise one WeightsError listing every problem
+    (tensor name, expected and actual shapes; the message is capped in length). A tied model may
+    carry an lm_head.weight of shape (V, H): it is ignored. Arrays already in the wanted dtype and
+    layout are returned as they are (zero-copy); others are converted once (rounding to nearest
+    even when narrowing); non-float arrays are an error."""
+    if dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"weight dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {dtype!r}")
     expected = {k: v for k, v in expected_weights(cfg).items() if keep is None or keep(k)}
     problems: list[str] = []
     out: dict[str, np.ndarray] = {}
@@ -181,11 +197,12 @@ def check_weights(cfg, weights: dict, keep=None) -> dict[str, np.ndarray]:
         if arr.shape != shape:
             problems.append(f"tensor '{name}' has shape {arr.shape}, expected {shape}")
             continue
-        if arr.dtype.kind != "f":
-            problems.append(f"tensor '{name}' has dtype {arr.dtype}, expected a float dtype")
+        if arr.dtype.kind != "f" and arr.dtype not in WEIGHT_DTYPES.values():
+            problems.append(f"tensor '{name}' has dtype {arr.dtype}, expected a float dtype (incl. bfloat16)")
             continue
-        if arr.dtype != np.float32 or not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr, dtype=np.float32)
+        want = WEIGHT_DTYPES[dtype] if len(shape) == 2 else WEIGHT_DTYPES["f32"]
+        if arr.dtype != want or not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr.astype(want, copy=False))
         out[name] = arr
     for name in weights:
         if name in expected or (keep is not None and not keep(name)):

@@ -4,6 +4,7 @@
  * know (token ids in range, slices inside symbolic extents), and makes one kernel-table call.
  * Kernels never see the graph.
  */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -142,7 +143,8 @@ static rlx_status run_embedding(const struct rlx_kernels *k, int id, const struc
         if (idp[i] < 0 || idp[i] >= vocab)
             return rlx_set_error(RLX_ERR_RANGE, "node %d (embedding): token id %d at position %lld is outside [0, %lld)",
                                  id, idp[i], (long long)i, (long long)vocab);
-    k->embedding_f32(ptr(&v[id]), ptr(table), idp, count, table->shape[1]);
+    if (table->dtype == RLX_F32) k->embedding_f32(ptr(&v[id]), ptr(table), idp, count, table->shape[1]);
+    else k->embedding_lowp(ptr(&v[id]), ptr(table), table->dtype, idp, count, table->shape[1]);
     return RLX_OK;
 }
 
@@ -195,9 +197,17 @@ static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g,
     case RLX_OP_FUSED_OUT:
         return RLX_OK;
     case RLX_OP_MATMUL: {
-        const struct rlx_tensor *a = &v[n->in[0]];
-        int64_t kd = a->shape[a->ndim - 1];
-        k->matmul_f32(o, fin(v, n, 0), fin(v, n, 1), rows_of(a), kd, out->shape[out->ndim - 1], n->attrs.trans_b);
+        const struct rlx_tensor *a = &v[n->in[0]], *b = &v[n->in[1]];
+        int64_t M = rows_of(a), K = a->shape[a->ndim - 1], N = out->shape[out->ndim - 1];
+        if (M > INT_MAX || K > INT_MAX || N > INT_MAX)
+            return rlx_set_error(RLX_ERR_UNSUPPORTED, "node %d (matmul): dims %lld x %lld x %lld exceed the BLAS's "
+                                 "32-bit sizes", id, (long long)M, (long long)K, (long long)N);
+        if (b->dtype == RLX_F32) {
+            k->matmul_f32(o, fin(v, n, 0), ptr(b), M, K, N, n->attrs.trans_b);
+            return RLX_OK;
+        }
+        RLX_TRY(need_scratch(st, k->matmul_lowp_scratch(M, K, N)));
+        k->matmul_lowp(o, fin(v, n, 0), ptr(b), b->dtype, M, K, N, st->scratch);
         return RLX_OK;
     }
     case RLX_OP_EMBEDDING:

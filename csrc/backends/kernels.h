@@ -35,6 +35,14 @@ struct rlx_kernels {
     void (*matmul_f32)(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N, int trans_b);
     /* out (n, d) = table (V, d) rows ids (n) */
     void (*embedding_f32)(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d);
+    /* Low-precision weights: b_dtype is RLX_BF16 or RLX_F16, raw 16-bit values. Each value is widened
+     * exactly to f32 and products are accumulated in f32 (no rounding of `a` to 16 bits).
+     * out (M, N) = a (M, K) @ b^T, b (N, K); scratch: matmul_lowp_scratch(M, K, N) floats. */
+    void (*matmul_lowp)(float *out, const float *a, const uint16_t *b, int b_dtype, int64_t M, int64_t K, int64_t N,
+                        float *scratch);
+    size_t (*matmul_lowp_scratch)(int64_t M, int64_t K, int64_t N);
+    /* out (n, d) f32 = table (V, d) of dtype RLX_BF16 / RLX_F16, rows ids (n), widened exactly */
+    void (*embedding_lowp)(float *out, const uint16_t *table, int dtype, const int32_t *ids, int64_t n, int64_t d);
     /* out (rows, d) = x / sqrt(mean(x^2) + eps) * w (d) */
     void (*rmsnorm_f32)(float *out, const float *x, const float *w, int64_t rows, int64_t d, float eps);
     /* sum (rows, d) = a + b; out (rows, d) = rmsnorm(sum) * w */

@@ -157,9 +157,10 @@ void rlx_generator_free(struct rlx_generator *g)
 rlx_status rlx_generator_set_weight(struct rlx_generator *g, const char *name, const struct rlx_host_tensor *t)
 {
     if (!name || strlen(name) >= RLX_NAME_MAX) return rlx_set_error(RLX_ERR_INVALID, "weight name too long");
-    if (t->dtype != RLX_F32)
-        return rlx_set_error(RLX_ERR_DTYPE, "weight '%s' is %s; the generator takes f32 weights", name,
-                             rlx_dtype_name(t->dtype));
+    if (t->dtype != RLX_F32 && t->dtype != g->cfg.weight_dtype)
+        return rlx_set_error(RLX_ERR_DTYPE, "weight '%s' is %s; this generator takes f32%s%s weights", name,
+                             rlx_dtype_name(t->dtype), g->cfg.weight_dtype != RLX_F32 ? " and " : "",
+                             g->cfg.weight_dtype != RLX_F32 ? rlx_dtype_name(g->cfg.weight_dtype) : "");
     int i = 0;
     while (i < g->n_weights && strcmp(g->weights[i].name, name) != 0) i++;
     if (i == g->n_weights) {

@@ -63,10 +63,15 @@ static rlx_status infer_leaf(const struct rlx_graph *g, int id, struct rlx_node 
     return RLX_OK;
 }
 
+static bool is_lowp(enum rlx_dtype dt) { return dt == RLX_BF16 || dt == RLX_F16; }
+
 static rlx_status infer_matmul(const struct rlx_graph *g, int id, struct rlx_node *n)
 {
     const struct rlx_node *a = IN(0), *b = IN(1);
-    if (!all_f32(g, n, 2)) return fail(g, id, n, RLX_ERR_DTYPE, "matmul takes f32 operands");
+    if (a->dtype != RLX_F32 || (b->dtype != RLX_F32 && !is_lowp(b->dtype)))
+        return fail(g, id, n, RLX_ERR_DTYPE, "matmul takes f32 a and an f32, bf16 or f16 b");
+    if (is_lowp(b->dtype) && !n->attrs.trans_b)
+        return fail(g, id, n, RLX_ERR_DTYPE, "a bf16 / f16 b must be stored (N, K) and read with trans_b");
     if (a->ndim < 1 || b->ndim != 2) return fail(g, id, n, RLX_ERR_SHAPE, "a must have rank >= 1 and b rank 2");
     const struct rlx_dim *kb = n->attrs.trans_b ? &b->shape[1] : &b->shape[0];
     const struct rlx_dim *nb = n->attrs.trans_b ? &b->shape[0] : &b->shape[1];
@@ -83,8 +88,8 @@ static rlx_status infer_matmul(const struct rlx_graph *g, int id, struct rlx_nod
 static rlx_status infer_embedding(const struct rlx_graph *g, int id, struct rlx_node *n)
 {
     const struct rlx_node *t = IN(0), *ids = IN(1);
-    if (t->dtype != RLX_F32 || ids->dtype != RLX_I32)
-        return fail(g, id, n, RLX_ERR_DTYPE, "embedding takes an f32 table and i32 ids");
+    if ((t->dtype != RLX_F32 && !is_lowp(t->dtype)) || ids->dtype != RLX_I32)
+        return fail(g, id, n, RLX_ERR_DTYPE, "embedding takes an f32, bf16 or f16 table and i32 ids");
     if (t->ndim != 2 || ids->ndim < 1 || ids->ndim > RLX_MAX_DIMS - 1)
         return fail(g, id, n, RLX_ERR_SHAPE, "table must be (V, D) and ids of rank 1..3");
     struct rlx_dim shape[RLX_MAX_DIMS];

@@ -35,6 +35,9 @@ rlx_status rlx_model_config_check(const struct rlx_model_config *c)
                              (long long)c->n_heads, (long long)c->n_kv_heads);
     if (c->head_dim % 2) return rlx_set_error(RLX_ERR_INVALID, "model config: head_dim %lld is odd", (long long)c->head_dim);
     if (!(c->rms_norm_eps >= 0.0f)) return rlx_set_error(RLX_ERR_INVALID, "model config: rms_norm_eps must be >= 0");
+    if (c->weight_dtype != RLX_F32 && c->weight_dtype != RLX_BF16 && c->weight_dtype != RLX_F16)
+        return rlx_set_error(RLX_ERR_INVALID, "model config: weight_dtype must be f32, bf16 or f16, got %s",
+                             rlx_dtype_name(c->weight_dtype));
     for (int64_t l = 0; l < c->n_layers; l++)
         if (c->layer_window[l] < 0)
             return rlx_set_error(RLX_ERR_INVALID, "model config: layer %lld has a negative window", (long long)l);
@@ -55,14 +58,14 @@ static int op(struct bld *b, enum rlx_op o, int n_in, const int *in, const struc
     return b->s == RLX_OK ? id : -1;
 }
 
-static int param(struct bld *b, int ndim, const int64_t *shape, const char *fmt, long long layer)
+static int param(struct bld *b, enum rlx_dtype dt, int ndim, const int64_t *shape, const char *fmt, long long layer)
 {
     char name[RLX_NAME_MAX];
     snprintf(name, sizeof name, fmt, layer);
     struct rlx_dim dims[RLX_MAX_DIMS];
     for (int i = 0; i < ndim; i++) dims[i] = rlx_dim_const(shape[i]);
     int id = -1;
-    if (b->s == RLX_OK) b->s = rlx_graph_param(b->g, name, RLX_F32, ndim, dims, &id);
+    if (b->s == RLX_OK) b->s = rlx_graph_param(b->g, name, dt, ndim, dims, &id);
     return b->s == RLX_OK ? id : -1;
 }
 
@@ -80,22 +83,23 @@ static void output(struct bld *b, int id, const char *fmt, long long layer)
     if (b->s == RLX_OK) b->s = rlx_graph_output(b->g, id, name);
 }
 
-/* y (.., out) = x (.., in) @ W^T [+ bias], W = "<prefix>.weight" (out, in) */
-static int linear(struct bld *b, int x, int64_t in, int64_t out, bool bias, const char *prefix, long long layer)
+/* y (.., out) = x (.., in) @ W^T [+ bias], W = "<prefix>.weight" (out, in) of the weight dtype */
+static int linear(struct bld *b, const struct rlx_model_config *c, int x, int64_t in, int64_t out, bool bias,
+                  const char *prefix, long long layer)
 {
     char fmt[RLX_NAME_MAX];
     snprintf(fmt, sizeof fmt, "%s.weight", prefix);
     struct rlx_attrs tb = {.trans_b = 1};
-    int y = op(b, RLX_OP_MATMUL, 2, (int[]){x, param(b, 2, (int64_t[]){out, in}, fmt, layer)}, &tb);
+    int y = op(b, RLX_OP_MATMUL, 2, (int[]){x, param(b, c->weight_dtype, 2, (int64_t[]){out, in}, fmt, layer)}, &tb);
     if (!bias) return y;
     snprintf(fmt, sizeof fmt, "%s.bias", prefix);
-    return op(b, RLX_OP_ADD, 2, (int[]){y, param(b, 1, (int64_t[]){out}, fmt, layer)}, NULL);
+    return op(b, RLX_OP_ADD, 2, (int[]){y, param(b, RLX_F32, 1, (int64_t[]){out}, fmt, layer)}, NULL);
 }
 
 static int rmsnorm(struct bld *b, const struct rlx_model_config *c, int x, int64_t d, const char *name, long long layer)
 {
     struct rlx_attrs a = {.eps = c->rms_norm_eps};
-    return op(b, RLX_OP_RMSNORM, 2, (int[]){x, param(b, 1, (int64_t[]){d}, name, layer)}, &a);
+    return op(b, RLX_OP_RMSNORM, 2, (int[]){x, param(b, RLX_F32, 1, (int64_t[]){d}, name, layer)}, &a);
 }
 
 static int reshape(struct bld *b, int x, int ndim, const struct rlx_dim *shape)
@@ -130,9 +134,9 @@ static int layer(struct bld *b, const struct rlx_model_config *c, const struct r
     const struct rlx_dim S = io->seq;
     /* attention */
     int h = rmsnorm(b, c, x, H, "model.layers.%lld.input_layernorm.weight", l);
-    int q = linear(b, h, H, Hq * D, c->attention_bias, "model.layers.%lld.self_attn.q_proj", l);
-    int k = linear(b, h, H, Hkv * D, c->attention_bias, "model.layers.%lld.self_attn.k_proj", l);
-    int v = linear(b, h, H, Hkv * D, c->attention_bias, "model.layers.%lld.self_attn.v_proj", l);
+    int q = linear(b, c, h, H, Hq * D, c->attention_bias, "model.layers.%lld.self_attn.q_proj", l);
+    int k = linear(b, c, h, H, Hkv * D, c->attention_bias, "model.layers.%lld.self_attn.k_proj", l);
+    int v = linear(b, c, h, H, Hkv * D, c->attention_bias, "model.layers.%lld.self_attn.v_proj", l);
     q = reshape(b, q, 3, (struct rlx_dim[]){S, rlx_dim_const(Hq), rlx_dim_const(D)});     /* (SEQ, Hq, D) */
     k = reshape(b, k, 3, (struct rlx_dim[]){S, rlx_dim_const(Hkv), rlx_dim_const(D)});    /* (SEQ, Hkv, D) */
     v = reshape(b, v, 3, (struct rlx_dim[]){S, rlx_dim_const(Hkv), rlx_dim_const(D)});    /* (SEQ, Hkv, D) */
@@ -161,14 +165,14 @@ static int layer(struct bld *b, const struct rlx_model_config *c, const struct r
                            .window = masked ? 0 : c->layer_window[l]};
     int a = op(b, RLX_OP_ATTENTION, n_in, in, &aa);                                       /* (SEQ, Hq, D) */
     a = reshape(b, a, 2, (struct rlx_dim[]){S, rlx_dim_const(Hq * D)});                  /* (SEQ, Hq*D) */
-    int o = linear(b, a, Hq * D, H, c->attention_bias, "model.layers.%lld.self_attn.o_proj", l);
+    int o = linear(b, c, a, Hq * D, H, c->attention_bias, "model.layers.%lld.self_attn.o_proj", l);
     x = op(b, RLX_OP_ADD, 2, (int[]){x, o}, NULL);
     /* SwiGLU MLP */
     h = rmsnorm(b, c, x, H, "model.layers.%lld.post_attention_layernorm.weight", l);
-    int gate = linear(b, h, H, c->intermediate_size, c->mlp_bias, "model.layers.%lld.mlp.gate_proj", l);
-    int up = linear(b, h, H, c->intermediate_size, c->mlp_bias, "model.layers.%lld.mlp.up_proj", l);
+    int gate = linear(b, c, h, H, c->intermediate_size, c->mlp_bias, "model.layers.%lld.mlp.gate_proj", l);
+    int up = linear(b, c, h, H, c->intermediate_size, c->mlp_bias, "model.layers.%lld.mlp.up_proj", l);
     int m = op(b, RLX_OP_MUL, 2, (int[]){op(b, RLX_OP_SILU, 1, (int[]){gate}, NULL), up}, NULL);
-    int down = linear(b, m, c->intermediate_size, H, c->mlp_bias, "model.layers.%lld.mlp.down_proj", l);
+    int down = linear(b, c, m, c->intermediate_size, H, c->mlp_bias, "model.layers.%lld.mlp.down_proj", l);
     return op(b, RLX_OP_ADD, 2, (int[]){x, down}, NULL);
 }
 
@@ -186,13 +190,13 @@ rlx_status rlx_decoder_build(const struct rlx_model_config *c, const struct rlx_
     int x;
     if (spec->flags & RLX_BLOCK_EMBED) {
         int ids = input(&b, "ids", RLX_I32, 1, s1);
-        int table = param(&b, 2, (int64_t[]){c->vocab_size, H}, "model.embed_tokens.weight", 0);
+        int table = param(&b, c->weight_dtype, 2, (int64_t[]){c->vocab_size, H}, "model.embed_tokens.weight", 0);
         x = op(&b, RLX_OP_EMBEDDING, 2, (int[]){table, ids}, NULL);                     /* (SEQ, H) */
     } else {
         x = input(&b, "hidden", RLX_F32, 2, (struct rlx_dim[]){spec->seq, rlx_dim_const(H)});
     }
     io.pos = input(&b, "pos", RLX_I32, 1, s1);
-    io.inv_freq = param(&b, 1, (int64_t[]){c->head_dim / 2}, "rope.inv_freq", 0);
+    io.inv_freq = param(&b, RLX_F32, 1, (int64_t[]){c->head_dim / 2}, "rope.inv_freq", 0);
     for (int64_t l = spec->layer_begin; l < spec->layer_end; l++) x = layer(&b, c, spec, &io, x, (long long)l);
     if (spec->flags & RLX_BLOCK_HEAD) {
         if (!(spec->flags & RLX_BLOCK_ALL_LOGITS)) x = op(&b, RLX_OP_GATHER_LAST, 1, (int[]){x}, NULL); /* (1, H) */
@@ -203,7 +207,7 @@ rlx_status rlx_decoder_build(const struct rlx_model_config *c, const struct rlx_
             for (int id = 0; id < b.g->n_nodes; id++) /* reuse the embedding param */
                 if (b.g->nodes[id].op == RLX_OP_PARAM && strcmp(b.g->nodes[id].name, head) == 0) w = id;
         }
-        if (w < 0) w = param(&b, 2, (int64_t[]){c->vocab_size, H}, head, 0);
+        if (w < 0) w = param(&b, c->weight_dtype, 2, (int64_t[]){c->vocab_size, H}, head, 0);
         struct rlx_attrs tb = {.trans_b = 1};
         output(&b, op(&b, RLX_OP_MATMUL, 2, (int[]){x, w}, &tb), "logits", 0);            /* (1 or SEQ, V) */
     } else {

@@ -75,10 +75,17 @@ int rlx_py_dtype_to_npy(enum rlx_dtype dt);
 int rlx_py_add_graph_type(PyObject *module, struct rlx_py_state *st);
 int rlx_py_add_plan_type(PyObject *module, struct rlx_py_state *st);
 int rlx_py_add_generator_type(PyObject *module, struct rlx_py_state *st);
+int rlx_py_add_transport_type(PyObject *module, struct rlx_py_state *st);
 
 /* Graph objects (graph_type.c): the wrapped builder, borrowed; NULL with TypeError set if obj is
  * not a _C.Graph. */
 struct rlx_graph *rlx_py_graph_get(struct rlx_py_state *st, PyObject *obj);
+
+/* Transport objects (transport_type.c): the wrapped struct rlx_transport (rlx/dist.h), borrowed and
+ * valid until the object is closed or freed; NULL with TypeError (not a _C.Transport) or rlx.Error
+ * (closed) set. It does not take the object's lock: the caller must not use the pointer while
+ * another thread may call the object's methods, and holds a reference to obj while using it. */
+struct rlx_transport *rlx_py_transport_get(struct rlx_py_state *st, PyObject *obj);
 
 /* rlx_graph_dump(g) as a str (graph_type.c; Graph.dump and Plan.graph_dump). */
 PyObject *rlx_py_dump_graph(const struct rlx_graph *g);

@@ -108,6 +108,16 @@ static int config_from_dict(PyObject *d, struct rlx_model_config *c)
         PyErr_Format(PyExc_ValueError, "model config: num_hidden_layers must be in 1..%d", RLX_MAX_LAYERS);
         return -1;
     }
+    PyObject *wdt = PyDict_GetItemString(d, "weight_dtype");
+    c->weight_dtype = RLX_F32;
+    if (wdt != NULL) {
+        const char *name = PyUnicode_Check(wdt) ? PyUnicode_AsUTF8(wdt) : NULL;
+        if (name == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "weight_dtype must be a str");
+            return -1;
+        }
+        if (rlx_py_raise(rlx_dtype_parse(name, &c->weight_dtype))) return -1;
+    }
     PyObject *win = PyDict_GetItemString(d, "layer_windows");
     if (win != NULL && win != Py_None) {
         PyObject *seq = PySequence_Fast(win, "layer_windows must be a sequence of ints");
@@ -175,7 +185,17 @@ static int opts_from_object(PyObject *o, struct rlx_sample_opts *out)
  * int32 (the generator checks the vocabulary). */
 static int32_t *ids_from_object(PyObject *obj, int64_t *n)
 {
-    PyArrayObject *arr = (PyArrayObject *)PyArray_FROM_OTF(obj, NPY_INT64, NPY_ARRAY_IN_ARRAY);
+    PyArrayObject *any = (PyArrayObject *)PyArray_FROM_OF(obj, NPY_ARRAY_IN_ARRAY);
+    if (any == NULL) return NULL;
+    if (PyArray_SIZE(any) > 0 && !PyArray_ISINTEGER(any)) { /* never truncate 1.5 to 1 */
+        PyErr_Format(PyExc_TypeError, "token ids must be integers, got an array of %s",
+                     PyArray_DESCR(any)->typeobj->tp_name);
+        Py_DECREF(any);
+        return NULL;
+    }
+    PyArrayObject *arr = (PyArrayObject *)PyArray_FROM_OTF((PyObject *)any, NPY_INT64,
+                                                           NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    Py_DECREF(any);
     if (arr == NULL) return NULL;
     int32_t *out = NULL;
     if (PyArray_NDIM(arr) != 1) {
@@ -259,14 +279,17 @@ static PyObject *gen_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "weight names must be str");
             goto error;
         }
-        if (!PyArray_Check(val) || PyArray_TYPE((PyArrayObject *)val) != NPY_FLOAT32 ||
-            !PyArray_ISCARRAY_RO((PyArrayObject *)val) || PyArray_NDIM((PyArrayObject *)val) > RLX_MAX_DIMS) {
-            PyErr_Format(PyExc_ValueError, "weight '%s' must be a C-contiguous float32 array of rank <= %d", name,
-                         RLX_MAX_DIMS);
+        PyArrayObject *a = PyArray_Check(val) ? (PyArrayObject *)val : NULL;
+        enum rlx_dtype dt = RLX_F32;
+        if (a && !rlx_py_dtype_matches(PyArray_DESCR(a), RLX_F32) && rlx_py_dtype_matches(PyArray_DESCR(a), cfg.weight_dtype))
+            dt = cfg.weight_dtype;
+        if (a == NULL || !rlx_py_dtype_matches(PyArray_DESCR(a), dt) || !PyArray_ISCARRAY_RO(a) ||
+            PyArray_NDIM(a) > RLX_MAX_DIMS) {
+            PyErr_Format(PyExc_ValueError, "weight '%s' must be a C-contiguous array of rank <= %d, float32 or %s",
+                         name, RLX_MAX_DIMS, rlx_dtype_name(cfg.weight_dtype));
             goto error;
         }
-        PyArrayObject *a = (PyArrayObject *)val;
-        struct rlx_host_tensor t = {.data = PyArray_DATA(a), .dtype = RLX_F32, .ndim = PyArray_NDIM(a)};
+        struct rlx_host_tensor t = {.data = PyArray_DATA(a), .dtype = dt, .ndim = PyArray_NDIM(a)};
         for (int i = 0; i < t.ndim; i++) t.shape[i] = (int64_t)PyArray_DIM(a, i);
         if (rlx_py_raise(rlx_generator_set_weight(self->gen, name, &t))) goto error;
         if (PyDict_SetItem(self->weights, key, val) < 0) goto error;

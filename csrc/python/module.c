@@ -17,6 +17,7 @@ static int (*const add_types[])(PyObject *module, struct rlx_py_state *st) = {
     rlx_py_add_graph_type,
     rlx_py_add_plan_type,
     rlx_py_add_generator_type,
+    rlx_py_add_transport_type,
 };
 
 /* ---------------------------------------------------------------------------------------------

@@ -258,15 +258,9 @@ static PyObject *transport_from_capsule(PyTypeObject *cls, PyObject *capsule)
     struct rlx_transport *t = PyCapsule_GetPointer(capsule, RLX_TRANSPORT_CAPSULE);
     if (t == NULL)
         return NULL;
-    struct transport_object *self = (struct transport_object *)cls->tp_alloc(cls, 0);
-    if (self == NULL)
-        return NULL; /* the capsule still owns t */
-    if (PyCapsule_SetContext(capsule, (void *)adopted_marker) < 0) {
-        Py_DECREF(self);
+    if (PyCapsule_SetContext(capsule, (void *)adopted_marker) < 0)
         return NULL;
-    }
-    Py_DECREF(self);
-    return wrap(cls, t, capsule);
+    return wrap(cls, t, capsule); /* from here the object owns t (wrap closes it on failure) */
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -578,5 +572,7 @@ int rlx_py_add_transport_type(PyObject *module, struct rlx_py_state *st)
     PyObject *capsule = PyCapsule_New((void *)&core_api, RLX_CORE_API_CAPSULE, NULL);
     if (capsule == NULL)
         return -1;
-    return PyModule_Add(module, "_core_api", capsule);
+    rc = PyModule_AddObjectRef(module, "_core_api", capsule);
+    Py_DECREF(capsule);
+    return rc;
 }

@@ -602,7 +602,6 @@ def test_bad_token_ids(device):
     _assert_usable(gen)
 
 
-@pytest.mark.xfail(strict=True, reason="rlx bug: float token ids are truncated to ints instead of refused")
 def test_float_token_ids_are_refused():
     gen = make("llama")
     with pytest.raises((ValueError, TypeError)):

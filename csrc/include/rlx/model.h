@@ -26,6 +26,8 @@ struct rlx_model_config {
     bool mlp_bias;            /* bias on gate, up and down projections */
     bool qk_norm;             /* Qwen3: RMSNorm over each head of q and k before RoPE */
     int64_t layer_window[RLX_MAX_LAYERS]; /* sliding window of each layer; 0 = full attention */
+    enum rlx_dtype weight_dtype; /* of the 2-D weights (projections, embedding, lm_head): f32, bf16 or f16;
+                                    norms and biases are always f32 */
 };
 /* RLX_ERR_INVALID naming the field when a size is not positive or heads do not divide. */
 rlx_status rlx_model_config_check(const struct rlx_model_config *c);

@@ -109,8 +109,10 @@ bool rlx_dim_equal(const struct rlx_dim *a, const struct rlx_dim *b);
 enum rlx_op {
     RLX_OP_INPUT = 0,    /* named runtime input (any dtype) */
     RLX_OP_PARAM,        /* named weight, bound with rlx_plan_set_param (any dtype) */
-    RLX_OP_MATMUL,       /* a (..., K) @ b -> (..., N); b (N, K) if trans_b else (K, N) */
-    RLX_OP_EMBEDDING,    /* table (V, D), ids i32 (...) -> (..., D); an id outside [0, V) is RLX_ERR_RANGE at run */
+    RLX_OP_MATMUL,       /* a (..., K) @ b -> (..., N); b (N, K) if trans_b else (K, N); b may be bf16 / f16
+                            (then trans_b): widened exactly, accumulated in f32 */
+    RLX_OP_EMBEDDING,    /* table (V, D) f32 / bf16 / f16, ids i32 (...) -> f32 (..., D); an id outside [0, V)
+                            is RLX_ERR_RANGE at run */
     RLX_OP_RMSNORM,      /* x (..., D), w (D) -> x / sqrt(mean(x^2) + eps) * w */
     RLX_OP_ROPE,         /* x (S, H, D), pos i32 (S), inv_freq (D/2) -> rotate-half RoPE */
     RLX_OP_SOFTMAX,      /* x (..., N) -> softmax over the last axis */

@@ -1,0 +1,136 @@
+/*
+ * lowp.c - 16-bit weights on the cpu table: which vector ISA this machine runs (asked once of
+ * cpuid, so valgrind, which hides AVX-512, gets the AVX2 path), the exact widening of bf16 / f16
+ * rows to f32 that the matmul panels and the embedding gather share, and embedding_lowp itself.
+ *
+ * Widening is exact: bf16 is the top half of an f32 (bits << 16); f16 goes through the IEEE
+ * conversion (F16C vcvtph2ps in the vector paths, rlx_f16_to_f32 in the scalar one), subnormals,
+ * infinities and NaNs included. Must never round, allocate or fail.
+ */
+#include "backends/cpu/cpu.h"
+
+#include "core/core.h"
+#include "core/pool.h"
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <stdatomic.h>
+
+/* ---------------------------------------------------------------------------------------------
+ * ISA
+ * ------------------------------------------------------------------------------------------- */
+
+static int detect_isa(void) {
+    unsigned a, b, c, d;
+    int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    __builtin_cpu_init();
+    if (f16c && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        return RLX_CPU_ISA_AVX512;
+    if (f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return RLX_CPU_ISA_AVX2;
+    return RLX_CPU_ISA_SCALAR;
+}
+
+/* The vector paths this machine may take (cached; a racing first call computes the same value). */
+int rlx_cpu_isa(void) {
+    static atomic_int isa = -1;
+    int v = atomic_load_explicit(&isa, memory_order_relaxed);
+    if (v < 0) {
+        v = detect_isa();
+        atomic_store_explicit(&isa, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Widening: dst (n) f32 = src (n) bf16 / f16
+ * ------------------------------------------------------------------------------------------- */
+
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) static void widen_avx512(float *dst, const uint16_t *src,
+                                                                                   int dtype, int64_t n) {
+    int64_t i = 0;
+    if (dtype == RLX_BF16) {
+        for (; i + 16 <= n; i += 16) {
+            __m256i h = _mm256_loadu_si256((const __m256i *)(src + i));
+            _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+        }
+        if (i < n) {
+            __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+            __m256i h = _mm256_maskz_loadu_epi16(m, src + i);
+            _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+        }
+    } else {
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+        if (i < n) {
+            __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+            _mm512_mask_storeu_ps(dst + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + i)));
+        }
+    }
+}
+
+__attribute__((target("avx2,f16c"))) static void widen_avx2(float *dst, const uint16_t *src, int dtype, int64_t n) {
+    int64_t i = 0;
+    if (dtype == RLX_BF16) {
+        for (; i + 8 <= n; i += 8) {
+            __m128i h = _mm_loadu_si128((const __m128i *)(src + i));
+            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+        }
+        for (; i < n; i++)
+            dst[i] = rlx_bf16_to_f32(src[i]);
+    } else {
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+        for (; i < n; i++)
+            dst[i] = rlx_f16_to_f32(src[i]);
+    }
+}
+
+static void widen_scalar(float *dst, const uint16_t *src, int dtype, int64_t n) {
+    if (dtype == RLX_BF16)
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = rlx_bf16_to_f32(src[i]);
+    else
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = rlx_f16_to_f32(src[i]);
+}
+
+/* dst (n) f32 = src (n) of dtype RLX_BF16 / RLX_F16, widened exactly */
+void rlx_cpu_widen(float *dst, const uint16_t *src, int dtype, int64_t n) {
+    switch (rlx_cpu_isa()) {
+    case RLX_CPU_ISA_AVX512:
+        widen_avx512(dst, src, dtype, n);
+        break;
+    case RLX_CPU_ISA_AVX2:
+        widen_avx2(dst, src, dtype, n);
+        break;
+    default:
+        widen_scalar(dst, src, dtype, n);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * embedding_lowp
+ * ------------------------------------------------------------------------------------------- */
+
+struct emb_ctx {
+    float *out;
+    const uint16_t *table;
+    const int32_t *ids;
+    int64_t d;
+    int dtype;
+};
+
+static void emb_rows(void *p, int64_t begin, int64_t end) {
+    const struct emb_ctx *c = p;
+    for (int64_t r = begin; r < end; r++)
+        rlx_cpu_widen(c->out + r * c->d, c->table + (int64_t)c->ids[r] * c->d, c->dtype, c->d);
+}
+
+/* out (n, d) f32 = table (V, d) bf16 / f16 rows ids (n), widened exactly */
+void rlx_cpu_embedding_lowp(float *out, const uint16_t *table, int dtype, const int32_t *ids, int64_t n,
+                            int64_t d) {
+    struct emb_ctx c = {.out = out, .table = table, .ids = ids, .d = d, .dtype = dtype};
+    rlx_parallel_for(n, rlx_cpu_row_grain(RLX_CPU_GRAIN_CHEAP, d), emb_rows, &c);
+}
