@@ -3,6 +3,8 @@
     python -m rlx generate --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T] ...
     python -m rlx demo      # stories260K from ../shared when present, else a tiny random model
     python -m rlx info      # build facts (BLAS, ISA, backends, threads)
+    python -m rlx pipeline --model DIR --world N --prompt TEXT   # N ranks on this host (TCP)
+    mpirun -np N python -m rlx pipeline --model DIR --prompt TEXT # N ranks under MPI
 """
 
 from __future__ import annotations
@@ -99,6 +101,25 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pipeline(args: argparse.Namespace, argv: list[str]) -> int:
+    from rlx.dist import MpiTransport, TcpTransport
+    from rlx.dist.launch import run_rank, spawn, under_mpirun
+
+    args.max_new_tokens = args.max_new_tokens or 64
+    if args.mpi or under_mpirun():
+        with MpiTransport(timeout=args.timeout) as t:
+            return run_rank(args, t)
+    if args.rank is None:
+        if args.world < 1:
+            raise ValueError("--world must be >= 1")
+        return spawn(args, argv)
+    import socket
+
+    listener = socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else None
+    with TcpTransport(args.rank, args.world, args.addrs.split(","), listener=listener, timeout=args.timeout) as t:
+        return run_rank(args, t)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlx", description="rlx: LLM inference with a C core.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -121,13 +142,28 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo", help="generate with stories260K (or a tiny random model)")
     sampling(d)
     sub.add_parser("info", help="build facts")
-    args = p.parse_args(argv)
+    pp = sub.add_parser("pipeline", help="pipeline-parallel generation over N ranks (TCP on this host, or MPI)")
+    pp.add_argument("--model", required=True)
+    pp.add_argument("--prompt", required=True)
+    pp.add_argument("--world", type=int, default=2, help="ranks to start on this host (ignored under mpirun)")
+    pp.add_argument("--recompute", action="store_true", help="recompute each block per step (no KV cache)")
+    pp.add_argument("--max-past", type=int, default=0, help="bucketed decode plans up to this past length")
+    pp.add_argument("--mpi", action="store_true", help="use MPI (automatic under mpirun)")
+    pp.add_argument("--timeout", type=float, default=60.0, help="seconds any rank waits for another")
+    pp.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
+    pp.add_argument("--addrs", default=None, help=argparse.SUPPRESS)
+    pp.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
+    sampling(pp)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(raw)
     try:
         if args.cmd == "generate":
             args.max_new_tokens = args.max_new_tokens or 64
             return _run_generate(args.model, args.prompt, args)
         if args.cmd == "demo":
             return _demo(args)
+        if args.cmd == "pipeline":
+            return _pipeline(args, raw)
         return _info(args)
     except (ValueError, OSError, RuntimeError) as e:
         print(f"rlx: error: {e}", file=sys.stderr)

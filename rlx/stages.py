@@ -51,6 +51,11 @@ class PipelineStage:
         """Number of weight tensors this stage holds."""
         return self._weight_count
 
+    def sample(self, logits: np.ndarray, opts=None, sample_index: int = 0, history: Sequence[int] = ()) -> int:
+        """A token from a logits row with rlx's sampler (see rlx.SampleOpts): draw `sample_index`
+        of the seed's stream, `history` as the repetition-penalty context."""
+        return self._c.sample(logits, opts, sample_index, list(history))
+
     def reset(self) -> None:
         """Starts a new sequence (empties the cache of a decode stage)."""
         self._c.reset()

@@ -568,8 +568,14 @@ rlx_status rlx_generator_forward(struct rlx_generator *g, const float *hidden, i
 rlx_status rlx_generator_sample(struct rlx_generator *g, const float *logits, const struct rlx_sample_opts *o,
                                 uint64_t index, int32_t *token)
 {
-    return rlx_sample(logits, g->cfg.vocab_size, o, g->tokens, g->n_tokens, index, g->sample_scratch, g->sample_idx,
-                      token);
+    bool has_history = g->ends & RLX_BLOCK_EMBED; /* other blocks count positions, not tokens */
+    return rlx_generator_sample_with(g, logits, o, index, g->tokens, has_history ? g->n_tokens : 0, token);
+}
+
+rlx_status rlx_generator_sample_with(struct rlx_generator *g, const float *logits, const struct rlx_sample_opts *o,
+                                     uint64_t index, const int32_t *history, int64_t n_hist, int32_t *token)
+{
+    return rlx_sample(logits, g->cfg.vocab_size, o, history, n_hist, index, g->sample_scratch, g->sample_idx, token);
 }
 
 void rlx_generator_stats(const struct rlx_generator *g, struct rlx_generator_stats *out)

@@ -484,14 +484,22 @@ error:
 
 static PyObject *gen_sample(struct gen_object *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"logits", "opts", "sample_index", NULL};
-    PyObject *logits_obj, *opts_obj = Py_None;
+    static char *kwlist[] = {"logits", "opts", "sample_index", "history", NULL};
+    PyObject *logits_obj, *opts_obj = Py_None, *history_obj = Py_None;
     unsigned long long index = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OK:sample", kwlist, &logits_obj, &opts_obj, &index)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OKO:sample", kwlist, &logits_obj, &opts_obj, &index,
+                                     &history_obj))
+        return NULL;
     struct rlx_sample_opts o;
     if (opts_from_object(opts_obj, &o) < 0) return NULL;
+    int32_t *history = NULL;
+    int64_t n_hist = 0;
+    if (history_obj != Py_None && (history = ids_from_object(history_obj, &n_hist)) == NULL) return NULL;
     PyArrayObject *arr = (PyArrayObject *)PyArray_FROM_OTF(logits_obj, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY);
-    if (arr == NULL) return NULL;
+    if (arr == NULL) {
+        PyMem_Free(history);
+        return NULL;
+    }
     PyObject *out = NULL;
     if (PyArray_NDIM(arr) != 1 || PyArray_DIM(arr, 0) != rlx_generator_config(self->gen)->vocab_size) {
         PyErr_Format(PyExc_ValueError, "logits must have shape (%lld,)",
@@ -502,12 +510,14 @@ static PyObject *gen_sample(struct gen_object *self, PyObject *args, PyObject *k
     int32_t tok;
     rlx_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = rlx_generator_sample(self->gen, PyArray_DATA(arr), &o, index, &tok);
+    if (history_obj == Py_None) s = rlx_generator_sample(self->gen, PyArray_DATA(arr), &o, index, &tok);
+    else s = rlx_generator_sample_with(self->gen, PyArray_DATA(arr), &o, index, history, n_hist, &tok);
     Py_END_ALLOW_THREADS
     gen_release(self);
     if (!rlx_py_raise(s)) out = PyLong_FromLong(tok);
 error:
     Py_DECREF(arr);
+    PyMem_Free(history);
     return out;
 }
 
@@ -728,7 +738,8 @@ static PyMethodDef gen_methods[] = {
      "forward(hidden=None, cached=True) -> ndarray\n\nRuns the block: over the history (embedding blocks) or over "
      "hidden (n, H) rows; returns logits (vocab,) for a block with the head, else hidden (rows, H)."},
     {"sample", (PyCFunction)(void (*)(void))gen_sample, METH_VARARGS | METH_KEYWORDS,
-     "sample(logits, opts=None, sample_index=0) -> int"},
+     "sample(logits, opts=None, sample_index=0, history=None) -> int\n\nDraws from a logits row; history (ids) "
+     "is the repetition context (default: the generator's own)."},
     {"kv_cache", (PyCFunction)gen_kv_cache, METH_O,
      "kv_cache(layer) -> (k, v)\n\nViews (len, kv_heads, head_dim) of the cache's filled part; they see later "
      "writes but keep their length."},

@@ -282,9 +282,15 @@ static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *
 {
     if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) == 0)
         return 0;
-    if (PyErr_ExceptionMatches(PyExc_BufferError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+    /* No buffer at all: TypeError; a buffer of the wrong kind (NumPy says ValueError, others
+     * BufferError): ValueError. Either way with one message saying what is needed. */
+    PyObject *exc = PyErr_ExceptionMatches(PyExc_TypeError) ? PyExc_TypeError
+                    : PyErr_ExceptionMatches(PyExc_BufferError) || PyErr_ExceptionMatches(PyExc_ValueError)
+                        ? PyExc_ValueError
+                        : NULL;
+    if (exc != NULL) {
         PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s must be a %sC-contiguous bytes-like object or array, got %.200s", what,
+        PyErr_Format(exc, "%s must be a %sC-contiguous bytes-like object or array, got %.200s", what,
                      writable ? "writable " : "", Py_TYPE(obj)->tp_name);
     }
     return -1;

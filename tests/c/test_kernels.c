@@ -144,6 +144,136 @@ static void test_matmul(void) {
                 }
 }
 
+/* n random 16-bit weights of dtype: bf16 the top half of a uniform [-1, 1) float, f16 a random
+ * sign and mantissa with exponent 2^-4 .. 2^0; with specials, every 7th value is a subnormal,
+ * zero, -0, an infinity or the largest finite f16 / a large bf16. */
+static uint16_t *lowp_buf(int64_t n, int dtype, int specials) {
+    uint16_t *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+    for (int64_t i = 0; i < n; i++) {
+        if (dtype == RLX_BF16) {
+            float f = rng_f(-1, 1);
+            uint32_t bits;
+            memcpy(&bits, &f, 4);
+            p[i] = (uint16_t)(bits >> 16);
+        } else {
+            p[i] = (uint16_t)((rng_u32() & 0x8000) | ((11 + rng_u32() % 5) << 10) | (rng_u32() & 0x3ff));
+        }
+        if (specials && i % 7 == 3) {
+            const uint16_t f16[] = {0x0001, 0x03ff, 0x8200, 0x0000, 0x8000, 0x7c00, 0xfc00, 0x7bff};
+            const uint16_t bf16[] = {0x0001, 0x007f, 0x8040, 0x0000, 0x8000, 0x7f80, 0xff80, 0x7f7f};
+            p[i] = (dtype == RLX_BF16 ? bf16 : f16)[rng_u32() % 8];
+        }
+    }
+    return p;
+}
+
+/* Normalized error bound for a K-long f32 dot product against the double-accumulated oracle. */
+static double dot_tol(int64_t K) {
+    return 1e-5 + 1.2e-7 * (double)K;
+}
+
+static void lowp_case(int dtype, int64_t M, int64_t K, int64_t N) {
+    const char *dn = dtype == RLX_BF16 ? "bf16" : "f16";
+    float *a = rand_buf(M * K, -1, 1), *o1 = buf(M * N), *o2 = buf(M * N);
+    uint16_t *b = lowp_buf(N * K, dtype, 0);
+    const int64_t ns = (int64_t)CPU->matmul_lowp_scratch(M, K, N);
+    float *scratch = buf(ns);
+    for (int64_t i = 0; i < ns; i++)
+        scratch[i] = 3.0e38f;
+    CPU->matmul_lowp(o1, a, b, dtype, M, K, N, scratch);
+    REF->matmul_lowp(o2, a, b, dtype, M, K, N, NULL);
+    const double e = nerr(o1, o2, M * N), tol = dot_tol(K);
+    result(e <= tol, "matmul_lowp %s M=%lld K=%lld N=%lld [threads=%d]: normalized error %.3g > %.3g", dn,
+           (long long)M, (long long)K, (long long)N, rlx_pool_threads(), e, tol);
+    result(guard_ok(scratch, ns), "matmul_lowp %s M=%lld K=%lld N=%lld: wrote past its scratch", dn, (long long)M,
+           (long long)K, (long long)N);
+    free(a), free(b), free(o1), free(o2), free(scratch);
+}
+
+static void test_matmul_lowp(void) {
+    const int64_t Ms[] = {1, 2, 3, 4, 5, 17, 64}, Ks[] = {1, 5, 16, 33, 77, 300}, Ns[] = {1, 7, 130};
+    for (int dt = 0; dt < 2; dt++) {
+        const int dtype = dt ? RLX_F16 : RLX_BF16;
+        for (int mi = 0; mi < 7; mi++)
+            for (int ki = 0; ki < 6; ki++)
+                for (int ni = 0; ni < 3; ni++)
+                    lowp_case(dtype, Ms[mi], Ks[ki], Ns[ni]);
+        lowp_case(dtype, 1, 1000, 701); /* the matvec split over threads */
+        lowp_case(dtype, 3, 1031, 333);
+        lowp_case(dtype, 5, 4100, 500); /* three panels, the last one short */
+    }
+}
+
+/* The f32 matvec path (trans_b, M <= 4): each output is its row's dot product, the same whatever
+ * the other rows of a; compared with the oracle with the K-scaled bound. */
+static void test_matvec_f32(void) {
+    const int64_t Ks[] = {1, 15, 16, 17, 100, 1031}, Ns[] = {1, 5, 37, 700};
+    for (int64_t M = 1; M <= 4; M++)
+        for (int ki = 0; ki < 6; ki++)
+            for (int ni = 0; ni < 4; ni++) {
+                const int64_t K = Ks[ki], N = Ns[ni];
+                float *a = rand_buf(M * K, -1, 1), *b = rand_buf(N * K, -1, 1);
+                float *o1 = buf(M * N), *o2 = buf(M * N), *o3 = buf(N);
+                CPU->matmul_f32(o1, a, b, M, K, N, 1);
+                REF->matmul_f32(o2, a, b, M, K, N, 1);
+                const double e = nerr(o1, o2, M * N), tol = dot_tol(K);
+                result(e <= tol, "matvec f32 M=%lld K=%lld N=%lld [threads=%d]: normalized error %.3g > %.3g",
+                       (long long)M, (long long)K, (long long)N, rlx_pool_threads(), e, tol);
+                CPU->matmul_f32(o3, a + (M - 1) * K, b, 1, K, N, 1);
+                result(memcmp(o3, o1 + (M - 1) * N, (size_t)N * sizeof(float)) == 0,
+                       "matvec f32 M=%lld K=%lld N=%lld: last row differs from the same row alone", (long long)M,
+                       (long long)K, (long long)N);
+                free(a), free(b), free(o1), free(o2), free(o3);
+            }
+}
+
+static void test_embedding_lowp(void) {
+    const int64_t V = 50, ds[] = {1, 7, 16, 33, 130}, ns[] = {1, 3, 17, 3000};
+    for (int dt = 0; dt < 2; dt++)
+        for (int di = 0; di < 5; di++)
+            for (int ni = 0; ni < 4; ni++) {
+                const int dtype = dt ? RLX_F16 : RLX_BF16;
+                const int64_t d = ds[di], n = ns[ni];
+                uint16_t *table = lowp_buf(V * d, dtype, 1);
+                float *o1 = buf(n * d), *o2 = buf(n * d);
+                int32_t *ids = malloc((size_t)n * sizeof *ids);
+                for (int64_t i = 0; i < n; i++)
+                    ids[i] = (int32_t)(rng_u32() % V);
+                CPU->embedding_lowp(o1, table, dtype, ids, n, d);
+                REF->embedding_lowp(o2, table, dtype, ids, n, d);
+                result(memcmp(o1, o2, (size_t)(n * d + GUARD) * sizeof(float)) == 0,
+                       "embedding_lowp %s n=%lld d=%lld [threads=%d]: not bit-exact", dt ? "f16" : "bf16",
+                       (long long)n, (long long)d, rlx_pool_threads());
+                free(table), free(o1), free(o2), free(ids);
+            }
+}
+
+/* Decode products give the same bits at 1, 2 and 3 threads (rows never change hands mid-sum). */
+static void test_matvec_threads_bitwise(void) {
+    const int64_t M = 2, K = 1031, N = 2001;
+    float *a = rand_buf(M * K, -1, 1), *bf = rand_buf(N * K, -1, 1), *want[3], *got = buf(M * N);
+    uint16_t *bl = lowp_buf(N * K, RLX_BF16, 0);
+    for (int w = 0; w < 3; w++)
+        want[w] = buf(M * N);
+    const int counts[] = {1, 2, 3};
+    for (int ti = 0; ti < 3; ti++) {
+        rlx_set_num_threads(counts[ti]);
+        for (int w = 0; w < 2; w++) {
+            float *o = ti == 0 ? want[w] : got;
+            if (w == 0)
+                CPU->matmul_f32(o, a, bf, M, K, N, 1);
+            else
+                CPU->matmul_lowp(o, a, bl, RLX_BF16, M, K, N, NULL);
+            if (ti > 0)
+                result(memcmp(o, want[w], (size_t)(M * N) * sizeof(float)) == 0,
+                       "matvec %s at %d threads differs from 1 thread", w ? "bf16" : "f32", counts[ti]);
+        }
+    }
+    free(a), free(bf), free(bl), free(got);
+    for (int w = 0; w < 3; w++)
+        free(want[w]);
+}
+
 static void test_embedding(void) {
     const int64_t V = 50, ds[] = {1, 7, 130}, ns[] = {1, 3, 17, 3000};
     for (int di = 0; di < 3; di++)
@@ -343,7 +473,10 @@ static void test_attention(void) {
 
 static void test_kernels(void) {
     test_matmul();
+    test_matmul_lowp();
+    test_matvec_f32();
     test_embedding();
+    test_embedding_lowp();
     test_norms();
     test_rope();
     test_softmax();
@@ -372,6 +505,19 @@ static void test_ref_by_hand(void) {
         const float bt[] = {1, 0, 1, 0, 1, 1}; /* the same b, stored (2,3) */
         REF->matmul_f32(out, a, bt, 2, 3, 2, 1);
         result(close_to(out, want, 4), "ref matmul trans_b by hand");
+    }
+    {
+        /* bf16 1.0, -2.0; f16 1.0, the smallest subnormal 2^-24, -inf */
+        const uint16_t bt[] = {0x3f80, 0xc000}, ht[] = {0x3c00, 0x0001, 0xfc00};
+        const int32_t ids[] = {1, 0};
+        const float wb[] = {-2.0f, 1.0f}, wh[] = {1.0f, 0x1p-24f, -INFINITY};
+        REF->embedding_lowp(out, bt, RLX_BF16, ids, 2, 1);
+        result(close_to(out, wb, 2), "ref embedding_lowp bf16 by hand");
+        REF->embedding_lowp(out, ht, RLX_F16, ids + 1, 1, 3);
+        result(out[0] == wh[0] && out[1] == wh[1] && out[2] == wh[2], "ref embedding_lowp f16 by hand");
+        const float a[] = {1, 2}; /* a (1,2) @ [[1, -2]]^T = -3 */
+        REF->matmul_lowp(out, a, bt, RLX_BF16, 1, 2, 1, NULL);
+        result(out[0] == -3.0f, "ref matmul_lowp bf16 by hand");
     }
     {
         const float x[] = {3, 4}, w[] = {1, 2};
@@ -559,6 +705,7 @@ int main(void) {
         test_pool();
         test_kernels();
     }
+    test_matvec_threads_bitwise();
     rlx_set_num_threads(0);
     result(rlx_get_num_threads() == (online < 1 ? 1 : online) || (online > 256 && rlx_get_num_threads() == 256),
            "set_num_threads(0) gives %d, online CPUs %ld", rlx_get_num_threads(), online);

@@ -33,9 +33,21 @@ static inline int64_t rlx_cpu_row_grain(int64_t grain, int64_t row) {
     return row >= grain ? 1 : (grain + row - 1) / (row > 0 ? row : 1);
 }
 
+/* Vector ISA the hand-written intrinsics paths (lowp.c, matmul.c) may use on this machine, from
+ * cpuid (AVX-512 needs F, BW, VL and F16C; AVX2 needs FMA and F16C). */
+enum { RLX_CPU_ISA_SCALAR = 0, RLX_CPU_ISA_AVX2 = 1, RLX_CPU_ISA_AVX512 = 2 };
+int rlx_cpu_isa(void);
+/* dst (n) f32 = src (n) of dtype RLX_BF16 / RLX_F16, widened exactly */
+void rlx_cpu_widen(float *dst, const uint16_t *src, int dtype, int64_t n);
+
 void rlx_cpu_matmul_f32(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N,
                         int trans_b);
 void rlx_cpu_embedding_f32(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d);
+void rlx_cpu_matmul_lowp(float *out, const float *a, const uint16_t *b, int b_dtype, int64_t M, int64_t K,
+                         int64_t N, float *scratch);
+size_t rlx_cpu_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N);
+void rlx_cpu_embedding_lowp(float *out, const uint16_t *table, int dtype, const int32_t *ids, int64_t n,
+                            int64_t d);
 void rlx_cpu_rmsnorm_f32(float *out, const float *x, const float *w, int64_t rows, int64_t d, float eps);
 void rlx_cpu_add_rmsnorm_f32(float *sum, float *out, const float *a, const float *b, const float *w,
                              int64_t rows, int64_t d, float eps);

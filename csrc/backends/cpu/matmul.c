@@ -1,15 +1,259 @@
 /*
- * matmul.c - the cpu table's matrix product: every shape goes to OpenBLAS (sgemv for a single
- * row, sgemm otherwise), which runs its own threads, sized together with the pool by
- * rlx_set_num_threads. This file must never carry a hand-written fallback product, and must
- * never hand OpenBLAS an empty dimension (its argument checker would print).
+ * matmul.c - the cpu table's matrix products, f32 and 16-bit (bf16 / f16) weights.
+ *
+ * Decode (M <= RLX_MV_MAX_M rows of `a`, weights b (N, K) row-contiguous) is a matrix-vector
+ * product bound by how fast the weights stream from DRAM: the pool splits the N weight rows into
+ * contiguous ranges (whole blocks of 16 rows, so no two threads write one cache line of out),
+ * and each thread walks its rows four at a time (AVX-512) or two at a time (AVX2), loading every
+ * x vector once per group of rows, widening 16-bit weights in registers (bf16: bits << 16;
+ * f16: vcvtph2ps) and accumulating in f32 with FMA. AVX-512 BF16 / VNNI dot products are not
+ * used: they would round `a` to bf16, which the kernel contract forbids, and the widening is
+ * free next to the memory traffic.
+ *
+ * Prefill (larger M) goes to OpenBLAS: f32 straight to sgemm; 16-bit weights panel by panel,
+ * each panel of rows of b widened into `scratch` (by the pool) and handed to sgemm, which runs
+ * its own threads. The pool's workers spin only briefly after a region (pool.c), so they do
+ * not compete with OpenBLAS for long.
+ *
+ * Measured on this machine (AMD EPYC Zen 4, 2 vCPUs, OpenBLAS 0.3.21 pthreads; best of 5, the
+ * machine shared with other jobs; /tmp/bench_kernels.c), GB/s of weights streamed:
+ *   MEASUREMENTS_TABLE
+ *
+ * Results: every output element of the matvec path is one row's dot product summed in a fixed
+ * order (16 lanes over K, then a fixed lane reduction), whatever the thread count or how rows
+ * are grouped, so decode results are bitwise identical across thread counts. The sgemm paths
+ * are OpenBLAS's: equal up to float rounding from its summation order.
+ *
+ * Must never allocate, must never hand OpenBLAS an empty dimension (its argument checker would
+ * print), and must never let the vector paths run on a machine whose cpuid lacks them.
  */
 #include "backends/cpu/cpu.h"
 
+#include "core/core.h"
 #include "core/pool.h"
 
 #include <cblas.h>
+#include <immintrin.h>
 #include <string.h>
+
+/* Rows of `a` up to which a product runs as a matvec over weight rows, not through sgemm. */
+#define RLX_MV_MAX_M 4
+/* Weight rows per pool item: 16 floats of out = one cache line. */
+#define RLX_MV_BLOCK 16
+/* Minimum bytes of weights per pool chunk (about 10 us of one thread's bandwidth). */
+#define RLX_MV_GRAIN_BYTES (256 * 1024)
+/* Floats of b widened per sgemm panel (4 MiB); the panel holds at least 16 rows. */
+#define RLX_PANEL_FLOATS (1 << 20)
+
+/* ---------------------------------------------------------------------------------------------
+ * Matvec kernels: out[m * N + r] = sum_k a[m * K + k] * b[r * K + k] for rows r of a range,
+ * m < M <= 4, b of dtype wt (RLX_F32, RLX_BF16, RLX_F16). The per-row work is the same sequence
+ * of operations whatever R (rows at once) or M, so a row's result never depends on its group.
+ * ------------------------------------------------------------------------------------------- */
+
+#define AVX512_FN __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"), always_inline)) static inline
+#define AVX2_FN __attribute__((target("avx2,f16c,fma"), always_inline)) static inline
+
+/* 16 weights from element i of b, widened */
+AVX512_FN __m512 ld_512(const void *b, int wt, int64_t i) {
+    if (wt == RLX_F32)
+        return _mm512_loadu_ps((const float *)b + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)b + i));
+    if (wt == RLX_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+/* the lanes of mask m of the 16 weights from element i (others 0) */
+AVX512_FN __m512 ld_512_mask(const void *b, int wt, int64_t i, __mmask16 m) {
+    if (wt == RLX_F32)
+        return _mm512_maskz_loadu_ps(m, (const float *)b + i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)b + i);
+    if (wt == RLX_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+/* out[m * ldo + r + j] for j < R, m < M (R, M <= 4, constants after inlining) */
+AVX512_FN void mv_block_512(float *out, int64_t ldo, const float *a, const void *b, int wt, int64_t K, int64_t r,
+                            const int R, const int M) {
+    __m512 acc[4][4];
+    for (int j = 0; j < R; j++)
+        for (int m = 0; m < M; m++)
+            acc[j][m] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m512 x[4];
+        for (int m = 0; m < M; m++)
+            x[m] = _mm512_loadu_ps(a + m * K + k);
+        for (int j = 0; j < R; j++) {
+            const __m512 w = ld_512(b, wt, (r + j) * K + k);
+            for (int m = 0; m < M; m++)
+                acc[j][m] = _mm512_fmadd_ps(w, x[m], acc[j][m]);
+        }
+    }
+    if (k < K) {
+        const __mmask16 mk = (__mmask16)((1u << (K - k)) - 1);
+        __m512 x[4];
+        for (int m = 0; m < M; m++)
+            x[m] = _mm512_maskz_loadu_ps(mk, a + m * K + k);
+        for (int j = 0; j < R; j++) {
+            const __m512 w = ld_512_mask(b, wt, (r + j) * K + k, mk);
+            for (int m = 0; m < M; m++)
+                acc[j][m] = _mm512_fmadd_ps(w, x[m], acc[j][m]);
+        }
+    }
+    for (int j = 0; j < R; j++)
+        for (int m = 0; m < M; m++)
+            out[m * ldo + r + j] = _mm512_reduce_add_ps(acc[j][m]);
+}
+
+AVX512_FN void mv_range_512(float *out, const float *a, const void *b, int wt, int64_t K, int64_t N, int64_t r0,
+                            int64_t r1, const int M) {
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4)
+        mv_block_512(out, N, a, b, wt, K, r, 4, M);
+    for (; r < r1; r++)
+        mv_block_512(out, N, a, b, wt, K, r, 1, M);
+}
+
+/* One instance per (weight dtype, M): the loops above then hold constants only. */
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) static void
+mv_rows_512(float *out, const float *a, const void *b, int wt, int64_t M, int64_t K, int64_t N, int64_t r0,
+            int64_t r1) {
+#define MV_CASE(WT, MM)                                                                                          \
+    case (WT) * 8 + (MM):                                                                                        \
+        mv_range_512(out, a, b, WT, K, N, r0, r1, MM);                                                           \
+        break;
+    switch (wt * 8 + (int)M) {
+        MV_CASE(RLX_F32, 1) MV_CASE(RLX_F32, 2) MV_CASE(RLX_F32, 3) MV_CASE(RLX_F32, 4)
+        MV_CASE(RLX_BF16, 1) MV_CASE(RLX_BF16, 2) MV_CASE(RLX_BF16, 3) MV_CASE(RLX_BF16, 4)
+        MV_CASE(RLX_F16, 1) MV_CASE(RLX_F16, 2) MV_CASE(RLX_F16, 3) MV_CASE(RLX_F16, 4)
+    default:
+        break;
+    }
+#undef MV_CASE
+}
+
+/* 8 weights from element i of b, widened */
+AVX2_FN __m256 ld_256(const void *b, int wt, int64_t i) {
+    if (wt == RLX_F32)
+        return _mm256_loadu_ps((const float *)b + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)b + i));
+    if (wt == RLX_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+AVX2_FN float hsum_256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float widen_one(const void *b, int wt, int64_t i) {
+    if (wt == RLX_F32)
+        return ((const float *)b)[i];
+    const uint16_t h = ((const uint16_t *)b)[i];
+    return wt == RLX_BF16 ? rlx_bf16_to_f32(h) : rlx_f16_to_f32(h);
+}
+
+/* out[m * ldo + r + j] for j < R, m < M (R <= 2, M <= 4): 8 lanes over K, scalar tail */
+AVX2_FN void mv_block_256(float *out, int64_t ldo, const float *a, const void *b, int wt, int64_t K, int64_t r,
+                          const int R, const int M) {
+    __m256 acc[2][4];
+    for (int j = 0; j < R; j++)
+        for (int m = 0; m < M; m++)
+            acc[j][m] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 x[4];
+        for (int m = 0; m < M; m++)
+            x[m] = _mm256_loadu_ps(a + m * K + k);
+        for (int j = 0; j < R; j++) {
+            const __m256 w = ld_256(b, wt, (r + j) * K + k);
+            for (int m = 0; m < M; m++)
+                acc[j][m] = _mm256_fmadd_ps(w, x[m], acc[j][m]);
+        }
+    }
+    for (int j = 0; j < R; j++)
+        for (int m = 0; m < M; m++) {
+            float s = hsum_256(acc[j][m]);
+            for (int64_t t = k; t < K; t++)
+                s += a[m * K + t] * widen_one(b, wt, (r + j) * K + t);
+            out[m * ldo + r + j] = s;
+        }
+}
+
+AVX2_FN void mv_range_256(float *out, const float *a, const void *b, int wt, int64_t K, int64_t N, int64_t r0,
+                          int64_t r1, const int M) {
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2)
+        mv_block_256(out, N, a, b, wt, K, r, 2, M);
+    for (; r < r1; r++)
+        mv_block_256(out, N, a, b, wt, K, r, 1, M);
+}
+
+__attribute__((target("avx2,f16c,fma"))) static void mv_rows_256(float *out, const float *a, const void *b, int wt,
+                                                                 int64_t M, int64_t K, int64_t N, int64_t r0,
+                                                                 int64_t r1) {
+#define MV_CASE(WT, MM)                                                                                          \
+    case (WT) * 8 + (MM):                                                                                        \
+        mv_range_256(out, a, b, WT, K, N, r0, r1, MM);                                                           \
+        break;
+    switch (wt * 8 + (int)M) {
+        MV_CASE(RLX_F32, 1) MV_CASE(RLX_F32, 2) MV_CASE(RLX_F32, 3) MV_CASE(RLX_F32, 4)
+        MV_CASE(RLX_BF16, 1) MV_CASE(RLX_BF16, 2) MV_CASE(RLX_BF16, 3) MV_CASE(RLX_BF16, 4)
+        MV_CASE(RLX_F16, 1) MV_CASE(RLX_F16, 2) MV_CASE(RLX_F16, 3) MV_CASE(RLX_F16, 4)
+    default:
+        break;
+    }
+#undef MV_CASE
+}
+
+/* The portable path: one row at a time, f32 accumulation in k order. */
+static void mv_rows_scalar(float *out, const float *a, const void *b, int wt, int64_t M, int64_t K, int64_t N,
+                           int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t m = 0; m < M; m++) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < K; k++)
+                s += a[m * K + k] * widen_one(b, wt, r * K + k);
+            out[m * N + r] = s;
+        }
+}
+
+struct mv_ctx {
+    float *out;
+    const float *a;
+    const void *b;
+    int wt, isa;
+    int64_t M, K, N;
+};
+
+static void mv_blocks(void *p, int64_t begin, int64_t end) {
+    const struct mv_ctx *c = p;
+    const int64_t r0 = begin * RLX_MV_BLOCK, r1 = end * RLX_MV_BLOCK < c->N ? end * RLX_MV_BLOCK : c->N;
+    if (c->isa == RLX_CPU_ISA_AVX512)
+        mv_rows_512(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, r0, r1);
+    else if (c->isa == RLX_CPU_ISA_AVX2)
+        mv_rows_256(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, r0, r1);
+    else
+        mv_rows_scalar(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, r0, r1);
+}
+
+/* out (M, N) = a (M, K) @ b^T, b (N, K) of dtype wt; 1 <= M <= RLX_MV_MAX_M, K >= 1 */
+static void matvec(float *out, const float *a, const void *b, int wt, int64_t M, int64_t K, int64_t N) {
+    struct mv_ctx c = {.out = out, .a = a, .b = b, .wt = wt, .isa = rlx_cpu_isa(), .M = M, .K = K, .N = N};
+    const int64_t block_bytes = RLX_MV_BLOCK * K * (wt == RLX_F32 ? 4 : 2);
+    const int64_t grain = (RLX_MV_GRAIN_BYTES + block_bytes - 1) / block_bytes;
+    rlx_parallel_for((N + RLX_MV_BLOCK - 1) / RLX_MV_BLOCK, grain, mv_blocks, &c);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Entry points
+ * ------------------------------------------------------------------------------------------- */
 
 /* out (M, N) = a (M, K) @ b, with b (N, K) read transposed when trans_b, else b (K, N). */
 void rlx_cpu_matmul_f32(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N,
@@ -20,19 +264,67 @@ void rlx_cpu_matmul_f32(float *out, const float *a, const float *b, int64_t M, i
         memset(out, 0, (size_t)(M * N) * sizeof(float));
         return;
     }
+    if (trans_b && M <= RLX_MV_MAX_M) {
+        matvec(out, a, b, RLX_F32, M, K, N);
+        return;
+    }
     /* the first pool use applies RLX_NUM_THREADS to OpenBLAS too */
     (void)rlx_pool_threads();
-    if (M == 1) {
-        /* out (N) = b (N, K) @ a (K) when trans_b, else b (K, N)^T @ a (K) */
-        if (trans_b)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)N, (blasint)K, 1.0f, b, (blasint)K, a, 1,
-                        0.0f, out, 1);
-        else
-            cblas_sgemv(CblasRowMajor, CblasTrans, (blasint)K, (blasint)N, 1.0f, b, (blasint)N, a, 1,
-                        0.0f, out, 1);
+    if (M == 1 && !trans_b) {
+        /* out (N) = b (K, N)^T @ a (K) */
+        cblas_sgemv(CblasRowMajor, CblasTrans, (blasint)K, (blasint)N, 1.0f, b, (blasint)N, a, 1, 0.0f, out, 1);
         return;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N,
-                (blasint)K, 1.0f, a, (blasint)K, b, trans_b ? (blasint)K : (blasint)N, 0.0f, out,
-                (blasint)N);
+                (blasint)K, 1.0f, a, (blasint)K, b, trans_b ? (blasint)K : (blasint)N, 0.0f, out, (blasint)N);
+}
+
+/* Rows of b per widened panel: about RLX_PANEL_FLOATS floats, at least 16 rows, at most N. */
+static int64_t panel_rows(int64_t K, int64_t N) {
+    int64_t rows = RLX_PANEL_FLOATS / (K > 0 ? K : 1);
+    rows = rows < 16 ? 16 : rows / 16 * 16;
+    return rows < N ? rows : N;
+}
+
+size_t rlx_cpu_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N) {
+    if (M <= RLX_MV_MAX_M || K <= 0 || N <= 0)
+        return 0;
+    return (size_t)(panel_rows(K, N) * K);
+}
+
+struct widen_ctx {
+    float *dst;
+    const uint16_t *src;
+    int dtype;
+};
+
+static void widen_range(void *p, int64_t begin, int64_t end) {
+    const struct widen_ctx *c = p;
+    rlx_cpu_widen(c->dst + begin, c->src + begin, c->dtype, end - begin);
+}
+
+/* out (M, N) = a (M, K) @ b^T, b (N, K) bf16 / f16 widened exactly; scratch:
+ * rlx_cpu_matmul_lowp_scratch(M, K, N) floats. */
+void rlx_cpu_matmul_lowp(float *out, const float *a, const uint16_t *b, int b_dtype, int64_t M, int64_t K,
+                         int64_t N, float *scratch) {
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) {
+        memset(out, 0, (size_t)(M * N) * sizeof(float));
+        return;
+    }
+    if (M <= RLX_MV_MAX_M) {
+        matvec(out, a, b, b_dtype, M, K, N);
+        return;
+    }
+    (void)rlx_pool_threads();
+    const int64_t rows = panel_rows(K, N);
+    for (int64_t n0 = 0; n0 < N; n0 += rows) {
+        const int64_t nr = N - n0 < rows ? N - n0 : rows;
+        /* scratch (nr, K) f32 = b rows n0 .. n0+nr; out[:, n0 .. n0+nr] = a @ scratch^T */
+        struct widen_ctx c = {.dst = scratch, .src = b + n0 * K, .dtype = b_dtype};
+        rlx_parallel_for(nr * K, RLX_CPU_GRAIN_CHEAP, widen_range, &c);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)M, (blasint)nr, (blasint)K, 1.0f, a,
+                    (blasint)K, scratch, (blasint)K, 0.0f, out + n0, (blasint)N);
+    }
 }

@@ -1,6 +1,6 @@
 /*
- * table.c - the "cpu" kernel table: OpenBLAS for matmul, the pool and per-ISA vector loops for
- * the rest (see the other files of backends/cpu). Only collects entry points; must never hold
+ * table.c - the "cpu" kernel table: own threaded matvecs for decode and OpenBLAS for larger
+ * products, the pool and per-ISA vector loops for the rest (see the other files of backends/cpu). Only collects entry points; must never hold
  * logic or state of its own.
  */
 #include "backends/cpu/cpu.h"
@@ -9,6 +9,9 @@ const struct rlx_kernels rlx_cpu_kernels = {
     .name = "cpu",
     .matmul_f32 = rlx_cpu_matmul_f32,
     .embedding_f32 = rlx_cpu_embedding_f32,
+    .matmul_lowp = rlx_cpu_matmul_lowp,
+    .matmul_lowp_scratch = rlx_cpu_matmul_lowp_scratch,
+    .embedding_lowp = rlx_cpu_embedding_lowp,
     .rmsnorm_f32 = rlx_cpu_rmsnorm_f32,
     .add_rmsnorm_f32 = rlx_cpu_add_rmsnorm_f32,
     .rope_f32 = rlx_cpu_rope_f32,

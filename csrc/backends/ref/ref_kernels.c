@@ -7,6 +7,8 @@
  */
 #include "backends/kernels.h"
 
+#include "core/core.h"
+
 #include <math.h>
 
 /* out (M, N) = a (M, K) @ b, b (N, K) read transposed if trans_b else b (K, N) */
@@ -26,6 +28,37 @@ static void ref_embedding(float *out, const float *table, const int32_t *ids, in
     for (int64_t r = 0; r < n; r++)
         for (int64_t j = 0; j < d; j++)
             out[r * d + j] = table[(int64_t)ids[r] * d + j];
+}
+
+/* One 16-bit weight of dtype RLX_BF16 / RLX_F16, widened exactly to f32. */
+static float ref_widen(uint16_t h, int dtype) {
+    return dtype == RLX_BF16 ? rlx_bf16_to_f32(h) : rlx_f16_to_f32(h);
+}
+
+/* out (M, N) = a (M, K) @ b^T, b (N, K) bf16 / f16 widened exactly; needs no scratch */
+static void ref_matmul_lowp(float *out, const float *a, const uint16_t *b, int b_dtype, int64_t M, int64_t K,
+                            int64_t N, float *scratch) {
+    (void)scratch;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double acc = 0.0;
+            for (int64_t k = 0; k < K; k++)
+                acc += (double)a[m * K + k] * (double)ref_widen(b[n * K + k], b_dtype);
+            out[m * N + n] = (float)acc;
+        }
+}
+
+static size_t ref_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N) {
+    (void)M, (void)K, (void)N;
+    return 0;
+}
+
+/* out (n, d) f32 = table (V, d) bf16 / f16 rows ids (n), widened exactly */
+static void ref_embedding_lowp(float *out, const uint16_t *table, int dtype, const int32_t *ids, int64_t n,
+                               int64_t d) {
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t j = 0; j < d; j++)
+            out[r * d + j] = ref_widen(table[(int64_t)ids[r] * d + j], dtype);
 }
 
 /* out (rows, d) = x / sqrt(mean(x^2) + eps) * w (d) */
@@ -177,6 +210,9 @@ const struct rlx_kernels rlx_ref_kernels = {
     .name = "ref",
     .matmul_f32 = ref_matmul,
     .embedding_f32 = ref_embedding,
+    .matmul_lowp = ref_matmul_lowp,
+    .matmul_lowp_scratch = ref_matmul_lowp_scratch,
+    .embedding_lowp = ref_embedding_lowp,
     .rmsnorm_f32 = ref_rmsnorm,
     .add_rmsnorm_f32 = ref_add_rmsnorm,
     .rope_f32 = ref_rope,

@@ -125,6 +125,10 @@ rlx_status rlx_generator_forward(struct rlx_generator *g, const float *hidden, i
 /* Samples from logits with draw index `index`, the history as repetition context. */
 rlx_status rlx_generator_sample(struct rlx_generator *g, const float *logits, const struct rlx_sample_opts *o,
                                 uint64_t index, int32_t *token);
+/* The same with an explicit repetition context (history, n_hist ids) instead of the generator's own
+ * (a pipeline's last block has no token history of its own). */
+rlx_status rlx_generator_sample_with(struct rlx_generator *g, const float *logits, const struct rlx_sample_opts *o,
+                                     uint64_t index, const int32_t *history, int64_t n_hist, int32_t *token);
 
 struct rlx_generator_stats {
     int64_t prefill_compiles, decode_compiles, plan_hits;
