@@ -162,9 +162,19 @@ class Generator:
         return self._c.logits(cached=True)
 
     def decode_get_logits(self, token: int) -> np.ndarray:
-        """Appends token and returns the next logits; afterwards kv_len == len(tokens)."""
+        """Appends token and returns the next logits; afterwards kv_len == len(tokens). If the
+        step fails, the token is taken back: history and cache are as before the call."""
+        n = self._c.n_tokens
         self._c.append(token)
-        return self._c.logits(cached=True)
+        try:
+            return self._c.logits(cached=True)
+        except BaseException:
+            self._c.truncate(n)
+            raise
+
+    def truncate(self, n: int) -> None:
+        """Keeps the first n tokens of the history (and of the KV cache): rewinds generation."""
+        self._c.truncate(n)
 
     # -- compiled plans -------------------------------------------------------------------------
 
@@ -249,4 +259,4 @@ def soft_memory_budget() -> tuple[int, str]:
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     hint = (f"the budget is RLX_SOFT_MEMORY_FRACTION={raw} of {ram / 2**30:.1f} GiB RAM: raise it, or bound "
             "shapes with with_compile_seq_cap() / a shorter context")
-    return int(ram * fraction), hint
+    return max(1, int(ram * fraction)), hint  # 0 would mean "no budget"

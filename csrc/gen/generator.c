@@ -240,6 +240,15 @@ void rlx_generator_reset(struct rlx_generator *g)
     rlx_kv_cache_truncate(g->kv, 0); /* cannot fail for 0 */
 }
 
+rlx_status rlx_generator_truncate(struct rlx_generator *g, int64_t n)
+{
+    if (n < 0) return rlx_set_error(RLX_ERR_INVALID, "truncate: negative length %lld", (long long)n);
+    if (n >= g->n_tokens) return RLX_OK;
+    g->n_tokens = n;
+    g->logits_valid = false;
+    return rlx_kv_cache_truncate(g->kv, n);
+}
+
 rlx_status rlx_generator_append(struct rlx_generator *g, int32_t token)
 {
     if (g->n_tokens == 0) return rlx_set_error(RLX_ERR_STATE, "no context: call prefill first");

@@ -327,6 +327,16 @@ static PyObject *gen_reset(struct gen_object *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+static PyObject *gen_truncate(struct gen_object *self, PyObject *arg)
+{
+    long long n = PyLong_AsLongLong(arg);
+    if ((n == -1 && PyErr_Occurred()) || gen_acquire(self) < 0) return NULL;
+    rlx_status s = rlx_generator_truncate(self->gen, n);
+    gen_release(self);
+    if (rlx_py_raise(s)) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *gen_append(struct gen_object *self, PyObject *tok_obj)
 {
     int32_t tok;
@@ -585,6 +595,12 @@ static PyObject *gen_get_tokens(struct gen_object *self, void *closure)
     return out;
 }
 
+static PyObject *gen_get_n_tokens(struct gen_object *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromLongLong(rlx_generator_len(self->gen));
+}
+
 static PyObject *gen_get_kv_len(struct gen_object *self, void *closure)
 {
     (void)closure;
@@ -725,6 +741,8 @@ static PyObject *gen_release_plans(struct gen_object *self, PyObject *args)
 static PyMethodDef gen_methods[] = {
     {"prefill", (PyCFunction)gen_prefill, METH_O, "prefill(ids)\n\nReplaces the history with ids; clears the cache."},
     {"reset", (PyCFunction)gen_reset, METH_NOARGS, "reset()\n\nForgets the history and empties the cache."},
+    {"truncate", (PyCFunction)gen_truncate, METH_O,
+     "truncate(n)\n\nKeeps the first n positions of the history and the cache."},
     {"append", (PyCFunction)gen_append, METH_O, "append(token)\n\nAppends one token to the history."},
     {"logits", (PyCFunction)(void (*)(void))gen_logits, METH_VARARGS | METH_KEYWORDS,
      "logits(cached=True) -> ndarray (vocab,)\n\nNext-token logits after the history (KV-cached or recomputed)."},
@@ -763,6 +781,7 @@ static PyMethodDef gen_methods[] = {
 static PyGetSetDef gen_getset[] = {
     {"tokens", (getter)gen_get_tokens, NULL, "The history (list of ints).", NULL},
     {"kv_len", (getter)gen_get_kv_len, NULL, "Positions held by the KV cache.", NULL},
+    {"n_tokens", (getter)gen_get_n_tokens, NULL, "Length of the history.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

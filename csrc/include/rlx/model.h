@@ -100,6 +100,8 @@ void rlx_generator_set_memory_budget(struct rlx_generator *g, size_t bytes, cons
 rlx_status rlx_generator_prefill(struct rlx_generator *g, const int32_t *ids, int64_t n);
 /* Forgets the history and empties the cache (plans are kept). */
 void rlx_generator_reset(struct rlx_generator *g);
+/* Keeps the first n positions of the history and of the cache (n >= 0; larger n changes nothing). */
+rlx_status rlx_generator_truncate(struct rlx_generator *g, int64_t n);
 /* Appends one token to the history (range-checked; RLX_ERR_RANGE past max_position_embeddings). */
 rlx_status rlx_generator_append(struct rlx_generator *g, int32_t token);
 int64_t rlx_generator_len(const struct rlx_generator *g);
