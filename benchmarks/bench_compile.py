@@ -2,7 +2,7 @@
 """bench_compile: what rlx's compile policies cost and save on the Qwen3-0.6B shape.
 
     python benchmarks/bench_compile.py             # 256 generated tokens per policy
-    python benchmarks/bench_compile.py --quick     # 32 tokens (< 2 minutes)
+    python benchmarks/bench_compile.py --quick     # 32 tokens, 1 compile rep (< 2 minutes)
     python benchmarks/bench_compile.py --tokens 128 --layers 8 --threads 2
 
 The model: Qwen3-0.6B's shape (hidden 1024, 28 layers, 16 heads, 8 KV heads, head_dim 128,
@@ -238,10 +238,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=None, help="generated tokens per policy (default 256)")
     ap.add_argument("--layers", type=int, default=28, help="decoder layers (default 28, Qwen3-0.6B)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=3, help="fresh generators per policy for the compile table")
+    ap.add_argument("--reps", type=int, default=None,
+                    help="fresh generators per policy for the compile table (default 3; 1 with --quick)")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/compile-<date>.json)")
     args = ap.parse_args(argv)
     n_tokens = args.tokens or (32 if args.quick else 256)
+    args.reps = args.reps or (1 if args.quick else 3)
 
     rlx.set_num_threads(args.threads)
     cfg = qwen3_06b(args.layers)
