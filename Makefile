@@ -3,12 +3,15 @@
 #   make demo    set up (apt, .venv, editable build) and generate text
 #   make test    set up and run every test: pytest, C tests under valgrind, ASan+UBSan
 #   make build   set up and build the extension in place (rlx/_C*.so)
+#   make bench   set up the benchmark extras and run rlx beside llama.cpp and transformers
+#   make bench-quick   the same, reduced (Qwen3-0.6B, 2 threads, 1 repetition: minutes)
 #   make clean   remove build outputs (keeps .venv; `make distclean` removes it too)
 #
 # Every step is keyed on stamp files so that a second run with nothing changed
 # takes seconds:
 #   build/stamps/apt.mk      system packages present   (Makefile: APT_PACKAGES)
 #   .venv/.rlx-deps          venv + Python deps        (pyproject.toml, setup.py)
+#   .venv/.rlx-bench         benchmark extras [bench]  (pyproject.toml, setup.py)
 #   build/stamps/csrc-list   the set of files under csrc/ (rewritten only when it changes)
 #   rlx/_C<suffix>.so        the in-place extension    (every csrc/ source and header)
 
@@ -37,10 +40,10 @@ EXT_SUFFIX := $(shell $(if $(wildcard $(VPY)),$(VPY),$(PYTHON)) -c 'import sysco
 EXT_SO     := rlx/_C$(EXT_SUFFIX)
 CSRC_FILES := $(shell find csrc -type f \( -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.comp' -o -name '*.glsl' \) 2>/dev/null | LC_ALL=C sort)
 
-.PHONY: help setup build demo test test-py test-c test-asan clean distclean FORCE
+.PHONY: help setup build demo test test-py test-c test-asan bench bench-quick clean distclean FORCE
 
 help:
-	@sed -n '3,6p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,8p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- set-up ----
 
@@ -81,6 +84,14 @@ $(VENV)/.rlx-deps: pyproject.toml setup.py | $(VPY)
 	RLX_NO_EXT=1 $(VPIP) install -q --no-build-isolation -e '.[test]'
 	@touch $@
 
+# Benchmark extras (pyproject.toml [bench]). Built with isolation: llama-cpp-python
+# compiles llama.cpp from source (several minutes on 2 cores) and needs its own build deps.
+# GGML_NATIVE=ON builds the peer for this CPU, as a user compiling it here would.
+$(VENV)/.rlx-bench: pyproject.toml setup.py $(VENV)/.rlx-deps
+	@echo "== pip install -e .[test,bench] (llama-cpp-python compiles llama.cpp: minutes)"
+	CMAKE_ARGS="$${CMAKE_ARGS:--DGGML_NATIVE=ON}" RLX_NO_EXT=1 $(VPIP) install -q -e '.[test,bench]'
+	@touch $@
+
 # The list of csrc/ files, rewritten only when a file appears or disappears, so
 # that deleting a source also triggers a rebuild.
 $(STAMPS)/csrc-list: FORCE
@@ -112,11 +123,17 @@ test-c: $(STAMPS)/apt.mk
 test-asan: $(VENV)/.rlx-deps
 	PYTHON=$(VPY) tools/run_asan_tests.sh
 
+# Side-by-side generation benchmark (benchmarks/README.md, "Generation").
+bench: build $(VENV)/.rlx-bench
+	$(VPY) benchmarks/bench_generate.py --check
+bench-quick: build $(VENV)/.rlx-bench
+	$(VPY) benchmarks/bench_generate.py --quick --check
+
 # ----------------------------------------------------------------- clean ----
 
 clean:
 	rm -rf build *.egg-info
-	find rlx -name '_C*.so' -delete 2>/dev/null || true
+	find rlx \( -name '_C*.so' -o -name '_mpi*.so' \) -delete 2>/dev/null || true
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
 
 distclean: clean
