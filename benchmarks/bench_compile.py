@@ -209,7 +209,8 @@ def markdown(meta: dict, comp: list[dict], e2e: list[dict]) -> str:
                    f"{1e3 * r['decode_compile_s']:.1f} | {1e3 * r['decode_first_run_s']:.0f} | "
                    f"{1e3 * r['decode_next_s']:.0f} ({1e3 * r['decode_next_compile_s']:.1f}) | "
                    f"{mib(r['planned_bytes']):.1f} |")
-    out += ["", f"End to end: {PROMPT_LEN}-token prompt, {n} greedy tokens (step_cached, policies interleaved token by token):", "",
+    out += ["", f"End to end: {PROMPT_LEN}-token prompt, {n} greedy tokens (step_cached, policies interleaved "
+            "token by token):", "",
             "| policy | prefill compiles | decode compiles | plan hits | compile s | plans held | planned MiB | "
             "first token s | decode ms/token (median) | total s | tok/s | same tokens |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|"]
@@ -263,7 +264,8 @@ def main(argv=None) -> int:
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "model": "Qwen3-0.6B shape, random f32 weights (seed %d)" % SEED,
         "layers": args.layers, "params": int(n_params), "threads": rlx.get_num_threads(),
-        "n_tokens": n_tokens, "compile_reps": args.reps, "prompt_len": PROMPT_LEN, "prefill_seq": PREFILL_SEQ, "max_past": MAX_PAST,
+        "n_tokens": n_tokens, "compile_reps": args.reps, "prompt_len": PROMPT_LEN, "prefill_seq": PREFILL_SEQ,
+        "max_past": MAX_PAST,
         "machine": {"cpu": cpu_name(), "nproc": os.cpu_count(), "python": platform.python_version()},
         "build_info": rlx.build_info(),
     }

@@ -729,8 +729,10 @@ takes several minutes on 2 cores; transformers; torch==2.13.0 CPU; gguf) and run
   float32 array, split among t pthreads, with four independent AVX-512 (or AVX) accumulators;
   median of 7 passes after a warm pass. Decode ceiling = that bandwidth / bytes of weights one
   token reads (every 2-D projection and the LM head once, at the stored width).
-- The environment is passed through unchanged (OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE included,
-  recorded in the JSON); see the environment note above for benchmarking without them.
+- The environment is passed through unchanged and recorded in the JSON. Where
+  OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are set (some machines set them for old OpenBLAS
+  builds), they slow a current OpenBLAS: benchmark with both unset in that command alone,
+  `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE make bench`.
 - Results: `benchmarks/results/generate-<date>.json` (every cell, medians, ratios, machine,
   profiles); the table below is the latest full run (rewritten by it; `--quick` leaves it).
 """

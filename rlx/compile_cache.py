@@ -39,9 +39,9 @@ class CompileCache:
         """params: {name: array} set on every plan compiled (zero-copy where the device allows)."""
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
-        if not isinstance(capacity, int) or capacity < 1:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ValueError(f"capacity must be a positive int, got {capacity!r}")
-        if max_value is not None and (not isinstance(max_value, int) or max_value < 1):
+        if max_value is not None and (not isinstance(max_value, int) or isinstance(max_value, bool) or max_value < 1):
             raise ValueError(f"max_value must be a positive int, got {max_value!r}")
         self._build, self._device, self._policy = build, device, policy
         self._capacity = capacity if policy == "lru" else 1
@@ -60,7 +60,7 @@ class CompileCache:
         """The dims a plan is compiled for under this policy (the identity except for bucketed)."""
         out = {}
         for name, v in dims.items():
-            if not isinstance(v, int) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"dim {name} must be a positive int, got {v!r}")
             if self._policy == "bucketed":
                 b = _pow2_ceil(v)
@@ -75,7 +75,7 @@ class CompileCache:
     def plan(self, **dims: int) -> Plan:
         """The plan for these dims, compiled on a miss."""
         concrete = self.bucket(**dims)
-        key = ("dynamic",) if self._policy == "dynamic" else tuple(sorted(concrete.items()))
+        key = ("dynamic", *sorted(dims)) if self._policy == "dynamic" else tuple(sorted(concrete.items()))
         if key in self._plans:
             self._plans.move_to_end(key)
             self.hits += 1

@@ -198,6 +198,9 @@ rlx_status rlx_generator_set_seq_cap(struct rlx_generator *g, int64_t cap)
     if (cap < 0 || cap > g->cfg.max_position_embeddings)
         return rlx_set_error(RLX_ERR_INVALID, "compile seq cap %lld outside [1, max_position_embeddings %lld]",
                              (long long)cap, (long long)g->cfg.max_position_embeddings);
+    if (rlx_kv_cache_len(g->kv) > 0)
+        return rlx_set_error(RLX_ERR_STATE, "the compile seq cap cannot change mid-utterance (the KV cache holds "
+                             "%lld positions): call prefill() first", (long long)rlx_kv_cache_len(g->kv));
     g->seq_cap = cap;
     rlx_generator_release_plans(g);
     return RLX_OK;

@@ -523,7 +523,7 @@ def test_rank_that_stalls_makes_the_others_time_out(stories):
         waited = ended[r] - t_stall
         assert waited < FAULT_TIMEOUT + MARGIN, (r, waited, errors[r])
     # Rank 0 waits for rank 1's hidden states: it gives up by its own timeout.
-    assert ended[0] - t_stall >= FAULT_TIMEOUT - 0.5
+    assert ended[0] - t_stall >= FAULT_TIMEOUT - 1.0
     assert isinstance(errors.get(1), rlx.Error), errors.get(1)  # its peers are gone when it wakes
     print(f"fault stall rank 1: rank 0 gave up after {ended[0] - t_stall:.3f} s, rank 2 after "
           f"{ended[2] - t_stall:.3f} s ({errors[0]}; {errors[2]})")

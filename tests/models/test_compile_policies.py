@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -132,19 +133,20 @@ def test_bucketed_past_beyond_max_past_raises(hf_model):
     assert ref.generate_cached(9, GREEDY) == toks
 
 
-@pytest.mark.xfail(strict=True, reason="rlx bug: Generator.decode_get_logits appends the token before the "
-                   "cached step, so a refused step leaves the history one token longer (the module promises "
-                   "'after any error the generator is unchanged')")
 @pytest.mark.parametrize("hf_model", [LLAMA], indirect=True)
 def test_decode_get_logits_refusal_leaves_history_unchanged(hf_model):
+    """decode_get_logits appends before its cached step; a refused step must take the token back."""
     path, model = hf_model
+    prompt = _prompt(model, 3, seed=2)
     gen = _gen(path, decode=("bucketed", 10))
-    gen.prefill(_prompt(model, 3, seed=2))
-    gen.generate_cached(9, GREEDY)
-    history = gen.tokens
+    gen.prefill(prompt)
+    toks = gen.generate_cached(9, GREEDY)
+    history, kv = gen.tokens, gen.kv_len
     with pytest.raises(ValueError, match="max_past 10"):
         gen.decode_get_logits(history[-1])
-    assert gen.tokens == history
+    assert gen.tokens == history and gen.kv_len == kv
+    gen.prefill(prompt)
+    assert gen.generate_cached(9, GREEDY) == toks
 
 
 @pytest.mark.parametrize("hf_model", [QWEN3_SW, LLAMA], indirect=True)
@@ -490,7 +492,6 @@ def test_seq_cap_argument_checks(hf_model):
 # ---- soft memory budget ---------------------------------------------------------------------
 
 def _ram() -> int:
-    import os
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
@@ -540,10 +541,10 @@ def test_memory_budget_refuses_big_plans_only(hf_model, monkeypatch):
     _assert_same(_trace(gen, short, 10), _oneshot(path, short, 10), "usable after a refusal")
 
 
-@pytest.mark.xfail(strict=True, reason="rlx bug: a fraction whose budget rounds down to 0 bytes "
-                   "(int(ram * fraction) == 0) turns the budget off instead of refusing every plan")
 @pytest.mark.parametrize("hf_model", [LLAMA], indirect=True)
 def test_memory_fraction_rounding_to_zero_still_refuses(hf_model, monkeypatch):
+    """A valid fraction whose budget is under one byte must refuse every plan, not turn the
+    budget off (0 bytes means "no budget" to the C side)."""
     monkeypatch.setenv("RLX_SOFT_MEMORY_FRACTION", "1e-12")  # in (0, 1]: valid, and < 1 byte of RAM
     assert int(_ram() * 1e-12) == 0
     gen = _gen(hf_model[0])
