@@ -207,37 +207,38 @@ class TransformersEngine:
         self.model.eval()
         self.pkv = None
         self.tok = None
+        # transformers >= 5.x names the cache argument and output `cache` (past_key_values before).
+        import inspect
+        self.cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
 
     def _fwd(self, ids, pkv):
+        """(logits, cache) of one forward pass; only the last position's logits."""
         torch = self.torch
         with torch.inference_mode():
-            return self.model(input_ids=ids, past_key_values=pkv, use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self.cache_kw: pkv})
+        return out.logits, getattr(out, self.cache_kw)
 
     def prefill(self, ids):
         self._fwd(self.torch.tensor([ids]), None)
 
     def first_token(self, ids):
-        out = self._fwd(self.torch.tensor([ids]), None)
-        self.pkv = out.past_key_values
-        self.tok = out.logits[:, -1].argmax(-1, keepdim=True)
+        logits, self.pkv = self._fwd(self.torch.tensor([ids]), None)
+        self.tok = logits[:, -1].argmax(-1, keepdim=True)
         return int(self.tok)
 
     def decode(self, n):
         for _ in range(n):
-            out = self._fwd(self.tok, self.pkv)
-            self.pkv = out.past_key_values
-            self.tok = out.logits[:, -1].argmax(-1, keepdim=True)
+            logits, self.pkv = self._fwd(self.tok, self.pkv)
+            self.tok = logits[:, -1].argmax(-1, keepdim=True)
 
     def logits_check(self, prompt, feed):
         import numpy as np
         torch = self.torch
-        out = self._fwd(torch.tensor([prompt]), None)
-        rows = [out.logits[0, -1].float().numpy().copy()]
-        pkv = out.past_key_values
+        logits, pkv = self._fwd(torch.tensor([prompt]), None)
+        rows = [logits[0, -1].float().numpy().copy()]
         for t in feed:
-            out = self._fwd(torch.tensor([[t]]), pkv)
-            pkv = out.past_key_values
-            rows.append(out.logits[0, -1].float().numpy().copy())
+            logits, pkv = self._fwd(torch.tensor([[t]]), pkv)
+            rows.append(logits[0, -1].float().numpy().copy())
         return np.stack(rows)
 
     def info(self):

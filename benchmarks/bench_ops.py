@@ -8,9 +8,10 @@ Llama-3.2-1B.
 
 Matmul: GFLOP/s of a one-op rlx graph, x (M, K) @ W^T with W (N, K) (``transpose_b``, compiled for
 "cpu"), at M = 1 (decode), 128 and 512 (prefill), beside NumPy's ``x @ W.T`` and beside a direct
-ctypes call of cblas_sgemm / cblas_sgemv in the very OpenBLAS that rlx links, made exactly as
-rlx's matmul.c makes it into a preallocated output (so a gap splits into "the library" and "rlx's
-own overhead"). Memory-bound ops (rmsnorm, silu*mul, add,
+ctypes call of cblas_sgemm (cblas_sgemv for M = 1) in the very OpenBLAS that rlx links, into a
+preallocated output: "cblas direct" is the library with no rlx around it, so a gap splits into
+"the library" (cblas vs numpy) and "rlx" (rlx vs cblas: its overhead, or its own kernel where
+rlx does not call OpenBLAS, as for its matvec at M <= 4). Memory-bound ops (rmsnorm, silu*mul, add,
 softmax, rope, decode attention over a 1024-token past): GB/s of the bytes they must read and
 write, beside a NumPy equivalent. Every contender runs in the same process, interleaved rep by
 rep, with the same thread count; the median is reported.
@@ -106,7 +107,8 @@ SLOW = 1.0
 
 
 class Cblas:
-    """cblas_sgemm / cblas_sgemv of the OpenBLAS that rlx._C has loaded (found in /proc/self/maps)."""
+    """cblas_sgemm / cblas_sgemv of the OpenBLAS that rlx._C has loaded (found in /proc/self/maps),
+    called directly through ctypes."""
 
     def __init__(self):
         path = None
@@ -128,7 +130,7 @@ class Cblas:
         self.c_float = ctypes.c_float
 
     def matmul_tb(self, out, x, w):
-        """out (M, N) = x (M, K) @ w (N, K)^T, called the way rlx's matmul.c calls it."""
+        """out (M, N) = x (M, K) @ w (N, K)^T: sgemv for one row, else sgemm with w transposed."""
         m, k = x.shape
         n = w.shape[0]
         px, pw, po = x.ctypes.data, w.ctypes.data, out.ctypes.data

@@ -9,6 +9,7 @@
  * rlx_set_num_threads(1), which joins every worker, so valgrind sees no leaked thread.
  * Prints one line per failure, then exactly "N passed, M failed"; exits non-zero on failure.
  */
+#include "backends/cpu/cpu.h"
 #include "backends/kernels.h"
 #include "core/pool.h"
 #include "rlx/rlx.h"
@@ -274,6 +275,40 @@ static void test_matvec_threads_bitwise(void) {
         free(want[w]);
 }
 
+/* Distance in units in the last place between two finite floats of the same sign. */
+static int64_t ulp_diff(float a, float b) {
+    int32_t ia, ib;
+    memcpy(&ia, &a, 4);
+    memcpy(&ib, &b, 4);
+    return ia > ib ? (int64_t)ia - ib : (int64_t)ib - ia;
+}
+
+/* The cpu table's vector exp: within 2 ulp of the correctly rounded expf on [-87.3, 88.3], and
+ * its documented edges. */
+static void test_exp16(void) {
+    int64_t worst = 0;
+    float worst_x = 0.0f;
+    for (int i = 0; i < 200000; i += 16) {
+        rlx_cpu_v16 v, x;
+        for (int l = 0; l < 16; l++)
+            x[l] = -87.3f + (87.3f + 88.3f) * (float)(i + l) / 200000.0f;
+        x[0] = i == 0 ? 0.0f : x[0];
+        v = x;
+        rlx_cpu_exp16(&v);
+        for (int l = 0; l < 16; l++) {
+            const int64_t d = ulp_diff(v[l], (float)exp((double)x[l]));
+            if (d > worst)
+                worst = d, worst_x = x[l];
+        }
+    }
+    result(worst <= 2, "exp16: %lld ulp at x = %.9g", (long long)worst, worst_x);
+    rlx_cpu_v16 v = {-INFINITY, INFINITY, NAN, 89.0f, -88.0f, 0.0f, 1.0f, -1.0f};
+    rlx_cpu_exp16(&v);
+    result(v[0] == 0.0f && v[1] == INFINITY && isnan(v[2]) && v[3] == INFINITY && v[4] == 0.0f && v[5] == 1.0f &&
+               ulp_diff(v[6], (float)exp(1.0)) <= 1 && ulp_diff(v[7], (float)exp(-1.0)) <= 1,
+           "exp16 edges: %g %g %g %g %g %g %.9g %.9g", v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+}
+
 static void test_embedding(void) {
     const int64_t V = 50, ds[] = {1, 7, 130}, ns[] = {1, 3, 17, 3000};
     for (int di = 0; di < 3; di++)
@@ -468,6 +503,9 @@ static void test_attention(void) {
         attention_case(1, 300, 8, 2, 64, 1, 0, masks);
         attention_case(33, 0, 6, 3, 40, 0, 0, masks);
         attention_case(3, 1500, 8, 2, 64, 1, 0, masks); /* long rows: tasks overlap in time */
+        attention_case(1, 1500, 16, 8, 40, 1, 0, masks); /* decode: keys split over tasks */
+        attention_case(1, 1000, 6, 2, 33, 1, 700, masks);
+        attention_case(1, 700, 4, 4, 16, 0, 0, masks);
     }
 }
 
@@ -696,6 +734,7 @@ static void test_pool(void) {
 
 int main(void) {
     test_ref_by_hand();
+    test_exp16();
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     const int counts[] = {1, 2, 3};
     for (int ti = 0; ti < 3; ti++) {

@@ -4,7 +4,16 @@
  * subtracted, and its output accumulated as a weighted sum of value rows; the two loops over
  * key rows (scores, weighted sum) are compiled per ISA.
  *
- * Threading and scratch: pairs come in blocks, one block per (query, kv head) holding the
+ * Decode (one query, S == 1) takes another path that reads the KV cache once, front to back: a
+ * key row (Hkv, D) is contiguous, so reading one head's keys alone touches 4 KiB pages for 512
+ * bytes each and runs at a fraction of the bandwidth (measured 5-7 GB/s). Instead the visible
+ * keys are split into one contiguous range per task, every head is scored against each key row
+ * as it streams by (chunks of RLX_ATTN_CHUNK keys: scores, then an online softmax per head, then
+ * the value rows), and the tasks' partials (max, sum, weighted values per head) are merged by
+ * the caller, flash-decoding style. Each task's partial lives in its own RLX_ATTN_PART_FLOATS
+ * of scratch; heads too many for that fall back to the per-head path.
+ *
+ * Threading and scratch (S > 1): pairs come in blocks, one block per (query, kv head) holding the
  * Hq/Hkv query heads that read the same key/value rows (so the second head finds them in cache).
  * Blocks are dealt round-robin to `ntasks` tasks (ntasks <= rlx_pool_threads(), fewer when the
  * work is small), so causal rows of unequal length balance.
@@ -20,6 +29,23 @@
 
 #include <math.h>
 #include <string.h>
+
+typedef float attn_v8 __attribute__((vector_size(32)));
+typedef float attn_v4 __attribute__((vector_size(16)));
+
+/* Sum of the 16 lanes of *v by halving (8 + 8, 4 + 4, then pairs): a few shuffles instead of a
+ * 16-long chain of dependent adds, which cost as much as the dot product itself at D = 128. */
+static inline __attribute__((always_inline)) float hsum16(const rlx_cpu_v16 *v) {
+    attn_v8 lo, hi;
+    memcpy(&lo, v, sizeof lo);
+    memcpy(&hi, (const char *)v + sizeof lo, sizeof hi);
+    lo += hi;
+    attn_v4 a, b;
+    memcpy(&a, &lo, sizeof a);
+    memcpy(&b, (const char *)&lo + sizeof a, sizeof b);
+    a += b;
+    return (a[0] + a[2]) + (a[1] + a[3]);
+}
 
 /* sc[j] = scale * q (D) . k[j * stride .. + D] for j < n */
 RLX_CPU_CLONES
@@ -45,9 +71,7 @@ static void score_rows(float *sc, const float *q, const float *k, int64_t stride
             acc0 += q0 * k0;
         }
         acc0 += acc1;
-        float s = 0.0f;
-        for (int l = 0; l < 16; l++)
-            s += acc0[l];
+        float s = hsum16(&acc0);
         for (; e < D; e++)
             s += q[e] * kj[e];
         sc[j] = scale * s;
@@ -74,6 +98,24 @@ static void weigh_rows(float *o, const float *p, const float *v, int64_t stride,
         for (; e < D; e++)
             o[e] += w * vj[e];
     }
+}
+
+/* p[j] = exp(p[j] - m) for j < n (-inf gives 0); returns their sum. 16 lanes through
+ * rlx_cpu_exp16, the tail through a vector padded with -inf. */
+RLX_CPU_CLONES
+static float exp_sum(float *p, int64_t n, float m) {
+    rlx_cpu_v16 sum = {0};
+    for (int64_t j = 0; j < n; j += 16) {
+        const int64_t len = n - j < 16 ? n - j : 16;
+        rlx_cpu_v16 v = {0};
+        v -= INFINITY;
+        memcpy(&v, p + j, (size_t)len * sizeof(float));
+        v -= m;
+        rlx_cpu_exp16(&v);
+        sum += v;
+        memcpy(p + j, &v, (size_t)len * sizeof(float));
+    }
+    return hsum16(&sum);
 }
 
 /* out[i, h] (D) = sum_j softmax_j(scale * q[i, h] . k_j + mask) v_j over the keys visible to i;
@@ -108,12 +150,7 @@ static void attend_one(const struct rlx_attn_args *a, int64_t i, int64_t h, floa
     }
     if (m == -INFINITY)
         return; /* nothing visible: zeros */
-    float sum = 0.0f;
-    for (int64_t j = lo; j < hi; j++) {
-        const float p = sc[j] == -INFINITY ? 0.0f : expf(sc[j] - m);
-        sc[j] = p;
-        sum += p;
-    }
+    const float sum = exp_sum(sc + lo, hi - lo, m);
     if (mid > lo)
         weigh_rows(o, sc + lo, a->v_past + lo * stride + kvh * D, stride, mid - lo, D);
     if (hi > mid)
@@ -121,6 +158,197 @@ static void attend_one(const struct rlx_attn_args *a, int64_t i, int64_t h, floa
     const float inv = 1.0f / sum;
     for (int64_t e = 0; e < D; e++)
         o[e] *= inv;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Decode (S == 1): keys split across tasks, every head at once
+ * ------------------------------------------------------------------------------------------- */
+
+/* Keys per chunk of the split-key path, and the floats of scratch each task may use for its
+ * partial result: m, l (Hq each), o (Hq * D) and a chunk of scores (Hq * RLX_ATTN_CHUNK). */
+#define RLX_ATTN_CHUNK 64
+#define RLX_ATTN_PART_FLOATS 32768
+
+/* sc[h * RLX_ATTN_CHUNK + jj] = scale * q[h] . k_j[h / G] for jj < n keys at k (rows `stride`
+ * apart), all Hq heads: each key row is read once, front to back. */
+RLX_CPU_CLONES
+static void score_chunk(float *sc, const float *q, const float *k, int64_t stride, int64_t n, int64_t Hq, int64_t G,
+                        int64_t D, float scale) {
+    for (int64_t jj = 0; jj < n; jj++) {
+        const float *kj = k + jj * stride;
+        for (int64_t h = 0; h < Hq; h++) {
+            const float *kh = kj + h / G * D, *qh = q + h * D;
+            rlx_cpu_v16 acc0 = {0}, acc1 = {0};
+            int64_t e = 0;
+            for (; e + 32 <= D; e += 32) {
+                rlx_cpu_v16 q0, k0, q1, k1;
+                memcpy(&q0, qh + e, sizeof q0);
+                memcpy(&k0, kh + e, sizeof k0);
+                memcpy(&q1, qh + e + 16, sizeof q1);
+                memcpy(&k1, kh + e + 16, sizeof k1);
+                acc0 += q0 * k0;
+                acc1 += q1 * k1;
+            }
+            for (; e + 16 <= D; e += 16) {
+                rlx_cpu_v16 q0, k0;
+                memcpy(&q0, qh + e, sizeof q0);
+                memcpy(&k0, kh + e, sizeof k0);
+                acc0 += q0 * k0;
+            }
+            acc0 += acc1;
+            float s = hsum16(&acc0);
+            for (; e < D; e++)
+                s += qh[e] * kh[e];
+            sc[h * RLX_ATTN_CHUNK + jj] = scale * s;
+        }
+    }
+}
+
+/* o[h] (D) += sum_jj p[h * RLX_ATTN_CHUNK + jj] * v_jj[h / G] for jj < n, all Hq heads, skipping
+ * zero weights (masked keys, whose rows may hold anything). */
+RLX_CPU_CLONES
+static void weigh_chunk(float *o, const float *p, const float *v, int64_t stride, int64_t n, int64_t Hq, int64_t G,
+                        int64_t D) {
+    for (int64_t jj = 0; jj < n; jj++) {
+        const float *vj = v + jj * stride;
+        for (int64_t h = 0; h < Hq; h++) {
+            const float w = p[h * RLX_ATTN_CHUNK + jj];
+            if (w == 0.0f)
+                continue;
+            const float *vh = vj + h / G * D;
+            float *oh = o + h * D;
+            int64_t e = 0;
+            for (; e + 16 <= D; e += 16) {
+                rlx_cpu_v16 ov, vv;
+                memcpy(&ov, oh + e, sizeof ov);
+                memcpy(&vv, vh + e, sizeof vv);
+                ov += w * vv;
+                memcpy(oh + e, &ov, sizeof ov);
+            }
+            for (; e < D; e++)
+                oh[e] += w * vh[e];
+        }
+    }
+}
+
+/* Per-task partial of the split-key path, inside the task's slice of scratch. */
+struct attn_part {
+    float *m, *l, *o, *sc; /* (Hq) running max, (Hq) sum of exp(score - m), (Hq, D) sum of weighted
+                              values, (Hq, RLX_ATTN_CHUNK) scores of the current chunk */
+};
+
+static struct attn_part part_of(const struct rlx_attn_args *a, int64_t t) {
+    float *base = a->scratch + t * RLX_ATTN_PART_FLOATS;
+    struct attn_part pt = {.m = base, .l = base + a->Hq, .o = base + 2 * a->Hq};
+    pt.sc = pt.o + a->Hq * a->D;
+    return pt;
+}
+
+struct split_ctx {
+    const struct rlx_attn_args *a;
+    int64_t lo, hi, ntasks; /* visible keys [lo, hi) of the one query, split evenly over tasks */
+};
+
+/* Task t: keys [lo + len * t / ntasks, lo + len * (t+1) / ntasks) in chunks, online softmax per head
+ * (the running max only grows; o and l are rescaled by exp(old max - new max) when it does). */
+static void split_tasks(void *p, int64_t begin, int64_t end) {
+    const struct split_ctx *c = p;
+    const struct rlx_attn_args *a = c->a;
+    const int64_t Hq = a->Hq, D = a->D, G = a->Hq / a->Hkv, P = a->P, stride = a->Hkv * D, len = c->hi - c->lo;
+    for (int64_t t = begin; t < end; t++) {
+        const struct attn_part pt = part_of(a, t);
+        for (int64_t h = 0; h < Hq; h++)
+            pt.m[h] = -INFINITY, pt.l[h] = 0.0f;
+        memset(pt.o, 0, (size_t)(Hq * D) * sizeof(float));
+        const int64_t j0 = c->lo + len * t / c->ntasks, j1 = c->lo + len * (t + 1) / c->ntasks;
+        for (int64_t cj = j0; cj < j1;) {
+            /* one chunk, never straddling the past / new boundary at P */
+            int64_t n = j1 - cj < RLX_ATTN_CHUNK ? j1 - cj : RLX_ATTN_CHUNK;
+            if (cj < P && cj + n > P)
+                n = P - cj;
+            const float *k = cj < P ? a->k_past + cj * stride : a->k + (cj - P) * stride;
+            const float *v = cj < P ? a->v_past + cj * stride : a->v + (cj - P) * stride;
+            score_chunk(pt.sc, a->q, k, stride, n, Hq, G, D, a->scale);
+            for (int64_t jj = 0; jj < n; jj++) {
+                const int64_t j = cj + jj;
+                const int masked = a->mask_u8 && !a->mask_u8[j];
+                for (int64_t h = 0; h < Hq; h++) {
+                    float *s = &pt.sc[h * RLX_ATTN_CHUNK + jj];
+                    *s = masked ? -INFINITY : a->mask_f32 ? *s + a->mask_f32[j] : *s;
+                }
+            }
+            for (int64_t h = 0; h < Hq; h++) {
+                float *sc = pt.sc + h * RLX_ATTN_CHUNK, cm = -INFINITY;
+                for (int64_t jj = 0; jj < n; jj++)
+                    cm = sc[jj] > cm ? sc[jj] : cm;
+                if (cm == -INFINITY) {
+                    for (int64_t jj = 0; jj < n; jj++)
+                        sc[jj] = 0.0f;
+                    continue;
+                }
+                if (cm > pt.m[h]) {
+                    const float alpha = pt.m[h] == -INFINITY ? 0.0f : expf(pt.m[h] - cm);
+                    pt.l[h] *= alpha;
+                    for (int64_t e = 0; e < D; e++)
+                        pt.o[h * D + e] *= alpha;
+                    pt.m[h] = cm;
+                }
+                pt.l[h] += exp_sum(sc, n, pt.m[h]);
+            }
+            weigh_chunk(pt.o, pt.sc, v, stride, n, Hq, G, D);
+            cj += n;
+        }
+    }
+}
+
+/* out (1, Hq, D) from the tasks' partials: per head, weights exp(m_t - max_t m_t). */
+static void split_merge(const struct rlx_attn_args *a, int64_t ntasks) {
+    const int64_t Hq = a->Hq, D = a->D;
+    memset(a->out, 0, (size_t)(Hq * D) * sizeof(float));
+    for (int64_t h = 0; h < Hq; h++) {
+        float m = -INFINITY;
+        for (int64_t t = 0; t < ntasks; t++) {
+            const struct attn_part pt = part_of(a, t);
+            m = pt.m[h] > m ? pt.m[h] : m;
+        }
+        if (m == -INFINITY)
+            continue; /* nothing visible: zeros */
+        float den = 0.0f;
+        float *o = a->out + h * D;
+        for (int64_t t = 0; t < ntasks; t++) {
+            const struct attn_part pt = part_of(a, t);
+            if (pt.m[h] == -INFINITY)
+                continue;
+            const float w = expf(pt.m[h] - m);
+            den += w * pt.l[h];
+            for (int64_t e = 0; e < D; e++)
+                o[e] += w * pt.o[h * D + e];
+        }
+        const float inv = 1.0f / den;
+        for (int64_t e = 0; e < D; e++)
+            o[e] *= inv;
+    }
+}
+
+/* The split-key path for one query (S == 1); returns 0 (nothing done) when a task's partial would
+ * not fit its RLX_ATTN_PART_FLOATS of scratch. */
+static int attend_split(const struct rlx_attn_args *a) {
+    if (a->Hq * (a->D + 2 + RLX_ATTN_CHUNK) > RLX_ATTN_PART_FLOATS)
+        return 0;
+    int64_t lo = 0, hi = a->P + 1;
+    if (a->window > 0 && lo < a->P - a->window + 1)
+        lo = a->P - a->window + 1;
+    /* (S == 1: causal changes nothing, the query sits after every key) */
+    const int64_t work = (hi - lo) * a->Hq * a->D * 2;
+    int64_t ntasks = work / RLX_CPU_GRAIN_FMA;
+    const int64_t threads = rlx_pool_threads();
+    ntasks = ntasks > threads ? threads : ntasks;
+    ntasks = ntasks > (hi - lo) / RLX_ATTN_CHUNK ? (hi - lo) / RLX_ATTN_CHUNK : ntasks;
+    ntasks = ntasks < 1 ? 1 : ntasks;
+    struct split_ctx c = {.a = a, .lo = lo, .hi = hi, .ntasks = ntasks};
+    rlx_parallel_for(ntasks, 1, split_tasks, &c);
+    split_merge(a, ntasks);
+    return 1;
 }
 
 struct attn_ctx {
@@ -143,6 +371,8 @@ static void attend_tasks(void *p, int64_t begin, int64_t end) {
 /* out (S, Hq, D) = grouped-query attention of q (S, Hq, D) over k/v past (P, Hkv, D) then new
  * (S, Hkv, D), see rlx_attn_args. */
 void rlx_cpu_attention_f32(const struct rlx_attn_args *a) {
+    if (a->S == 1 && attend_split(a))
+        return;
     const int64_t pairs = a->S * a->Hq;
     const int64_t work = pairs * (a->P + a->S) * a->D * 2; /* multiply-adds, upper bound */
     int64_t ntasks = work / RLX_CPU_GRAIN_FMA;
@@ -157,7 +387,9 @@ void rlx_cpu_attention_f32(const struct rlx_attn_args *a) {
     rlx_parallel_for(ntasks, 1, attend_tasks, &c);
 }
 
-/* P+S scores per task, one task per pool thread at most */
+/* Per pool thread: P+S scores (the per-head path), or RLX_ATTN_PART_FLOATS (the split-key path
+ * for S == 1) */
 size_t rlx_cpu_attention_scratch(int64_t S, int64_t P) {
-    return (size_t)rlx_pool_threads() * (size_t)(P + S);
+    const size_t per = (size_t)(P + S) > RLX_ATTN_PART_FLOATS ? (size_t)(P + S) : RLX_ATTN_PART_FLOATS;
+    return (size_t)rlx_pool_threads() * (S == 1 ? per : (size_t)(P + S));
 }

@@ -19,6 +19,35 @@
 /* 16 floats: one zmm on avx512f, two ymm on avx2, four xmm on the baseline. Loaded and stored
  * with memcpy, so pointers need no alignment. */
 typedef float rlx_cpu_v16 __attribute__((vector_size(64)));
+typedef int32_t rlx_cpu_v16i __attribute__((vector_size(64)));
+typedef uint32_t rlx_cpu_v16u __attribute__((vector_size(64)));
+
+/* *v = expf(*v) on 16 lanes (through a pointer: 64-byte vectors by value would change the ABI), within ~2 ulp of the correctly rounded value (Cephes-style): x = n ln2 + r
+ * with n = round(x / ln2) (by the 1.5 * 2^23 trick) and |r| <= ln2 / 2 (ln2 split in two so
+ * n ln2 is exact), exp(r) = 1 + r + r^2 P(r) with a degree-5 minimax P, times 2^n built in the
+ * exponent bits. x > 88.376 (2^n would overflow; exp(x) > 2^127.5) gives +inf, x < -87.337
+ * (results below FLT_MIN) gives 0, -inf gives 0, NaN stays NaN. Inlined into the per-ISA
+ * clones of its callers, so it compiles to that ISA's vectors. */
+static inline __attribute__((always_inline)) void rlx_cpu_exp16(rlx_cpu_v16 *v) {
+    rlx_cpu_v16 x = *v;
+    const rlx_cpu_v16i over = x > 88.3762626647949f, under = x < -87.3365478515625f;
+    x = (rlx_cpu_v16)((rlx_cpu_v16i)x & ~(over | under)); /* those lanes computed at 0 */
+    const rlx_cpu_v16 t = x * 1.44269504088896341f + 12582912.0f;
+    const rlx_cpu_v16 n = t - 12582912.0f;
+    rlx_cpu_v16 r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    rlx_cpu_v16 p = 1.9875691500e-4f * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    /* t's low mantissa bits hold n (two's complement): (n + 127) << 23 is 2^n */
+    const rlx_cpu_v16u scale = ((rlx_cpu_v16u)t << 23) + (127u << 23);
+    rlx_cpu_v16i y = (rlx_cpu_v16i)(p * (rlx_cpu_v16)scale);
+    y = (y & ~(over | under)) | (over & 0x7f800000);
+    *v = (rlx_cpu_v16)y;
+}
 
 /* Minimum items per chunk handed to rlx_parallel_for, in floats touched (cheap ops), in floats
  * through expf/sinf (transcendental ops), and in multiply-adds (attention). Below these a

@@ -1,8 +1,8 @@
 /*
  * elementwise.c - the cpu table's pointwise and row-wise ops: silu, silu_mul, broadcast add and
  * mul, row softmax, embedding gather. Flat ops split [0, n) over the pool, row ops split rows,
- * each only past a grain so decode-sized tensors stay on the calling thread. add/mul use vector
- * loops compiled per ISA; the expf ops are scalar loops around libm. Kernels here must never
+ * each only past a grain so decode-sized tensors stay on the calling thread. Every loop is a
+ * vector loop compiled per ISA; exp is rlx_cpu_exp16 (cpu.h), a polynomial within ~2 ulp. Kernels here must never
  * allocate; out may be the same buffer as an input of the same shape.
  */
 #include "backends/cpu/cpu.h"
@@ -23,12 +23,28 @@ struct ew_ctx {
  * silu, silu_mul
  * ------------------------------------------------------------------------------------------- */
 
+/* out (n) = a * sigmoid(a), times b (n) when b is not NULL: 16 lanes through rlx_cpu_exp16, the
+ * tail through a padded vector, so every element takes the same arithmetic. */
+RLX_CPU_CLONES
+static void silu_vec(float *out, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const int64_t len = n - i < 16 ? n - i : 16;
+        rlx_cpu_v16 x = {0}, y = {0};
+        memcpy(&x, a + i, (size_t)len * sizeof(float));
+        rlx_cpu_v16 e = -x;
+        rlx_cpu_exp16(&e);
+        rlx_cpu_v16 s = x / (1.0f + e);
+        if (b) {
+            memcpy(&y, b + i, (size_t)len * sizeof(float));
+            s *= y;
+        }
+        memcpy(out + i, &s, (size_t)len * sizeof(float));
+    }
+}
+
 static void silu_range(void *p, int64_t begin, int64_t end) {
     const struct ew_ctx *c = p;
-    for (int64_t i = begin; i < end; i++) {
-        const float x = c->a[i];
-        c->out[i] = x / (1.0f + expf(-x));
-    }
+    silu_vec(c->out + begin, c->a + begin, NULL, end - begin);
 }
 
 /* out (n) = x * sigmoid(x) */
@@ -39,10 +55,7 @@ void rlx_cpu_silu_f32(float *out, const float *x, int64_t n) {
 
 static void silu_mul_range(void *p, int64_t begin, int64_t end) {
     const struct ew_ctx *c = p;
-    for (int64_t i = begin; i < end; i++) {
-        const float x = c->a[i];
-        c->out[i] = x / (1.0f + expf(-x)) * c->b[i];
-    }
+    silu_vec(c->out + begin, c->a + begin, c->b + begin, end - begin);
 }
 
 /* out (n) = silu(a) * b */
@@ -124,24 +137,51 @@ void rlx_cpu_mul_f32(float *out, const float *a, const float *b, int64_t n, int6
  * softmax
  * ------------------------------------------------------------------------------------------- */
 
+/* o (n) = softmax of x (n): the max, then exp(x - max) into o with a 16-lane running sum, then
+ * o *= 1 / sum. Tails go through padded vectors (pad lanes: x = -inf, so exp gives 0). */
+RLX_CPU_CLONES
+static void softmax_row(float *o, const float *x, int64_t n) {
+    rlx_cpu_v16 mv = {0};
+    mv -= INFINITY;
+    for (int64_t j = 0; j < n; j += 16) {
+        const int64_t len = n - j < 16 ? n - j : 16;
+        rlx_cpu_v16 v = mv;
+        memcpy(&v, x + j, (size_t)len * sizeof(float));
+        mv = (rlx_cpu_v16)(((rlx_cpu_v16i)v & (v > mv)) | ((rlx_cpu_v16i)mv & ~(v > mv)));
+    }
+    float m = mv[0];
+    for (int l = 1; l < 16; l++)
+        m = mv[l] > m ? mv[l] : m;
+    rlx_cpu_v16 sv = {0};
+    for (int64_t j = 0; j < n; j += 16) {
+        const int64_t len = n - j < 16 ? n - j : 16;
+        rlx_cpu_v16 v = {0};
+        v -= INFINITY;
+        memcpy(&v, x + j, (size_t)len * sizeof(float));
+        v -= m;
+        rlx_cpu_exp16(&v);
+        sv += v;
+        memcpy(o + j, &v, (size_t)len * sizeof(float));
+    }
+    float sum = 0.0f;
+    for (int l = 0; l < 16; l++)
+        sum += sv[l];
+    const float inv = 1.0f / sum;
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        rlx_cpu_v16 v;
+        memcpy(&v, o + j, sizeof v);
+        v *= inv;
+        memcpy(o + j, &v, sizeof v);
+    }
+    for (; j < n; j++)
+        o[j] *= inv;
+}
+
 static void softmax_rows(void *p, int64_t begin, int64_t end) {
     const struct ew_ctx *c = p;
-    const int64_t n = c->nb;
-    for (int64_t r = begin; r < end; r++) {
-        const float *x = c->a + r * n;
-        float *o = c->out + r * n;
-        float m = -INFINITY;
-        for (int64_t j = 0; j < n; j++)
-            m = x[j] > m ? x[j] : m;
-        float sum = 0.0f;
-        for (int64_t j = 0; j < n; j++) {
-            o[j] = expf(x[j] - m);
-            sum += o[j];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t j = 0; j < n; j++)
-            o[j] *= inv;
-    }
+    for (int64_t r = begin; r < end; r++)
+        softmax_row(c->out + r * c->nb, c->a + r * c->nb, c->nb);
 }
 
 /* out (rows, n) = softmax over each row of x (rows, n), max-subtracted */

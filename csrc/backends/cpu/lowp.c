@@ -1,6 +1,6 @@
 /*
  * lowp.c - 16-bit weights on the cpu table: which vector ISA this machine runs (asked once of
- * cpuid, so valgrind, which hides AVX-512, gets the AVX2 path), the exact widening of bf16 / f16
+ * cpuid, so valgrind, which hides AVX-512, gets the AVX2 path; RLX_CPU_ISA can lower it), the exact widening of bf16 / f16
  * rows to f32 that the matmul panels and the embedding gather share, and embedding_lowp itself.
  *
  * Widening is exact: bf16 is the top half of an f32 (bits << 16); f16 goes through the IEEE
@@ -15,21 +15,31 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* ---------------------------------------------------------------------------------------------
  * ISA
  * ------------------------------------------------------------------------------------------- */
 
+/* From cpuid, capped by the environment variable RLX_CPU_ISA ("scalar" or "avx2"; it can only
+ * lower the choice), which lets tests run the paths this machine would not pick. */
 static int detect_isa(void) {
     unsigned a, b, c, d;
-    int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
     __builtin_cpu_init();
+    int isa = RLX_CPU_ISA_SCALAR;
     if (f16c && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl"))
-        return RLX_CPU_ISA_AVX512;
-    if (f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return RLX_CPU_ISA_AVX2;
-    return RLX_CPU_ISA_SCALAR;
+        isa = RLX_CPU_ISA_AVX512;
+    else if (f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        isa = RLX_CPU_ISA_AVX2;
+    const char *cap = getenv("RLX_CPU_ISA");
+    if (cap && strcmp(cap, "scalar") == 0)
+        isa = RLX_CPU_ISA_SCALAR;
+    else if (cap && strcmp(cap, "avx2") == 0 && isa > RLX_CPU_ISA_AVX2)
+        isa = RLX_CPU_ISA_AVX2;
+    return isa;
 }
 
 /* The vector paths this machine may take (cached; a racing first call computes the same value). */

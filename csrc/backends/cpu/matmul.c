@@ -2,8 +2,9 @@
  * matmul.c - the cpu table's matrix products, f32 and 16-bit (bf16 / f16) weights.
  *
  * Decode (M <= RLX_MV_MAX_M rows of `a`, weights b (N, K) row-contiguous) is a matrix-vector
- * product bound by how fast the weights stream from DRAM: the pool splits the N weight rows into
- * contiguous ranges (whole blocks of 16 rows, so no two threads write one cache line of out),
+ * product bound by how fast the weights stream from DRAM: the pool's threads take contiguous
+ * pieces of ~256 KiB of weight rows in turn (whole blocks of 16 rows, so no two threads write
+ * one cache line of out),
  * and each thread walks its rows one at a time, front to back, so its weights are one sequential
  * stream (reading four rows at once, four streams 4 KiB apart, measured 2-4x slower from DRAM
  * on this machine); the x rows (at most 4 x K floats) stay in L1. 16-bit weights are widened in
@@ -35,13 +36,15 @@
 
 #include <cblas.h>
 #include <immintrin.h>
+#include <stdatomic.h>
 #include <string.h>
 
 /* Rows of `a` up to which a product runs as a matvec over weight rows, not through sgemm. */
 #define RLX_MV_MAX_M 4
 /* Weight rows per pool item: 16 floats of out = one cache line. */
 #define RLX_MV_BLOCK 16
-/* Minimum bytes of weights per pool chunk (about 10 us of one thread's bandwidth). */
+/* Bytes of weights per piece of rows a thread takes at a time (about 10 us of one thread's
+ * bandwidth: the atomic that deals pieces costs nothing next to it). */
 #define RLX_MV_GRAIN_BYTES (256 * 1024)
 /* Floats of b widened per sgemm panel (4 MiB); the panel holds at least 16 rows. */
 #define RLX_PANEL_FLOATS (1 << 20)
@@ -228,25 +231,43 @@ struct mv_ctx {
     const void *b;
     int wt, isa;
     int64_t M, K, N;
+    int64_t piece;       /* rows per piece, a multiple of RLX_MV_BLOCK */
+    int64_t npieces;
+    atomic_llong next;   /* the next piece not yet taken */
 };
 
-static void mv_blocks(void *p, int64_t begin, int64_t end) {
-    const struct mv_ctx *c = p;
-    const int64_t r0 = begin * RLX_MV_BLOCK, r1 = end * RLX_MV_BLOCK < c->N ? end * RLX_MV_BLOCK : c->N;
-    if (c->isa == RLX_CPU_ISA_AVX512)
-        mv_rows_512(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, r0, r1);
-    else if (c->isa == RLX_CPU_ISA_AVX2)
-        mv_rows_256(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, r0, r1);
-    else
-        mv_rows_scalar(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, r0, r1);
+/* One task: takes pieces of rows in turn until none is left, so a thread that was descheduled
+ * (the machine is shared) leaves its share to the others instead of stalling the region. */
+static void mv_task(void *p, int64_t begin, int64_t end) {
+    struct mv_ctx *c = p;
+    (void)begin, (void)end;
+    for (;;) {
+        const int64_t i = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+        if (i >= c->npieces)
+            return;
+        const int64_t r0 = i * c->piece, r1 = r0 + c->piece < c->N ? r0 + c->piece : c->N;
+        if (c->isa == RLX_CPU_ISA_AVX512)
+            mv_rows_512(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, r0, r1);
+        else if (c->isa == RLX_CPU_ISA_AVX2)
+            mv_rows_256(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, r0, r1);
+        else
+            mv_rows_scalar(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, r0, r1);
+    }
 }
 
-/* out (M, N) = a (M, K) @ b^T, b (N, K) of dtype wt; 1 <= M <= RLX_MV_MAX_M, K >= 1 */
+/* out (M, N) = a (M, K) @ b^T, b (N, K) of dtype wt; 1 <= M <= RLX_MV_MAX_M, K >= 1. Pieces of
+ * whole 16-row blocks holding about RLX_MV_GRAIN_BYTES of weights; one task per pool thread
+ * while there are at least two pieces per task. */
 static void matvec(float *out, const float *a, const void *b, int wt, int64_t M, int64_t K, int64_t N) {
-    struct mv_ctx c = {.out = out, .a = a, .b = b, .wt = wt, .isa = rlx_cpu_isa(), .M = M, .K = K, .N = N};
     const int64_t block_bytes = RLX_MV_BLOCK * K * (wt == RLX_F32 ? 4 : 2);
-    const int64_t grain = (RLX_MV_GRAIN_BYTES + block_bytes - 1) / block_bytes;
-    rlx_parallel_for((N + RLX_MV_BLOCK - 1) / RLX_MV_BLOCK, grain, mv_blocks, &c);
+    const int64_t piece = (RLX_MV_GRAIN_BYTES + block_bytes - 1) / block_bytes * RLX_MV_BLOCK;
+    struct mv_ctx c = {.out = out, .a = a, .b = b, .wt = wt, .isa = rlx_cpu_isa(), .M = M, .K = K, .N = N,
+                       .piece = piece, .npieces = (N + piece - 1) / piece};
+    atomic_init(&c.next, 0);
+    int64_t ntasks = c.npieces / 2;
+    const int64_t threads = rlx_pool_threads();
+    ntasks = ntasks > threads ? threads : ntasks < 1 ? 1 : ntasks;
+    rlx_parallel_for(ntasks, 1, mv_task, &c);
 }
 
 /* ---------------------------------------------------------------------------------------------
