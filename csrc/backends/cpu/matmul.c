@@ -13,9 +13,10 @@
  * free next to the memory traffic.
  *
  * Prefill (larger M) goes to OpenBLAS: f32 straight to sgemm; 16-bit weights panel by panel,
- * each panel of rows of b widened into `scratch` (by the pool) and handed to sgemm, which runs
- * its own threads. The pool's workers spin only briefly after a region (pool.c), so they do
- * not compete with OpenBLAS for long.
+ * each panel of rows of b widened into `scratch` on the calling thread and handed to sgemm,
+ * which runs its own threads. Widening is a few percent of the panel's sgemm time at M >= 16;
+ * keeping it off the pool means no pool worker spins while OpenBLAS starts, and OpenBLAS's own
+ * threads (which spin, yielding, for a while after each sgemm) never delay a pool region here.
  *
  * Measured on this machine (AMD EPYC Zen 4, 2 vCPUs, OpenBLAS 0.3.21 pthreads; best of 5, the
  * machine shared with other jobs; /tmp/bench_kernels.c), GB/s of weights streamed:
@@ -311,17 +312,6 @@ size_t rlx_cpu_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N) {
     return (size_t)(panel_rows(K, N) * K);
 }
 
-struct widen_ctx {
-    float *dst;
-    const uint16_t *src;
-    int dtype;
-};
-
-static void widen_range(void *p, int64_t begin, int64_t end) {
-    const struct widen_ctx *c = p;
-    rlx_cpu_widen(c->dst + begin, c->src + begin, c->dtype, end - begin);
-}
-
 /* out (M, N) = a (M, K) @ b^T, b (N, K) bf16 / f16 widened exactly; scratch:
  * rlx_cpu_matmul_lowp_scratch(M, K, N) floats. */
 void rlx_cpu_matmul_lowp(float *out, const float *a, const uint16_t *b, int b_dtype, int64_t M, int64_t K,
@@ -341,8 +331,7 @@ void rlx_cpu_matmul_lowp(float *out, const float *a, const uint16_t *b, int b_dt
     for (int64_t n0 = 0; n0 < N; n0 += rows) {
         const int64_t nr = N - n0 < rows ? N - n0 : rows;
         /* scratch (nr, K) f32 = b rows n0 .. n0+nr; out[:, n0 .. n0+nr] = a @ scratch^T */
-        struct widen_ctx c = {.dst = scratch, .src = b + n0 * K, .dtype = b_dtype};
-        rlx_parallel_for(nr * K, RLX_CPU_GRAIN_CHEAP, widen_range, &c);
+        rlx_cpu_widen(scratch, b + n0 * K, b_dtype, nr * K);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)M, (blasint)nr, (blasint)K, 1.0f, a,
                     (blasint)K, scratch, (blasint)K, 0.0f, out + n0, (blasint)N);
     }
