@@ -77,6 +77,18 @@ int rlx_py_add_plan_type(PyObject *module, struct rlx_py_state *st);
 int rlx_py_add_generator_type(PyObject *module, struct rlx_py_state *st);
 int rlx_py_add_transport_type(PyObject *module, struct rlx_py_state *st);
 
+/* Conversions for the generator binding (convert.c); -1 / NULL with an exception set on failure. */
+struct rlx_model_config;
+struct rlx_sample_opts;
+/* The C config from the dict rlx.Generator builds (HF field names + qk_norm, layer_windows, weight_dtype). */
+int rlx_py_config_from_dict(PyObject *d, struct rlx_model_config *c);
+/* SampleOpts-like object (attributes temperature, top_k, top_p, min_p, repetition_penalty, seed) or
+ * None (greedy), checked by rlx_sample_opts_check. */
+int rlx_py_sample_opts_from(PyObject *o, struct rlx_sample_opts *out);
+/* A 1-D sequence of integer token ids -> a new PyMem_Malloc'd int32 buffer of *n entries (floats refused). */
+int32_t *rlx_py_ids_from(PyObject *obj, int64_t *n);
+int rlx_py_token_from(PyObject *obj, int32_t *tok);
+
 /* Graph objects (graph_type.c): the wrapped builder, borrowed; NULL with TypeError set if obj is
  * not a _C.Graph. */
 struct rlx_graph *rlx_py_graph_get(struct rlx_py_state *st, PyObject *obj);

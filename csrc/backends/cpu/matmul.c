@@ -47,6 +47,10 @@
 /* Bytes of weights per piece of rows a thread takes at a time (about 10 us of one thread's
  * bandwidth: the atomic that deals pieces costs nothing next to it). */
 #define RLX_MV_GRAIN_BYTES (256 * 1024)
+/* Bytes ahead of the current load that the AVX-512 matvec prefetches: past the end of the row
+ * into the next one, since the hardware stream prefetcher stops at 4 KiB pages, and an f32 row
+ * of K = 1024 is exactly one page. (Prefetches never fault, also past the end of b.) */
+#define RLX_MV_PREFETCH 2048
 /* Floats of b widened per sgemm panel (4 MiB); the panel holds at least 16 rows. */
 #define RLX_PANEL_FLOATS (1 << 20)
 
@@ -90,9 +94,13 @@ AVX512_FN void mv_row_512(float *out, int64_t ldo, const float *a, const void *b
     _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
         _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
             acc[u][m] = _mm512_setzero_ps();
+    const char *pf = (const char *)row + RLX_MV_PREFETCH;
+    const int64_t esz = wt == RLX_F32 ? 4 : 2;
     int64_t k = 0;
     for (; k + 64 <= K; k += 64)
         _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {
+            if (esz == 4 || (u & 1) == 0)
+                _mm_prefetch(pf + (k + 16 * u) * esz, _MM_HINT_T0);
             const __m512 w = ld_512(row, wt, k + 16 * u);
             _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
                 acc[u][m] = _mm512_fmadd_ps(w, _mm512_loadu_ps(a + m * K + k + 16 * u), acc[u][m]);

@@ -1,0 +1,193 @@
+/*
+ * convert.c - Python values into the core's structs for the generator binding: the model config
+ * dict, SampleOpts-like objects, token id sequences. Each returns 0 / a pointer, or -1 / NULL with
+ * an exception set; nothing here keeps a reference to its input.
+ */
+#define NO_IMPORT_ARRAY
+#include "bindings.h"
+
+#include <string.h>
+
+#include "rlx/model.h"
+
+static int get_int(PyObject *d, const char *key, int64_t *out)
+{
+    PyObject *v = PyDict_GetItemString(d, key); /* borrowed */
+    if (v == NULL) {
+        PyErr_Format(PyExc_ValueError, "model config: missing '%s'", key);
+        return -1;
+    }
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    *out = (int64_t)x;
+    return 0;
+}
+
+static int get_bool(PyObject *d, const char *key, bool *out)
+{
+    PyObject *v = PyDict_GetItemString(d, key);
+    if (v == NULL) {
+        PyErr_Format(PyExc_ValueError, "model config: missing '%s'", key);
+        return -1;
+    }
+    int t = PyObject_IsTrue(v);
+    if (t < 0) return -1;
+    *out = t != 0;
+    return 0;
+}
+
+/* The C config from the dict rlx.Generator builds (HF field names + "qk_norm", "layer_windows"). */
+int rlx_py_config_from_dict(PyObject *d, struct rlx_model_config *c)
+{
+    memset(c, 0, sizeof *c);
+    if (!PyDict_Check(d)) {
+        PyErr_SetString(PyExc_TypeError, "config must be a dict");
+        return -1;
+    }
+    if (get_int(d, "vocab_size", &c->vocab_size) || get_int(d, "hidden_size", &c->hidden_size) ||
+        get_int(d, "intermediate_size", &c->intermediate_size) || get_int(d, "num_hidden_layers", &c->n_layers) ||
+        get_int(d, "num_attention_heads", &c->n_heads) || get_int(d, "num_key_value_heads", &c->n_kv_heads) ||
+        get_int(d, "head_dim", &c->head_dim) || get_int(d, "max_position_embeddings", &c->max_position_embeddings) ||
+        get_bool(d, "tie_word_embeddings", &c->tie_word_embeddings) ||
+        get_bool(d, "attention_bias", &c->attention_bias) || get_bool(d, "mlp_bias", &c->mlp_bias) ||
+        get_bool(d, "qk_norm", &c->qk_norm))
+        return -1;
+    PyObject *eps = PyDict_GetItemString(d, "rms_norm_eps");
+    if (eps == NULL) {
+        PyErr_SetString(PyExc_ValueError, "model config: missing 'rms_norm_eps'");
+        return -1;
+    }
+    double e = PyFloat_AsDouble(eps);
+    if (e == -1.0 && PyErr_Occurred()) return -1;
+    c->rms_norm_eps = (float)e;
+    if (c->n_layers < 1 || c->n_layers > RLX_MAX_LAYERS) {
+        PyErr_Format(PyExc_ValueError, "model config: num_hidden_layers must be in 1..%d", RLX_MAX_LAYERS);
+        return -1;
+    }
+    PyObject *wdt = PyDict_GetItemString(d, "weight_dtype");
+    c->weight_dtype = RLX_F32;
+    if (wdt != NULL) {
+        const char *name = PyUnicode_Check(wdt) ? PyUnicode_AsUTF8(wdt) : NULL;
+        if (name == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "weight_dtype must be a str");
+            return -1;
+        }
+        if (rlx_py_raise(rlx_dtype_parse(name, &c->weight_dtype))) return -1;
+    }
+    PyObject *win = PyDict_GetItemString(d, "layer_windows");
+    if (win != NULL && win != Py_None) {
+        PyObject *seq = PySequence_Fast(win, "layer_windows must be a sequence of ints");
+        if (seq == NULL) return -1;
+        if (PySequence_Fast_GET_SIZE(seq) != c->n_layers) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "layer_windows must hold one int per layer");
+            return -1;
+        }
+        for (int64_t l = 0; l < c->n_layers; l++) {
+            long long w = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, l));
+            if (w == -1 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                return -1;
+            }
+            c->layer_window[l] = (int64_t)w;
+        }
+        Py_DECREF(seq);
+    }
+    return 0;
+}
+
+int rlx_py_sample_opts_from(PyObject *o, struct rlx_sample_opts *out)
+{
+    *out = rlx_sample_opts_greedy();
+    if (o == Py_None) return 0;
+    struct {
+        const char *name;
+        int is_float;
+        void *dst;
+    } fields[] = {
+        {"temperature", 1, &out->temperature}, {"top_k", 0, &out->top_k},
+        {"top_p", 1, &out->top_p},             {"min_p", 1, &out->min_p},
+        {"repetition_penalty", 1, &out->repetition_penalty},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        PyObject *v = PyObject_GetAttrString(o, fields[i].name);
+        if (v == NULL) return -1;
+        if (fields[i].is_float) {
+            double x = PyFloat_AsDouble(v);
+            Py_DECREF(v);
+            if (x == -1.0 && PyErr_Occurred()) return -1;
+            *(float *)fields[i].dst = (float)x;
+        } else {
+            long x = PyLong_AsLong(v);
+            Py_DECREF(v);
+            if (x == -1 && PyErr_Occurred()) return -1;
+            if (x < 0 || x > INT32_MAX) {
+                PyErr_Format(PyExc_ValueError, "%s must be in [0, 2**31), got %ld", fields[i].name, x);
+                return -1;
+            }
+            *(int32_t *)fields[i].dst = (int32_t)x;
+        }
+    }
+    PyObject *seed = PyObject_GetAttrString(o, "seed");
+    if (seed == NULL) return -1;
+    unsigned long long s = PyLong_AsUnsignedLongLongMask(seed);
+    Py_DECREF(seed);
+    if (s == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    out->seed = (uint64_t)s;
+    return rlx_py_raise(rlx_sample_opts_check(out));
+}
+
+/* ids (any int sequence) -> a new int32 buffer (PyMem_Malloc) of *n entries, range-checked to
+ * int32 (the generator checks the vocabulary). */
+int32_t *rlx_py_ids_from(PyObject *obj, int64_t *n)
+{
+    PyArrayObject *any = (PyArrayObject *)PyArray_FROM_OF(obj, NPY_ARRAY_IN_ARRAY);
+    if (any == NULL) return NULL;
+    if (PyArray_SIZE(any) > 0 && !PyArray_ISINTEGER(any)) { /* never truncate 1.5 to 1 */
+        PyErr_Format(PyExc_TypeError, "token ids must be integers, got an array of %s",
+                     PyArray_DESCR(any)->typeobj->tp_name);
+        Py_DECREF(any);
+        return NULL;
+    }
+    PyArrayObject *arr = (PyArrayObject *)PyArray_FROM_OTF((PyObject *)any, NPY_INT64,
+                                                           NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    Py_DECREF(any);
+    if (arr == NULL) return NULL;
+    int32_t *out = NULL;
+    if (PyArray_NDIM(arr) != 1) {
+        PyErr_Format(PyExc_ValueError, "token ids must be a 1-D sequence, got %d dimensions", PyArray_NDIM(arr));
+        goto error;
+    }
+    *n = (int64_t)PyArray_DIM(arr, 0);
+    out = PyMem_Malloc(sizeof(int32_t) * (size_t)(*n ? *n : 1));
+    if (out == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    const int64_t *src = PyArray_DATA(arr);
+    for (int64_t i = 0; i < *n; i++) {
+        if (src[i] < INT32_MIN || src[i] > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "token id %lld at position %lld is out of range", (long long)src[i],
+                         (long long)i);
+            PyMem_Free(out);
+            out = NULL;
+            goto error;
+        }
+        out[i] = (int32_t)src[i];
+    }
+error:
+    Py_DECREF(arr);
+    return out;
+}
+
+int rlx_py_token_from(PyObject *obj, int32_t *tok)
+{
+    long long t = PyLong_AsLongLong(obj);
+    if (t == -1 && PyErr_Occurred()) return -1;
+    if (t < INT32_MIN || t > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "token id %lld is out of range", t);
+        return -1;
+    }
+    *tok = (int32_t)t;
+    return 0;
+}
