@@ -1,7 +1,8 @@
 /*
  * pool.h - the one thread pool of the core. Kernels split work with rlx_parallel_for; the caller's
- * thread takes part. Workers block on a condition variable when idle (no spinning), so OpenBLAS
- * calls made between parallel regions never compete with them.
+ * thread takes part. After a region, workers spin for at most ~50 us (so back-to-back regions, as
+ * in a decode step, skip futex wake-ups) and then block on a condition variable: OpenBLAS calls
+ * made after that never compete with them.
  *
  * If two threads call rlx_parallel_for at once (two plans run from two Python threads), the second
  * one runs its range inline on its own thread: never a deadlock, never oversubscription.

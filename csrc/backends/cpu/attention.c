@@ -20,8 +20,9 @@
  * rlx_parallel_for runs over the task ids [0, ntasks), and task t keeps its scores in
  * scratch[t * (P+S) .. (t+1) * (P+S)): slices are owned by task id, not by thread or chunk, so
  * they stay distinct however the pool groups task ids into chunks (or runs them all inline).
- * Hence attention_scratch = rlx_pool_threads() * (P+S); the caller must not raise the thread
- * count between sizing the scratch and calling the kernel. Must never allocate.
+ * Hence attention_scratch = rlx_pool_threads() * (P+S) for S > 1, and rlx_pool_threads() *
+ * max(P+S, RLX_ATTN_PART_FLOATS) for S == 1; the caller must not raise the thread count between
+ * sizing the scratch and calling the kernel. Must never allocate.
  */
 #include "backends/cpu/cpu.h"
 

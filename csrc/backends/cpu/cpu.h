@@ -51,8 +51,9 @@ static inline __attribute__((always_inline)) void rlx_cpu_exp16(rlx_cpu_v16 *v) 
 
 /* Minimum items per chunk handed to rlx_parallel_for, in floats touched (cheap ops), in floats
  * through expf/sinf (transcendental ops), and in multiply-adds (attention). Below these a
- * kernel runs on the calling thread: a region costs about 10-15 us of wake-up and join
- * (measured on a 2-vCPU EPYC VM), about what one thread needs for 100K floats of a cheap op. */
+ * kernel runs on the calling thread: a region costs about 10-15 us of wake-up and join when the
+ * workers sleep (measured on a 2-vCPU EPYC VM), about what one thread needs for 100K floats of a
+ * cheap op; 1-2 us when they are still spinning after a recent region (pool.c). */
 #define RLX_CPU_GRAIN_CHEAP 131072
 #define RLX_CPU_GRAIN_TRANSC 8192
 #define RLX_CPU_GRAIN_FMA 65536

@@ -4,13 +4,13 @@
  * Decode (M <= RLX_MV_MAX_M rows of `a`, weights b (N, K) row-contiguous) is a matrix-vector
  * product bound by how fast the weights stream from DRAM: the pool's threads take contiguous
  * pieces of ~256 KiB of weight rows in turn (whole blocks of 16 rows, so no two threads write
- * one cache line of out),
- * and each thread walks its rows one at a time, front to back, so its weights are one sequential
- * stream (reading four rows at once, four streams 4 KiB apart, measured 2-4x slower from DRAM
- * on this machine); the x rows (at most 4 x K floats) stay in L1. 16-bit weights are widened in
- * registers (bf16: bits << 16; f16: vcvtph2ps) and products accumulate in f32 with FMA. AVX-512 BF16 / VNNI dot products are not
- * used: they would round `a` to bf16, which the kernel contract forbids, and the widening is
- * free next to the memory traffic.
+ * one cache line of out), and each thread walks its rows one at a time, front to back, so its
+ * weights are one sequential stream (reading four rows at once, four streams 4 KiB apart,
+ * measured 2-4x slower from DRAM here; software prefetch a row ahead measured 10-20% slower
+ * too); the x rows (at most 4 x K floats) stay in L1. 16-bit weights are widened in registers
+ * (bf16: bits << 16; f16: vcvtph2ps) and products accumulate in f32 with FMA. AVX-512 BF16 /
+ * VNNI dot products are not used: they would round `a` to bf16, which the kernel contract
+ * forbids, and the widening is free next to the memory traffic.
  *
  * Prefill (larger M) goes to OpenBLAS: f32 straight to sgemm; 16-bit weights panel by panel,
  * each panel of rows of b widened into `scratch` on the calling thread and handed to sgemm,
@@ -18,9 +18,27 @@
  * keeping it off the pool means no pool worker spins while OpenBLAS starts, and OpenBLAS's own
  * threads (which spin, yielding, for a while after each sgemm) never delay a pool region here.
  *
- * Measured on this machine (AMD EPYC Zen 4, 2 vCPUs, OpenBLAS 0.3.21 pthreads; best of 5, the
- * machine shared with other jobs; /tmp/bench_kernels.c), GB/s of weights streamed:
- *   MEASUREMENTS_TABLE
+ * Measured (/tmp/bench_kernels.c: AMD EPYC Zen 4, 2 vCPUs, OpenBLAS 0.3.21 pthreads; weights
+ * rotated over >= 256 MB of random data; best of 7). The machine was shared with other jobs
+ * (load average 8-12 on 2 cores) throughout, so 2 threads never beat 1 and a plain one-stream
+ * read ran at 11-18 GB/s, not the 40-50 GB/s of an idle machine; runs differed by up to 2x.
+ * GB/s of weights, 1 thread / 2 threads:
+ *   shape (K -> N)          f32 rlx      f32 sgemv    bf16 rlx
+ *   qwen   1024 -> 2048      8.7 /  8.5  13.2 / 13.4  17.3 / 14.6
+ *   qwen   1024 -> 1024     12.5 /  9.4  13.6 / 13.7  20.1 / 11.3
+ *   qwen   1024 -> 3072     14.8 / 13.3  16.8 / 16.8  21.2 / 16.7
+ *   qwen   3072 -> 1024     15.9 / 14.4  20.0 / 19.7  14.8 / 10.8
+ *   qwen   1024 -> 151936   17.7 / 18.2  16.8 / 17.5  20.2 / 20.5
+ *   llama  2048 -> 2048     19.2 / 13.9  14.6 /  9.2  14.8 / 12.3
+ *   llama  2048 -> 512      12.2 /  9.9  14.5 / 12.9  11.3 /  6.6
+ *   llama  2048 -> 8192     10.0 / 10.0  10.6 / 10.3  18.6 / 17.8
+ *   llama  8192 -> 2048     15.2 / 15.1  18.9 / 19.5   7.9 /  8.5
+ *   llama  2048 -> 128256   16.2 / 17.2  14.4 / 19.4  20.2 / 20.3
+ * An earlier run of the same f32 pair had rlx ahead on most of these shapes: within this noise
+ * the two are even. f32 decode keeps the own matvec for what sgemv lacks: bitwise-identical
+ * results across thread counts, M up to 4 in one pass over the weights, pieces dealt
+ * dynamically (a descheduled thread does not stall the product) and no hand-over to OpenBLAS's
+ * threads, which spin after each call. Re-measure on an idle machine before trusting a ratio.
  *
  * Results: every output element of the matvec path is one row's dot product summed in a fixed
  * order (16 lanes over K, then a fixed lane reduction), whatever the thread count or how rows
@@ -47,10 +65,6 @@
 /* Bytes of weights per piece of rows a thread takes at a time (about 10 us of one thread's
  * bandwidth: the atomic that deals pieces costs nothing next to it). */
 #define RLX_MV_GRAIN_BYTES (256 * 1024)
-/* Bytes ahead of the current load that the AVX-512 matvec prefetches: past the end of the row
- * into the next one, since the hardware stream prefetcher stops at 4 KiB pages, and an f32 row
- * of K = 1024 is exactly one page. (Prefetches never fault, also past the end of b.) */
-#define RLX_MV_PREFETCH 2048
 /* Floats of b widened per sgemm panel (4 MiB); the panel holds at least 16 rows. */
 #define RLX_PANEL_FLOATS (1 << 20)
 
@@ -94,13 +108,9 @@ AVX512_FN void mv_row_512(float *out, int64_t ldo, const float *a, const void *b
     _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
         _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
             acc[u][m] = _mm512_setzero_ps();
-    const char *pf = (const char *)row + RLX_MV_PREFETCH;
-    const int64_t esz = wt == RLX_F32 ? 4 : 2;
     int64_t k = 0;
     for (; k + 64 <= K; k += 64)
         _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {
-            if (esz == 4 || (u & 1) == 0)
-                _mm_prefetch(pf + (k + 16 * u) * esz, _MM_HINT_T0);
             const __m512 w = ld_512(row, wt, k + 16 * u);
             _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
                 acc[u][m] = _mm512_fmadd_ps(w, _mm512_loadu_ps(a + m * K + k + 16 * u), acc[u][m]);
