@@ -31,8 +31,9 @@ weights, fixed seed) as a Hugging Face directory (rlx, transformers) and as a GG
 by comparing the three engines' logits on the f32 models (a 160-token prompt, then 3 decode
 steps; llama.cpp with an f32 KV cache for the check).
 
-The machine: CPU model (lscpu), read bandwidth (common.read_bandwidth: a C streaming read of a
-1 GiB float32 array by t threads), and the decode ceiling = bandwidth / bytes of weights read
+The machine: CPU model (lscpu), read bandwidth (common.BandwidthProbe: a C streaming read of a
+1 GiB float32 array by t threads, sampled before, between and after the cells, best pass kept),
+and the decode ceiling = bandwidth / bytes of weights read
 per token (every 2-D weight and the LM head once) with each engine's fraction of it.
 
 Results: benchmarks/results/generate-<date>.json (git-ignored), a Markdown report on stdout,
@@ -475,14 +476,14 @@ def markdown(result: dict) -> str:
     metrics = summ["metrics"]
     L = []
     load = mach.get("loadavg_start"), mach.get("loadavg_end")
-    L.append(f"Run {result['date']} ({'quick' if spec['quick'] else 'full'}; {spec['reps']} repetition(s), "
+    L.append(f"Run {result['date']} ({spec.get('kind', 'full')}; {spec['reps']} repetition(s), "
              f"medians; {result['duration_s'] / 60:.1f} min). Machine: {mach['cpu']} ({mach['nproc']} cores, "
              f"{mach['mem_gib']:.0f} GiB; {', '.join(f for f in mach['flags'] if f in ('avx2', 'avx512f', 'avx512_bf16', 'avx512_vnni', 'amx_bf16')) or 'no AVX2'}); "
              f"load average {load[0]} at start, {load[1]} at end.")
-    bws = "; ".join(f"{t} thread(s): {b['gbps']:.1f} GB/s (median pass {b['gbps_median']:.1f})"
+    bws = "; ".join(f"{t} thread(s): {b['gbps']:.1f} GB/s (median of the samples' bests {b['gbps_median']:.1f})"
                     for t, b in sorted(mach["bandwidth"].items()))
-    L.append(f"Read bandwidth ({next(iter(mach['bandwidth'].values()))['method']}; 1 GiB; best of 10 passes, "
-             f"measured before and after the cells, the higher kept): {bws}.")
+    L.append(f"Read bandwidth ({next(iter(mach['bandwidth'].values()))['method']}; 1 GiB; best pass of the "
+             f"samples taken before, between and after the cells): {bws}.")
     L.append(f"rlx {result['versions'].get('rlx_commit', '?')}; llama-cpp-python {result['versions'].get('llama_cpp_python', '?')} "
              f"(KV cache f16, its default); torch {result['versions'].get('torch', '?')}, "
              f"transformers {result['versions'].get('transformers', '?')}.")
@@ -582,7 +583,7 @@ def versions() -> dict:
     return out
 
 
-def machine_info(threads: list[int], log) -> dict:
+def machine_info(threads: list[int], probe, log) -> dict:
     mi = {"cpu": common.cpu_model(), "nproc": os.cpu_count(), "flags": common.cpu_flags(),
           "mem_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
           "platform": platform.platform(), "python": platform.python_version(),
@@ -590,8 +591,7 @@ def machine_info(threads: list[int], log) -> dict:
           "openblas_env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")},
           "bandwidth": {}}
     for t in threads:
-        mi["bandwidth"][str(t)] = common.read_bandwidth(t)
-        log(f"== read bandwidth, {t} thread(s): {mi['bandwidth'][str(t)]['gbps']:.1f} GB/s")
+        log(f"== read bandwidth, {t} thread(s): {probe.sample(t, reps=20):.1f} GB/s (sampled again before each cell)")
     return mi
 
 
@@ -632,6 +632,9 @@ def main(argv=None) -> int:
     ncpu = os.cpu_count() or 1
     if any(t > ncpu for t in spec["threads"]):
         print(f"note: {ncpu} CPUs; thread counts above that oversubscribe", file=sys.stderr)
+    full = (not quick and spec["models"] == list(MODELS) and spec["dtypes"] == list(common.DTYPES)
+            and spec["threads"] == [1, 2] and spec["engines"] == list(ENGINES) and spec["reps"] >= 3)
+    spec["kind"] = "quick" if quick else ("full" if full else "custom")
     spec["n_ctx"] = max(max(spec["pp"]), max(c + n for c, n in spec["tg"])) + 64
 
     t_start = time.perf_counter()
@@ -659,7 +662,8 @@ def main(argv=None) -> int:
             print(json.dumps(result["check"], indent=1))
             return 0 if ok else 1
 
-    result["machine"] = machine_info(spec["threads"], log)
+    probe = common.BandwidthProbe()
+    result["machine"] = machine_info(spec["threads"], probe, log)
     configs = [(m, d, t) for m in spec["models"] for d in spec["dtypes"] for t in spec["threads"]]
     for rep in range(spec["reps"]):
         for ci, (model, dtype, thr) in enumerate(configs):
@@ -669,6 +673,7 @@ def main(argv=None) -> int:
                 cell = {"engine": eng, "model": model, "dtype": dtype, "threads": thr, "rep": rep,
                         "pp": spec["pp"], "tg": spec["tg"], "ttft_ctx": spec["ttft_ctx"], "n_ctx": spec["n_ctx"],
                         "profile": rep == spec["reps"] - 1}
+                probe.sample(thr)
                 r = spawn("--worker", cell, args.cell_timeout)
                 result["cells"].append(r)
                 if r.get("ok"):
@@ -682,13 +687,12 @@ def main(argv=None) -> int:
                 log(f"rep {rep + 1}/{spec['reps']} {model} {dtype} t{thr} {eng:12s} {summary}")
 
     result["machine"]["loadavg_end"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    for t in spec["threads"]:  # again after the cells: keep the higher (load only lowers it)
-        again = common.read_bandwidth(t)
-        first = result["machine"]["bandwidth"][str(t)]
-        first["gbps_start"], first["gbps_end"] = first["gbps"], again["gbps"]
-        if again["gbps"] > first["gbps"]:
-            first["gbps"], first["gbps_median"] = again["gbps"], again["gbps_median"]
-        log(f"== read bandwidth, {t} thread(s), after the cells: {again['gbps']:.1f} GB/s")
+    for t in spec["threads"]:  # once more after the cells; the best pass of all samples is kept
+        probe.sample(t, reps=20)
+        result["machine"]["bandwidth"][str(t)] = probe.result(t)
+        log(f"== read bandwidth, {t} thread(s): best {probe.result(t)['gbps']:.1f} GB/s, "
+            f"median of {probe.result(t)['samples']} samples {probe.result(t)['gbps_median']:.1f}")
+    probe.close()
     result["duration_s"] = time.perf_counter() - t_start
     for c in result["cells"]:
         info = c.get("info") or {}
@@ -735,20 +739,23 @@ takes several minutes on 2 cores; transformers; torch==2.13.0 CPU; gguf) and run
   reported. Thread counts: rlx.set_num_threads, llama.cpp n_threads = n_threads_batch,
   torch.set_num_threads, and OMP/OPENBLAS/MKL/RLX_NUM_THREADS.
 - Bandwidth: a C kernel (compiled at first use with `cc -O2 -march=native`) sums a 1 GiB
-  float32 array, split among t pthreads, with four independent AVX-512 (or AVX) accumulators;
-  median of 7 passes after a warm pass. Decode ceiling = that bandwidth / bytes of weights one
-  token reads (every 2-D projection and the LM head once, at the stored width).
+  float32 array, split among t pthreads, with four independent AVX-512 (or AVX) accumulators.
+  It is sampled before the run (20 passes), before every cell (5) and after the run (20); the
+  best pass is the machine's read bandwidth (other load only lowers a pass), the median of
+  the samples is kept beside it. Decode ceiling = that bandwidth / bytes of weights one token
+  reads (every 2-D projection and the LM head once, at the stored width).
 - The environment is passed through unchanged and recorded in the JSON. Where
   OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are set (some machines set them for old OpenBLAS
   builds), they slow a current OpenBLAS: benchmark with both unset in that command alone,
   `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE make bench`.
 - Results: `benchmarks/results/generate-<date>.json` (every cell, medians, ratios, machine,
-  profiles); the table below is the latest full run (rewritten by it; `--quick` leaves it).
+  profiles); the table below is rewritten by every full run (`--readme` forces it for
+  other runs; the first line says which run it is).
 """
 
 
 def readme_body(md: str) -> str:
-    return README_INTRO + "\n### Latest full run\n\n" + md
+    return README_INTRO + "\n### Latest results\n\n" + md
 
 
 if __name__ == "__main__":

@@ -418,6 +418,13 @@ static void test_pointwise(void) {
     }
 }
 
+/* Whether the program runs under valgrind (its preload library is in LD_PRELOAD): big shapes are
+ * skipped there. */
+static int under_valgrind(void) {
+    const char *p = getenv("LD_PRELOAD");
+    return p && strstr(p, "vgpreload") != NULL;
+}
+
 /* Masks: 0 none, 1 f32, 2 u8, 3 both. The f32 mask has random penalties and -inf entries; with
  * S > 1 its row 0 is all -inf. The u8 mask drops ~20% of keys; its last row is all zero. */
 static void attention_case(int64_t S, int64_t P, int64_t Hq, int64_t Hkv, int64_t D, int causal,
@@ -506,6 +513,23 @@ static void test_attention(void) {
         attention_case(1, 1500, 16, 8, 40, 1, 0, masks); /* decode: keys split over tasks */
         attention_case(1, 1000, 6, 2, 33, 1, 700, masks);
         attention_case(1, 700, 4, 4, 16, 0, 0, masks);
+    }
+    /* the blocked sgemm path (S >= 8): query blocks crossing block boundaries, past and new keys
+     * as two segments, GQA, window, masks with fully masked rows */
+    const int64_t Sg[] = {17, 64, 130}, Pg[] = {0, 5, 100}, Hg[][3] = {{16, 8, 8}, {4, 1, 16}};
+    const int cfg[][3] = {{1, 0, 0}, {1, 20, 0}, {0, 0, 3}, {1, 0, 1}, {1, 0, 2}, {0, 7, 2}}; /* causal, window, masks */
+    for (int si = 0; si < 3; si++)
+        for (int pi = 0; pi < 3; pi++)
+            for (int hi = 0; hi < 2; hi++)
+                for (int ci = 0; ci < 6; ci++)
+                    attention_case(Sg[si], Pg[pi], Hg[hi][0], Hg[hi][1], Hg[hi][2], cfg[ci][0], cfg[ci][1],
+                                   cfg[ci][2]);
+    /* P + S long enough that the sgemm path takes fewer rows per block */
+    attention_case(40, 20000, 2, 1, 4, 1, 0, 0);
+    attention_case(40, 20000, 2, 1, 4, 1, 30, 2);
+    if (!under_valgrind()) { /* the Qwen3-0.6B shape */
+        attention_case(130, 100, 16, 8, 128, 1, 0, 0);
+        attention_case(200, 0, 16, 8, 128, 1, 0, 0);
     }
 }
 

@@ -1,7 +1,35 @@
 /*
- * attention.c - the cpu table's grouped-query attention over past + new keys. One (query i,
- * head h) pair is scored against its visible keys (dot products), softmaxed with the max
- * subtracted, and its output accumulated as a weighted sum of value rows; the two loops over
+ * attention.c - the cpu table's grouped-query attention over past + new keys, three paths by the
+ * number of queries S.
+ *
+ * Prefill and extension over a past (S >= RLX_ATTN_GEMM_MIN_S): through sgemm. Per kv head, per
+ * block of `rows` query positions, per query head of the kv head's group (the group reads the
+ * same key/value rows, still in cache): scores (rows, W) = scale * Q_blk @ K^T by sgemm into
+ * scratch, then a row softmax (causal / window bounds, masks, max subtracted, the vector exp;
+ * a row with nothing visible gives zeros), then out_blk = weights @ V by sgemm written straight
+ * into out, then each out row scaled by 1 / its sum. Q, K, V and out are read and written in
+ * place: their rows are (Hq * D) or (Hkv * D) floats apart, which sgemm takes as leading
+ * dimensions, so nothing is copied. The keys are two arrays (past, then new), so every product
+ * runs as two segments side by side in the score rows. A block only gets the keys its rows may
+ * see: up to its last row's position (causal), from its first row's window start (window);
+ * inside that range the rows of one block differ (the causal triangle), which the softmax
+ * masks: with rows = 64 that costs ~12% extra multiply-adds at S = 512, and the measured
+ * optimum sat between 64 and 128 (smaller blocks: more calls, and sgemm repacks the keys each
+ * call; larger: more of the triangle). rows = min(64, RLX_ATTN_GEMM_FLOATS / (P+S)), at least 8,
+ * so the scores stay <= ~4 MiB; attention_scratch = rows * (P+S) + rows (the row sums).
+ * Threads: OpenBLAS's own threads inside each sgemm (rlx_set_num_threads sets them to the pool's
+ * count); the sgemms run on the calling thread, never inside a pool task (that would run
+ * OpenBLAS's threads on top of ours). The softmax runs on the calling thread as well: with the
+ * whole-vector exp below it is ~5% of the time at S = 512, less than a pool region's hand-over
+ * to threads that OpenBLAS keeps spinning would cost. Measured (Qwen3-0.6B shape: 16 q heads,
+ * 8 kv heads, D = 128, causal, P = 0, one thread, machine shared with other jobs): S = 128
+ * 17 -> 41 GFLOP/s, S = 512 16 -> 57 GFLOP/s; below S = 8 the GEMM path was still ahead on one
+ * thread (S = 8: 2x), RLX_ATTN_GEMM_MIN_S = 8 leaves the tiny cases to the per-pair path below,
+ * which splits them over the pool's threads.
+ *
+ * Small S (1 < S < RLX_ATTN_GEMM_MIN_S, and S == 1 with too many heads for the split path): one
+ * (query i, head h) pair is scored against its visible keys (dot products), softmaxed with the
+ * max subtracted, and its output accumulated as a weighted sum of value rows; the two loops over
  * key rows (scores, weighted sum) are compiled per ISA.
  *
  * Decode (one query, S == 1) takes another path that reads the KV cache once, front to back: a
@@ -13,21 +41,22 @@
  * the caller, flash-decoding style. Each task's partial lives in its own RLX_ATTN_PART_FLOATS
  * of scratch; heads too many for that fall back to the per-head path.
  *
- * Threading and scratch (S > 1): pairs come in blocks, one block per (query, kv head) holding the
- * Hq/Hkv query heads that read the same key/value rows (so the second head finds them in cache).
- * Blocks are dealt round-robin to `ntasks` tasks (ntasks <= rlx_pool_threads(), fewer when the
- * work is small), so causal rows of unequal length balance.
+ * Threading and scratch (per-pair path): pairs come in blocks, one block per (query, kv head)
+ * holding the Hq/Hkv query heads that read the same key/value rows (so the second head finds
+ * them in cache). Blocks are dealt round-robin to `ntasks` tasks (ntasks <= rlx_pool_threads(),
+ * fewer when the work is small), so causal rows of unequal length balance.
  * rlx_parallel_for runs over the task ids [0, ntasks), and task t keeps its scores in
  * scratch[t * (P+S) .. (t+1) * (P+S)): slices are owned by task id, not by thread or chunk, so
  * they stay distinct however the pool groups task ids into chunks (or runs them all inline).
- * Hence attention_scratch = rlx_pool_threads() * (P+S) for S > 1, and rlx_pool_threads() *
- * max(P+S, RLX_ATTN_PART_FLOATS) for S == 1; the caller must not raise the thread count between
- * sizing the scratch and calling the kernel. Must never allocate.
+ * Hence attention_scratch = rlx_pool_threads() * (P+S) for 1 < S < RLX_ATTN_GEMM_MIN_S, and
+ * rlx_pool_threads() * max(P+S, RLX_ATTN_PART_FLOATS) for S == 1; the caller must not raise the
+ * thread count between sizing the scratch and calling the kernel. Must never allocate.
  */
 #include "backends/cpu/cpu.h"
 
 #include "core/pool.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -369,11 +398,212 @@ static void attend_tasks(void *p, int64_t begin, int64_t end) {
     }
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Prefill / extension (S >= RLX_ATTN_GEMM_MIN_S): query blocks through sgemm
+ * ------------------------------------------------------------------------------------------- */
+
+/* Queries from which the blocked sgemm path is taken, score floats (block rows * (P+S)) it may
+ * use, and the bounds on its block rows. */
+#define RLX_ATTN_GEMM_MIN_S 8
+#define RLX_ATTN_GEMM_FLOATS (1 << 20)
+#define RLX_ATTN_GEMM_MAX_ROWS 64
+#define RLX_ATTN_GEMM_MIN_ROWS 8
+
+/* Query rows per block of the sgemm path for S queries over P past keys. */
+static int64_t gemm_rows(int64_t S, int64_t P) {
+    int64_t r = RLX_ATTN_GEMM_FLOATS / (P + S);
+    r = r > RLX_ATTN_GEMM_MAX_ROWS ? RLX_ATTN_GEMM_MAX_ROWS : r;
+    r = r < RLX_ATTN_GEMM_MIN_ROWS ? RLX_ATTN_GEMM_MIN_ROWS : r;
+    return r < S ? r : S;
+}
+
+/* Max of x[j] for j < n (n >= 1), NaN when some x[j] is NaN or x holds both infinities (then
+ * the row's result is NaN, as it would be through exp(x - max)). */
+RLX_CPU_CLONES
+static float row_max(const float *x, int64_t n) {
+    rlx_cpu_v16 m = {0}, sum = {0};
+    m -= INFINITY;
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        rlx_cpu_v16 v;
+        memcpy(&v, x + j, sizeof v);
+        const rlx_cpu_v16i gt = v > m;
+        m = (rlx_cpu_v16)(((rlx_cpu_v16i)v & gt) | ((rlx_cpu_v16i)m & ~gt));
+        sum += v;
+    }
+    float r = -INFINITY, s = hsum16(&sum);
+    for (int l = 0; l < 16; l++)
+        r = m[l] > r ? m[l] : r;
+    for (; j < n; j++) {
+        r = x[j] > r ? x[j] : r;
+        s += x[j];
+    }
+    return s != s ? NAN : r;
+}
+
+/* *v = exp(*v) for lanes <= 0 (or -inf): rlx_cpu_exp16's arithmetic, with lanes below -87.34
+ * going to 0 through the sign of (v + 87.34) instead of a comparison: GCC 12 turns the
+ * comparisons of rlx_cpu_exp16 into one scalar compare per lane in every clone (measured ~3 ns
+ * a lane, as much time as the sgemms here); this compiles to whole vectors. Lanes > 0 never
+ * occur here (scores minus their row max). */
+static inline __attribute__((always_inline)) void exp16_nonpos(rlx_cpu_v16 *v) {
+    rlx_cpu_v16 x = *v;
+    const rlx_cpu_v16i under = (rlx_cpu_v16i)(x + 87.3365478515625f) >> 31;
+    x = (rlx_cpu_v16)((rlx_cpu_v16i)x & ~under); /* those lanes computed at 0 */
+    const rlx_cpu_v16 t = x * 1.44269504088896341f + 12582912.0f;
+    const rlx_cpu_v16 n = t - 12582912.0f;
+    rlx_cpu_v16 r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    rlx_cpu_v16 p = 1.9875691500e-4f * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    const rlx_cpu_v16u scale = ((rlx_cpu_v16u)t << 23) + (127u << 23);
+    *v = (rlx_cpu_v16)((rlx_cpu_v16i)(p * (rlx_cpu_v16)scale) & ~under);
+}
+
+/* p[j] = exp(p[j] - m) for j < n (-inf gives 0; m finite, >= every p[j]); returns their sum.
+ * Whole vectors are loaded and stored directly; only the tail (< 16) goes through a vector
+ * padded with -inf. */
+RLX_CPU_CLONES
+static float exp_sum_row(float *p, int64_t n, float m) {
+    rlx_cpu_v16 sum = {0};
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        rlx_cpu_v16 v;
+        memcpy(&v, p + j, sizeof v);
+        v -= m;
+        exp16_nonpos(&v);
+        sum += v;
+        memcpy(p + j, &v, sizeof v);
+    }
+    if (j < n) {
+        float tail[16];
+        for (int l = 0; l < 16; l++)
+            tail[l] = j + l < n ? p[j + l] : -INFINITY;
+        rlx_cpu_v16 v;
+        memcpy(&v, tail, sizeof v);
+        v -= m;
+        exp16_nonpos(&v);
+        sum += v;
+        memcpy(tail, &v, sizeof v);
+        for (int64_t l = 0; l < n - j; l++)
+            p[j + l] = tail[l];
+    }
+    return hsum16(&sum);
+}
+
+/* One row of scores, sc[c] for key lo + c, c < W (already scaled by sgemm): keys outside
+ * [vlo, vhi) (causal, window) and keys the masks drop become weight 0, the others
+ * exp(score + mask - max). Returns 1 / (sum of the weights), or 0 with the row all zero when no
+ * key is visible (NaN with the row all NaN when a score is NaN or +inf, as the ref table gives).
+ * mf / mu: the row's masks from key lo, or NULL. */
+static float row_softmax(float *sc, int64_t W, int64_t vlo, int64_t vhi, const float *mf, const uint8_t *mu) {
+    if (vlo > 0)
+        memset(sc, 0, (size_t)vlo * sizeof(float));
+    if (vhi < W)
+        memset(sc + vhi, 0, (size_t)(W - vhi) * sizeof(float));
+    if (vhi <= vlo)
+        return 0.0f;
+    if (mu || mf)
+        for (int64_t c = vlo; c < vhi; c++)
+            sc[c] = mu && !mu[c] ? -INFINITY : mf ? sc[c] + mf[c] : sc[c];
+    const float m = row_max(sc + vlo, vhi - vlo);
+    if (m == -INFINITY) {
+        memset(sc + vlo, 0, (size_t)(vhi - vlo) * sizeof(float));
+        return 0.0f;
+    }
+    if (!(m < INFINITY)) { /* NaN or +inf */
+        for (int64_t c = vlo; c < vhi; c++)
+            sc[c] = NAN;
+        return NAN;
+    }
+    return 1.0f / exp_sum_row(sc + vlo, vhi - vlo, m);
+}
+
+/* out rows i0 .. i0+R of head h: scores over keys [lo, hi) (past first; [lo, mid) from k_past,
+ * [mid, hi) from k) by sgemm into sc (R, hi - lo), row softmax, then out = weights @ values by
+ * sgemm straight into out (rows Hq * D apart), scaled per row by 1 / sum (inv: R floats). */
+static void gemm_block(const struct rlx_attn_args *a, int64_t i0, int64_t R, int64_t h, int64_t lo, int64_t hi,
+                       float *sc, float *inv) {
+    const int64_t P = a->P, L = P + a->S, D = a->D, Hq = a->Hq, stride = a->Hkv * D;
+    const int64_t kvh = h / (Hq / a->Hkv), W = hi - lo;
+    const int64_t mid = lo > P ? lo : (hi < P ? hi : P);
+    const float *q = a->q + (i0 * Hq + h) * D;
+    float *out = a->out + (i0 * Hq + h) * D;
+    if (mid > lo)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)R, (blasint)(mid - lo), (blasint)D, a->scale,
+                    q, (blasint)(Hq * D), a->k_past + lo * stride + kvh * D, (blasint)stride, 0.0f, sc, (blasint)W);
+    if (hi > mid)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)R, (blasint)(hi - mid), (blasint)D, a->scale,
+                    q, (blasint)(Hq * D), a->k + (mid - P) * stride + kvh * D, (blasint)stride, 0.0f,
+                    sc + (mid - lo), (blasint)W);
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t i = i0 + r;
+        int64_t vlo = lo, vhi = hi; /* keys visible to query i before the masks */
+        if (a->causal && vhi > P + i + 1)
+            vhi = P + i + 1;
+        if (a->window > 0 && vlo < P + i - a->window + 1)
+            vlo = P + i - a->window + 1;
+        inv[r] = row_softmax(sc + r * W, W, vlo - lo, vhi - lo, a->mask_f32 ? a->mask_f32 + i * L + lo : NULL,
+                             a->mask_u8 ? a->mask_u8 + i * L + lo : NULL);
+    }
+    if (mid > lo)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)D, (blasint)(mid - lo), 1.0f, sc,
+                    (blasint)W, a->v_past + lo * stride + kvh * D, (blasint)stride, 0.0f, out, (blasint)(Hq * D));
+    if (hi > mid)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)D, (blasint)(hi - mid), 1.0f,
+                    sc + (mid - lo), (blasint)W, a->v + (mid - P) * stride + kvh * D, (blasint)stride,
+                    mid > lo ? 1.0f : 0.0f, out, (blasint)(Hq * D));
+    for (int64_t r = 0; r < R; r++) {
+        float *o = out + r * Hq * D;
+        if (inv[r] == 0.0f)
+            memset(o, 0, (size_t)D * sizeof(float)); /* nothing visible: zeros */
+        else
+            for (int64_t e = 0; e < D; e++)
+                o[e] *= inv[r];
+    }
+}
+
+/* The blocked sgemm path: per kv head, per block of query rows, per query head of its group
+ * (the group reads the same key/value rows, still in cache). A block needs only the keys its
+ * last row may see (causal) from the first its first row may see (window). */
+static void attend_gemm(const struct rlx_attn_args *a) {
+    const int64_t S = a->S, P = a->P, L = P + S, G = a->Hq / a->Hkv;
+    const int64_t rows = gemm_rows(S, P);
+    float *inv = a->scratch + rows * L;
+    (void)rlx_pool_threads(); /* the first pool use applies RLX_NUM_THREADS to OpenBLAS too */
+    for (int64_t kvh = 0; kvh < a->Hkv; kvh++)
+        for (int64_t i0 = 0; i0 < S; i0 += rows) {
+            const int64_t R = S - i0 < rows ? S - i0 : rows;
+            int64_t lo = 0, hi = L;
+            if (a->causal && hi > P + i0 + R)
+                hi = P + i0 + R;
+            if (a->window > 0 && lo < P + i0 - a->window + 1)
+                lo = P + i0 - a->window + 1;
+            for (int64_t h = kvh * G; h < (kvh + 1) * G; h++) {
+                if (hi <= lo) {
+                    for (int64_t r = 0; r < R; r++)
+                        memset(a->out + ((i0 + r) * a->Hq + h) * a->D, 0, (size_t)a->D * sizeof(float));
+                    continue;
+                }
+                gemm_block(a, i0, R, h, lo, hi, a->scratch, inv);
+            }
+        }
+}
+
 /* out (S, Hq, D) = grouped-query attention of q (S, Hq, D) over k/v past (P, Hkv, D) then new
  * (S, Hkv, D), see rlx_attn_args. */
 void rlx_cpu_attention_f32(const struct rlx_attn_args *a) {
     if (a->S == 1 && attend_split(a))
         return;
+    if (a->S >= RLX_ATTN_GEMM_MIN_S) {
+        if (a->D > 0) /* (D == 0: out is empty) */
+            attend_gemm(a);
+        return;
+    }
     const int64_t pairs = a->S * a->Hq;
     const int64_t work = pairs * (a->P + a->S) * a->D * 2; /* multiply-adds, upper bound */
     int64_t ntasks = work / RLX_CPU_GRAIN_FMA;
@@ -389,8 +619,12 @@ void rlx_cpu_attention_f32(const struct rlx_attn_args *a) {
 }
 
 /* Per pool thread: P+S scores (the per-head path), or RLX_ATTN_PART_FLOATS (the split-key path
- * for S == 1) */
+ * for S == 1); for S >= RLX_ATTN_GEMM_MIN_S one block of scores and its row sums. */
 size_t rlx_cpu_attention_scratch(int64_t S, int64_t P) {
+    if (S >= RLX_ATTN_GEMM_MIN_S) {
+        const int64_t rows = gemm_rows(S, P);
+        return (size_t)(rows * (P + S) + rows);
+    }
     const size_t per = (size_t)(P + S) > RLX_ATTN_PART_FLOATS ? (size_t)(P + S) : RLX_ATTN_PART_FLOATS;
     return (size_t)rlx_pool_threads() * (S == 1 ? per : (size_t)(P + S));
 }
