@@ -7,6 +7,7 @@ in csrc/include/rlx/rlx.h and csrc/backends/kernels.h; any difference is a bug o
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 __all__ = ["matmul", "embedding", "rmsnorm", "add_rmsnorm", "rope", "softmax", "silu", "silu_mul",
@@ -25,6 +26,19 @@ def matmul(a, b, trans_b: bool = False) -> np.ndarray:
     if np.shape(a)[-1] != b.shape[0]:
         raise ValueError(f"matmul: a {np.shape(a)} and b {b.shape} (trans_b={trans_b}) do not fit")
     return (_f64(a) @ b).astype(np.float32)
+
+
+def matmul_lowp(a, b) -> np.ndarray:
+    """a (..., K) f32 @ b^T with b (N, K) stored as bfloat16 or float16 (rlx's low-precision
+    weights): bf16 weights multiply a ROUNDED to bf16 (nearest even, as ml_dtypes rounds), f16
+    weights the exact f32 a; products are exact and summed in float64 here."""
+    b = np.asarray(b)
+    a = np.asarray(a, dtype=np.float32)
+    if b.dtype == np.dtype(ml_dtypes.bfloat16):
+        a = a.astype(ml_dtypes.bfloat16)
+    elif b.dtype != np.float16:
+        raise ValueError(f"matmul_lowp: b must be bfloat16 or float16, got {b.dtype}")
+    return (_f64(a.astype(np.float32)) @ _f64(b.astype(np.float32)).T).astype(np.float32)
 
 
 def embedding(table, ids) -> np.ndarray:
