@@ -35,8 +35,13 @@ struct rlx_kernels {
     void (*matmul_f32)(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N, int trans_b);
     /* out (n, d) = table (V, d) rows ids (n) */
     void (*embedding_f32)(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d);
-    /* Low-precision weights: b_dtype is RLX_BF16 or RLX_F16, raw 16-bit values. Each value is widened
-     * exactly to f32 and products are accumulated in f32 (no rounding of `a` to 16 bits).
+    /* Low-precision weights: b_dtype is RLX_BF16 or RLX_F16, raw 16-bit values, widened exactly.
+     * RLX_BF16: every element of `a` is first rounded to bf16 (round to nearest even; NaN stays NaN,
+     * a finite value past the largest bf16 becomes inf), then the products of the two bf16 values
+     * (exact in f32) are accumulated in f32; on every path and every M, so decode and prefill
+     * compute the same function up to summation order (bf16 subnormals may count as zero on the
+     * AVX-512 BF16 path). RLX_F16: products of the exact f32 `a` and the widened weights,
+     * accumulated in f32 (no rounding of `a`).
      * out (M, N) = a (M, K) @ b^T, b (N, K); scratch: matmul_lowp_scratch(M, K, N) floats. */
     void (*matmul_lowp)(float *out, const float *a, const uint16_t *b, int b_dtype, int64_t M, int64_t K, int64_t N,
                         float *scratch);

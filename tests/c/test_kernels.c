@@ -32,6 +32,7 @@ static int n_pass, n_fail;
 static const struct rlx_kernels *CPU = &rlx_cpu_kernels, *REF = &rlx_ref_kernels;
 
 static void result(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int under_valgrind(void);
 
 static void result(int ok, const char *fmt, ...) {
     if (ok) {
@@ -181,14 +182,15 @@ static void lowp_case(int dtype, int64_t M, int64_t K, int64_t N) {
     float *scratch = buf(ns);
     for (int64_t i = 0; i < ns; i++)
         scratch[i] = 3.0e38f;
+    float *rs = buf((int64_t)REF->matmul_lowp_scratch(M, K, N));
     CPU->matmul_lowp(o1, a, b, dtype, M, K, N, scratch);
-    REF->matmul_lowp(o2, a, b, dtype, M, K, N, NULL);
+    REF->matmul_lowp(o2, a, b, dtype, M, K, N, rs);
     const double e = nerr(o1, o2, M * N), tol = dot_tol(K);
-    result(e <= tol, "matmul_lowp %s M=%lld K=%lld N=%lld [threads=%d]: normalized error %.3g > %.3g", dn,
-           (long long)M, (long long)K, (long long)N, rlx_pool_threads(), e, tol);
+    result(e <= tol, "matmul_lowp %s M=%lld K=%lld N=%lld [threads=%d, isa=%d]: normalized error %.3g > %.3g", dn,
+           (long long)M, (long long)K, (long long)N, rlx_pool_threads(), rlx_cpu_isa(), e, tol);
     result(guard_ok(scratch, ns), "matmul_lowp %s M=%lld K=%lld N=%lld: wrote past its scratch", dn, (long long)M,
            (long long)K, (long long)N);
-    free(a), free(b), free(o1), free(o2), free(scratch);
+    free(a), free(b), free(o1), free(o2), free(scratch), free(rs);
 }
 
 static void test_matmul_lowp(void) {
@@ -203,6 +205,136 @@ static void test_matmul_lowp(void) {
         lowp_case(dtype, 3, 1031, 333);
         lowp_case(dtype, 5, 4100, 500); /* three panels, the last one short */
     }
+}
+
+static const char *isa_name(int isa) {
+    return isa == RLX_CPU_ISA_AVX512_BF16 ? "avx512bf16"
+           : isa == RLX_CPU_ISA_AVX512  ? "avx512"
+           : isa == RLX_CPU_ISA_AVX2    ? "avx2"
+                                        : "scalar";
+}
+
+/* Normalized error of got vs want where want may hold NaN / inf: NaN exactly where want has
+ * NaN, the same infinity where want has one, the finite rest within the normalized bound. */
+static double nerr_special(const float *got, const float *want, int64_t n) {
+    double maxd = 0.0, maxr = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(want[i]) || isnan(got[i])) {
+            if (!(isnan(want[i]) && isnan(got[i])))
+                return INFINITY;
+        } else if (isinf(want[i]) || isinf(got[i])) {
+            if (got[i] != want[i])
+                return INFINITY;
+        } else {
+            const double d = fabs((double)got[i] - (double)want[i]);
+            maxd = d > maxd ? d : maxd;
+            maxr = fabs(want[i]) > maxr ? fabs(want[i]) : maxr;
+        }
+    }
+    if (!guard_ok(got, n) || !guard_ok(want, n))
+        return INFINITY;
+    return maxr > 0.0 ? maxd / maxr : maxd;
+}
+
+/* bf16 rounding of `a` on every path: K = N = 1 with the weight 1.0 gives out = bf16(a) exactly
+ * (one product of two bf16 values). M = 20 rows (the GEMM where the machine has AVX512_BF16),
+ * the first 6 rows alone (two matvec passes), each row alone (the matvec). VDPBF16PS counts
+ * subnormals as zero: there a subnormal may come out as a zero of its sign. */
+static void lowp_rounding_case(void) {
+    const uint32_t bits[20] = {
+        0x3f808000, /* 1 + 2^-8: tie, to even -> 1 */
+        0x3f818000, /* 1 + 3 2^-8: tie, to even -> 1 + 2^-6 */
+        0x3f7f8000, /* 1 - 2^-9: tie between 1 - 2^-8 and 1, to even -> 1 */
+        0x3f808001, /* just past the tie -> 1 + 2^-7 */
+        0xbf818000, /* negative tie */
+        0x7f7fffff, /* FLT_MAX -> inf */
+        0xff7fffff, /* -FLT_MAX -> -inf */
+        0x7f7f0000, /* the largest bf16 */
+        0x7f7f7fff, /* below the midpoint to 2^128: stays the largest bf16 */
+        0x7f7f8000, /* the midpoint, tie, to even -> inf */
+        0x7f800000, 0xff800000, /* +-inf */
+        0x7fc00000, 0xffc00001, /* NaN */
+        0x7f800001, /* NaN with only a low mantissa bit: must not become inf */
+        0x00000000, 0x80000000, /* +-0 */
+        0x00018000, /* f32 subnormal, tie -> bf16 subnormal 0x0002 */
+        0x00008000, /* f32 subnormal tie -> 0 */
+        0x3eaaaaab, /* 1/3 */
+    };
+    float a[20], w1[20], w2[6], w3[20];
+    memcpy(a, bits, sizeof a);
+    const uint16_t one = 0x3f80;
+    float *ref = buf(20), *got = buf(20), *rs = buf(20), *sc = buf((int64_t)CPU->matmul_lowp_scratch(20, 1, 1));
+    REF->matmul_lowp(ref, a, &one, RLX_BF16, 20, 1, 1, rs);
+    CPU->matmul_lowp(got, a, &one, RLX_BF16, 20, 1, 1, sc);
+    memcpy(w1, got, 20 * sizeof(float));
+    CPU->matmul_lowp(got, a, &one, RLX_BF16, 6, 1, 1, sc);
+    memcpy(w2, got, 6 * sizeof(float));
+    for (int i = 0; i < 20; i++) {
+        CPU->matmul_lowp(got, a + i, &one, RLX_BF16, 1, 1, 1, sc);
+        w3[i] = got[0];
+    }
+    for (int i = 0; i < 20; i++) {
+        const float want = ref[i];
+        const float g[3] = {w1[i], i < 6 ? w2[i] : want, w3[i]};
+        for (int p = 0; p < 3; p++) {
+            const int same = (isnan(want) && isnan(g[p])) ||
+                             (g[p] == want && signbit(g[p]) == signbit(want)) ||
+                             (p == 0 && fabsf(want) < 0x1p-126f && g[p] == 0.0f && signbit(g[p]) == signbit(want));
+            uint32_t gb, wb;
+            memcpy(&gb, &g[p], 4), memcpy(&wb, &want, 4);
+            result(same, "matmul_lowp bf16 rounding of 0x%08x [isa=%s, %s]: got 0x%08x, ref 0x%08x", bits[i],
+                   isa_name(rlx_cpu_isa()), p == 0 ? "M=20" : p == 1 ? "M=6" : "M=1", gb, wb);
+        }
+    }
+    free(ref), free(got), free(rs), free(sc);
+}
+
+/* NaN / inf / values that round to inf in `a`, in a product with K crossing the GEMM's k block:
+ * the rows that hold them come out NaN / inf exactly as the oracle's. */
+static void lowp_special_case(int64_t M, int64_t K, int64_t N) {
+    float *a = rand_buf(M * K, -1, 1), *o1 = buf(M * N), *o2 = buf(M * N);
+    uint16_t *b = lowp_buf(N * K, RLX_BF16, 0);
+    a[1 * K + 3] = NAN;
+    a[2 * K + K - 1] = INFINITY;
+    a[3 * K + K / 2] = -3.4e38f;  /* rounds to -inf */
+    a[(M - 1) * K] = 3.38e38f;    /* rounds to the largest bf16: finite */
+    float *sc = buf((int64_t)CPU->matmul_lowp_scratch(M, K, N)), *rs = buf((int64_t)REF->matmul_lowp_scratch(M, K, N));
+    CPU->matmul_lowp(o1, a, b, RLX_BF16, M, K, N, sc);
+    REF->matmul_lowp(o2, a, b, RLX_BF16, M, K, N, rs);
+    const double e = nerr_special(o1, o2, M * N), tol = dot_tol(K);
+    result(e <= tol, "matmul_lowp bf16 NaN/inf in a M=%lld K=%lld N=%lld [isa=%s]: normalized error %.3g > %.3g",
+           (long long)M, (long long)K, (long long)N, isa_name(rlx_cpu_isa()), e, tol);
+    free(a), free(b), free(o1), free(o2), free(sc), free(rs);
+}
+
+/* Every vector path this machine has (RLX_CPU_ISA caps lowered one by one, via rlx_cpu_isa_cap):
+ * sizes that cross the GEMM's blocks (8-row microkernel, 32-column panels, 128-column blocks,
+ * k blocks of 512, odd K) and the matvec-passes / GEMM boundary (M = 6 / 7). Under valgrind (no AVX-512:
+ * AVX2 and scalar) a smaller set. */
+static void test_matmul_lowp_isas(void) {
+    const int vg = under_valgrind(), native = rlx_cpu_isa();
+    const int64_t Ms[] = {5, 7, 16, 17, 64, 130}, Ks[] = {1, 3, 16, 1000, 1001}, Ns[] = {1, 31, 33, 300};
+    for (int isa = native; isa >= RLX_CPU_ISA_SCALAR; isa--) {
+        rlx_cpu_isa_cap(isa);
+        lowp_rounding_case();
+        for (int dt = 0; dt < 2; dt++) {
+            const int dtype = dt ? RLX_F16 : RLX_BF16;
+            for (int mi = 0; mi < 6; mi++)
+                for (int ki = 0; ki < 5; ki++)
+                    for (int ni = 0; ni < 4; ni++) {
+                        const int64_t M = Ms[mi], K = Ks[ki], N = Ns[ni];
+                        if (vg && (dt || M * K * N > 100000 || mi == 2 || mi == 3 || ni == 1))
+                            continue;
+                        lowp_case(dtype, M, K, N);
+                    }
+        }
+        lowp_special_case(9, 1001, 33);
+        if (!vg) {
+            lowp_special_case(130, 1000, 300);
+            lowp_case(RLX_BF16, 130, 8191, 33); /* packed A in two chunks; rounded a in two chunks */
+        }
+    }
+    rlx_cpu_isa_cap(RLX_CPU_ISA_AVX512_BF16);
 }
 
 /* The f32 matvec path (trans_b, M <= 4): each output is its row's dot product, the same whatever
@@ -254,6 +386,7 @@ static void test_matvec_threads_bitwise(void) {
     const int64_t M = 2, K = 1031, N = 2001;
     float *a = rand_buf(M * K, -1, 1), *bf = rand_buf(N * K, -1, 1), *want[3], *got = buf(M * N);
     uint16_t *bl = lowp_buf(N * K, RLX_BF16, 0);
+    float *scratch = buf((int64_t)CPU->matmul_lowp_scratch(M, K, N));
     for (int w = 0; w < 3; w++)
         want[w] = buf(M * N);
     const int counts[] = {1, 2, 3};
@@ -264,15 +397,31 @@ static void test_matvec_threads_bitwise(void) {
             if (w == 0)
                 CPU->matmul_f32(o, a, bf, M, K, N, 1);
             else
-                CPU->matmul_lowp(o, a, bl, RLX_BF16, M, K, N, NULL);
+                CPU->matmul_lowp(o, a, bl, RLX_BF16, M, K, N, scratch);
             if (ti > 0)
                 result(memcmp(o, want[w], (size_t)(M * N) * sizeof(float)) == 0,
                        "matvec %s at %d threads differs from 1 thread", w ? "bf16" : "f32", counts[ti]);
         }
     }
-    free(a), free(bf), free(bl), free(got);
+    free(a), free(bf), free(bl), free(got), free(scratch);
     for (int w = 0; w < 3; w++)
         free(want[w]);
+    if (rlx_cpu_isa() != RLX_CPU_ISA_AVX512_BF16)
+        return;
+    /* the AVX-512 BF16 GEMM: each out element one fixed sequence whatever the thread count */
+    const int64_t GM = 37, GK = 1001, GN = 700;
+    float *ga = rand_buf(GM * GK, -1, 1), *g1 = buf(GM * GN), *g2 = buf(GM * GN);
+    uint16_t *gb = lowp_buf(GN * GK, RLX_BF16, 0);
+    for (int ti = 0; ti < 3; ti++) {
+        rlx_set_num_threads(counts[ti]);
+        float *gs = buf((int64_t)CPU->matmul_lowp_scratch(GM, GK, GN));
+        CPU->matmul_lowp(ti ? g2 : g1, ga, gb, RLX_BF16, GM, GK, GN, gs);
+        if (ti > 0)
+            result(memcmp(g1, g2, (size_t)(GM * GN) * sizeof(float)) == 0,
+                   "bf16 GEMM at %d threads differs from 1 thread", counts[ti]);
+        free(gs);
+    }
+    free(ga), free(gb), free(g1), free(g2);
 }
 
 /* Distance in units in the last place between two finite floats of the same sign. */
@@ -578,7 +727,8 @@ static void test_ref_by_hand(void) {
         REF->embedding_lowp(out, ht, RLX_F16, ids + 1, 1, 3);
         result(out[0] == wh[0] && out[1] == wh[1] && out[2] == wh[2], "ref embedding_lowp f16 by hand");
         const float a[] = {1, 2}; /* a (1,2) @ [[1, -2]]^T = -3 */
-        REF->matmul_lowp(out, a, bt, RLX_BF16, 1, 2, 1, NULL);
+        float rs[2];
+        REF->matmul_lowp(out, a, bt, RLX_BF16, 1, 2, 1, rs);
         result(out[0] == -3.0f, "ref matmul_lowp bf16 by hand");
     }
     {
@@ -768,6 +918,7 @@ int main(void) {
         test_pool();
         test_kernels();
     }
+    test_matmul_lowp_isas();
     test_matvec_threads_bitwise();
     rlx_set_num_threads(0);
     result(rlx_get_num_threads() == (online < 1 ? 1 : online) || (online > 256 && rlx_get_num_threads() == 256),

@@ -63,12 +63,56 @@ static inline int64_t rlx_cpu_row_grain(int64_t grain, int64_t row) {
     return row >= grain ? 1 : (grain + row - 1) / (row > 0 ? row : 1);
 }
 
-/* Vector ISA the hand-written intrinsics paths (lowp.c, matmul.c) may use on this machine, from
- * cpuid (AVX-512 needs F, BW, VL and F16C; AVX2 needs FMA and F16C). */
-enum { RLX_CPU_ISA_SCALAR = 0, RLX_CPU_ISA_AVX2 = 1, RLX_CPU_ISA_AVX512 = 2 };
+/* Vector ISA the hand-written intrinsics paths (lowp.c, matmul.c, gemm_bf16.c) may use on this
+ * machine, from cpuid (AVX-512 needs F, BW, VL and F16C; AVX2 needs FMA and F16C; AVX512_BF16 is
+ * AVX-512 plus the BF16 dot products). The environment variable RLX_CPU_ISA ("scalar", "avx2",
+ * "avx512") caps it; so does rlx_cpu_isa_cap. Each kernel reads it once per call. */
+enum { RLX_CPU_ISA_SCALAR = 0, RLX_CPU_ISA_AVX2 = 1, RLX_CPU_ISA_AVX512 = 2, RLX_CPU_ISA_AVX512_BF16 = 3 };
 int rlx_cpu_isa(void);
+/* For tests: caps rlx_cpu_isa() at `cap` from now on (it never rises above what cpuid and
+ * RLX_CPU_ISA allow); returns the previous cap. Not for use while kernels run on other threads. */
+int rlx_cpu_isa_cap(int cap);
 /* dst (n) f32 = src (n) of dtype RLX_BF16 / RLX_F16, widened exactly */
 void rlx_cpu_widen(float *dst, const uint16_t *src, int dtype, int64_t n);
+
+/* x rounded to the nearest bf16 (ties to even; a NaN stays NaN, quieted; a finite value past the
+ * largest bf16 rounds to inf), as the f32 of that bf16 value. */
+static inline float rlx_cpu_round_bf16_1(float x) {
+    uint32_t u;
+    __builtin_memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        u |= 0x00400000u;
+    else
+        u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    __builtin_memcpy(&x, &u, 4);
+    return x;
+}
+/* dst (n) = src (n) each rounded as rlx_cpu_round_bf16_1 (the same bits on every ISA path);
+ * dst may equal src. */
+void rlx_cpu_round_bf16(float *dst, const float *src, int64_t n);
+
+/* The AVX-512 BF16 GEMM (gemm_bf16.c): out (M, N) = bf16(a) (M, K) @ b^T, b (N, K) bf16; only
+ * when rlx_cpu_isa() == RLX_CPU_ISA_AVX512_BF16. Blocking: RLX_GB_MR rows x 32 columns per
+ * microkernel, column blocks of RLX_GB_NC per thread, k blocks of RLX_GB_KC (even), sub-chunks
+ * of RLX_GB_MC rows (a multiple of RLX_GB_MR), packed A chunks of at most RLX_GB_A_UNITS 32-bit
+ * units (whole row blocks). The #ifndef lets a tuning build override them with -D. */
+#ifndef RLX_GB_MR
+#define RLX_GB_MR 8
+#endif
+#ifndef RLX_GB_NC
+#define RLX_GB_NC 128
+#endif
+#ifndef RLX_GB_KC
+#define RLX_GB_KC 512
+#endif
+#ifndef RLX_GB_MC
+#define RLX_GB_MC 256
+#endif
+#define RLX_GB_A_UNITS (512 * 1024)
+size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N);
+void rlx_cpu_gemm_bf16(float *out, const float *a, const uint16_t *b, int64_t M, int64_t K, int64_t N,
+                       float *scratch);
 
 void rlx_cpu_matmul_f32(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N,
                         int trans_b);

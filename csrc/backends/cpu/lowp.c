@@ -1,11 +1,13 @@
 /*
  * lowp.c - 16-bit weights on the cpu table: which vector ISA this machine runs (asked once of
- * cpuid, so valgrind, which hides AVX-512, gets the AVX2 path; RLX_CPU_ISA can lower it), the exact widening of bf16 / f16
- * rows to f32 that the matmul panels and the embedding gather share, and embedding_lowp itself.
+ * cpuid, so valgrind, which hides AVX-512, gets the AVX2 path; RLX_CPU_ISA can lower it), the
+ * exact widening of bf16 / f16 rows to f32 that the matmul panels and the embedding gather share,
+ * the rounding of f32 activations to bf16 that matmul_lowp applies for bf16 weights, and
+ * embedding_lowp itself.
  *
  * Widening is exact: bf16 is the top half of an f32 (bits << 16); f16 goes through the IEEE
  * conversion (F16C vcvtph2ps in the vector paths, rlx_f16_to_f32 in the scalar one), subnormals,
- * infinities and NaNs included. Must never round, allocate or fail.
+ * infinities and NaNs included. Widening never rounds; nothing here may allocate or fail.
  */
 #include "backends/cpu/cpu.h"
 
@@ -22,27 +24,38 @@
  * ISA
  * ------------------------------------------------------------------------------------------- */
 
-/* From cpuid, capped by the environment variable RLX_CPU_ISA ("scalar" or "avx2"; it can only
- * lower the choice), which lets tests run the paths this machine would not pick. */
+/* From cpuid, capped by the environment variable RLX_CPU_ISA ("scalar", "avx2" or "avx512", the
+ * last meaning AVX-512 without its BF16 dot products; it can only lower the choice), which lets
+ * tests run the paths this machine would not pick. AVX512_BF16 is cpuid leaf 7 subleaf 1, EAX
+ * bit 5 (asked directly: older compilers' __builtin_cpu_supports lacks the name). */
 static int detect_isa(void) {
     unsigned a, b, c, d;
     const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
     __builtin_cpu_init();
     int isa = RLX_CPU_ISA_SCALAR;
     if (f16c && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl"))
+        __builtin_cpu_supports("avx512vl")) {
         isa = RLX_CPU_ISA_AVX512;
-    else if (f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        if (__get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5)))
+            isa = RLX_CPU_ISA_AVX512_BF16;
+    } else if (f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         isa = RLX_CPU_ISA_AVX2;
+    }
     const char *cap = getenv("RLX_CPU_ISA");
+    int limit = RLX_CPU_ISA_AVX512_BF16;
     if (cap && strcmp(cap, "scalar") == 0)
-        isa = RLX_CPU_ISA_SCALAR;
-    else if (cap && strcmp(cap, "avx2") == 0 && isa > RLX_CPU_ISA_AVX2)
-        isa = RLX_CPU_ISA_AVX2;
-    return isa;
+        limit = RLX_CPU_ISA_SCALAR;
+    else if (cap && strcmp(cap, "avx2") == 0)
+        limit = RLX_CPU_ISA_AVX2;
+    else if (cap && strcmp(cap, "avx512") == 0)
+        limit = RLX_CPU_ISA_AVX512;
+    return isa < limit ? isa : limit;
 }
 
-/* The vector paths this machine may take (cached; a racing first call computes the same value). */
+static atomic_int isa_cap = RLX_CPU_ISA_AVX512_BF16;
+
+/* The vector paths this machine may take (cached; a racing first call computes the same value),
+ * capped by rlx_cpu_isa_cap. */
 int rlx_cpu_isa(void) {
     static atomic_int isa = -1;
     int v = atomic_load_explicit(&isa, memory_order_relaxed);
@@ -50,7 +63,60 @@ int rlx_cpu_isa(void) {
         v = detect_isa();
         atomic_store_explicit(&isa, v, memory_order_relaxed);
     }
-    return v;
+    const int cap = atomic_load_explicit(&isa_cap, memory_order_relaxed);
+    return v < cap ? v : cap;
+}
+
+int rlx_cpu_isa_cap(int cap) {
+    return atomic_exchange_explicit(&isa_cap, cap, memory_order_relaxed);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Rounding to bf16: dst (n) = src (n) rounded to the nearest bf16 (ties to even, NaN quieted),
+ * as f32; the same bits as rlx_cpu_round_bf16_1 on every path.
+ * ------------------------------------------------------------------------------------------- */
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void round_bf16_avx512(float *dst, const float *src,
+                                                                                  int64_t n) {
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), abs = _mm512_set1_epi32(0x7fffffff);
+    const __m512i inf = _mm512_set1_epi32(0x7f800000), quiet = _mm512_set1_epi32(0x00400000);
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512i x = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + i));
+        __m512i r = _mm512_add_epi32(x, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(x, 16), one)));
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, abs), inf);
+        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(x, quiet));
+        _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(_mm512_and_si512(r, top)));
+    }
+}
+
+__attribute__((target("avx2"))) static void round_bf16_avx2(float *dst, const float *src, int64_t n) {
+    const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff), abs = _mm256_set1_epi32(0x7fffffff);
+    const __m256i inf = _mm256_set1_epi32(0x7f800000), quiet = _mm256_set1_epi32(0x00400000);
+    const __m256i top = _mm256_set1_epi32((int)0xffff0000u);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i x = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+        const __m256i r = _mm256_add_epi32(x, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(x, 16), one)));
+        /* |x| > inf as signed 32-bit (both sides non-negative) */
+        const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs), inf);
+        const __m256i v = _mm256_blendv_epi8(r, _mm256_or_si256(x, quiet), nan);
+        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_and_si256(v, top)));
+    }
+    for (; i < n; i++)
+        dst[i] = rlx_cpu_round_bf16_1(src[i]);
+}
+
+void rlx_cpu_round_bf16(float *dst, const float *src, int64_t n) {
+    const int isa = rlx_cpu_isa();
+    if (isa >= RLX_CPU_ISA_AVX512)
+        round_bf16_avx512(dst, src, n);
+    else if (isa == RLX_CPU_ISA_AVX2)
+        round_bf16_avx2(dst, src, n);
+    else
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = rlx_cpu_round_bf16_1(src[i]);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -109,6 +175,7 @@ static void widen_scalar(float *dst, const uint16_t *src, int dtype, int64_t n) 
 /* dst (n) f32 = src (n) of dtype RLX_BF16 / RLX_F16, widened exactly */
 void rlx_cpu_widen(float *dst, const uint16_t *src, int dtype, int64_t n) {
     switch (rlx_cpu_isa()) {
+    case RLX_CPU_ISA_AVX512_BF16:
     case RLX_CPU_ISA_AVX512:
         widen_avx512(dst, src, dtype, n);
         break;

@@ -8,16 +8,34 @@
  * weights are one sequential stream (reading four rows at once, four streams 4 KiB apart,
  * measured 2-4x slower from DRAM here; software prefetch a row ahead measured 10-20% slower
  * too); the x rows (at most 4 x K floats) stay in L1. 16-bit weights are widened in registers
- * (bf16: bits << 16; f16: vcvtph2ps) and products accumulate in f32 with FMA. AVX-512 BF16 /
- * VNNI dot products are not used: they would round `a` to bf16, which the kernel contract
- * forbids, and the widening is free next to the memory traffic.
+ * (bf16: bits << 16; f16: vcvtph2ps) and products accumulate in f32 with FMA. For bf16 weights
+ * the contract rounds `a` to bf16 first: done once per call into scratch (M x K floats), after
+ * which the same widen-and-FMA loop computes exact products of two bf16 values; VDPBF16PS would
+ * not stream the weights any faster (decode is bound by DRAM, the widening is free next to it).
+ * Products of up to RLX_MV_PASSES_MAX_M = 6 rows run as passes of at most 4 rows over the weights:
+ * measured faster than both the GEMM below (which must pack the weights) and widen + sgemm there.
  *
- * Prefill (larger M) goes to OpenBLAS: f32 straight to sgemm; 16-bit weights panel by panel,
+ * Prefill (more rows), bf16 weights on a machine with AVX512_BF16: gemm_bf16.c (`a` rounded to
+ * bf16 and packed, weights packed per block, VDPBF16PS microkernel, our pool's threads).
+ * Otherwise OpenBLAS: f32 straight to sgemm; 16-bit weights panel by panel,
  * each panel of rows of b widened into `scratch` on the calling thread and handed to sgemm,
- * which runs its own threads. Widening is a few percent of the panel's sgemm time at M >= 16;
+ * which runs its own threads (bf16: chunks of rows of `a` rounded into scratch first). Widening is
+ * a few percent of the panel's sgemm time at M >= 16;
  * keeping it off the pool means no pool worker spins while OpenBLAS starts, and OpenBLAS's own
  * threads (which spin, yielding, for a while after each sgemm) never delay a pool region here.
  *
+ * Measured, bf16 weights, GFLOP/s (/tmp/gbb/bench.c: Zen 4 EPYC, 2 vCPUs, at a quiet moment
+ * (load < 1); best of 5; Qwen3-0.6B shapes K -> N = 1024 -> 2048 / 1024 / 3072, 3072 -> 1024;
+ * the weights (2-6 MB) stay in L3 between repetitions), 1 thread / 2 threads:
+ *   M = 512:  gemm_bf16 186-199 / 381-412   (widen+sgemm 76-93 / 81-152, f32 sgemm 84-99 / 140-183)
+ *   M = 128:  gemm_bf16 175-193 / 370-384   (widen+sgemm 70-80 / 80-98,  f32 sgemm 75-84 / 140-155)
+ *   M =  16:  gemm_bf16 105-109 / 204-211   matvec passes 49-85 / 92-161
+ *   M =   8:  gemm_bf16  75-78  / 136-153   matvec passes 50-88 / 92-181
+ *   M =   6:  gemm_bf16  52-58  / 103-108   matvec passes 50-83 / 97-120
+ *   M =   5:  gemm_bf16  44-48  /  87-91    matvec passes 49-79 / 93-118
+ * (widen+sgemm at M = 5..16: 11-30 / 10-46). The passes and the GEMM are about even at M = 7-8;
+ * passes re-read the weights, which in a model come from DRAM, so the GEMM takes M >= 7. Without
+ * AVX512_BF16 the passes beat widen+sgemm by 2-4x at M <= 8 too.
  * Measured (/tmp/bench_kernels.c: AMD EPYC Zen 4, 2 vCPUs, OpenBLAS 0.3.21 pthreads; weights
  * rotated over >= 256 MB of random data; best of 7). The machine was shared with other jobs
  * (load average 8-12 on 2 cores) throughout, so 2 threads never beat 1 and a plain one-stream
@@ -42,8 +60,9 @@
  *
  * Results: every output element of the matvec path is one row's dot product summed in a fixed
  * order (16 lanes over K, then a fixed lane reduction), whatever the thread count or how rows
- * are grouped, so decode results are bitwise identical across thread counts. The sgemm paths
- * are OpenBLAS's: equal up to float rounding from its summation order.
+ * are grouped, so decode results are bitwise identical across thread counts. So are the GEMM's
+ * (gemm_bf16.c). The sgemm paths are OpenBLAS's: equal up to float rounding from its summation
+ * order. Every bf16 path computes the same function (bf16(a) . b, f32 sums) up to summation order.
  *
  * Must never allocate, must never hand OpenBLAS an empty dimension (its argument checker would
  * print), and must never let the vector paths run on a machine whose cpuid lacks them.
@@ -65,8 +84,16 @@
 /* Bytes of weights per piece of rows a thread takes at a time (about 10 us of one thread's
  * bandwidth: the atomic that deals pieces costs nothing next to it). */
 #define RLX_MV_GRAIN_BYTES (256 * 1024)
-/* Floats of b widened per sgemm panel (4 MiB); the panel holds at least 16 rows. */
+/* Floats of b widened per sgemm panel (4 MiB; f16 weights); the panel holds at least 16 rows. */
 #define RLX_PANEL_FLOATS (1 << 20)
+/* bf16 weights without AVX512_BF16: floats of `a` rounded to bf16 per chunk, and of b widened per
+ * panel after it (2 MiB each; at least 16 rows each), so both dtypes fit in the same scratch. */
+#define RLX_ROUND_FLOATS (1 << 19)
+/* Rows of `a` up to which a 16-bit product runs as passes of the matvec (RLX_MV_MAX_M rows
+ * each) over the weights. */
+#ifndef RLX_MV_PASSES_MAX_M
+#define RLX_MV_PASSES_MAX_M 6
+#endif
 
 /* ---------------------------------------------------------------------------------------------
  * Matvec kernels: out[m * N + r] = sum_k a[m * K + k] * b[r * K + k] for rows r of a range,
@@ -265,7 +292,7 @@ static void mv_task(void *p, int64_t begin, int64_t end) {
         if (i >= c->npieces)
             return;
         const int64_t r0 = i * c->piece, r1 = r0 + c->piece < c->N ? r0 + c->piece : c->N;
-        if (c->isa == RLX_CPU_ISA_AVX512)
+        if (c->isa >= RLX_CPU_ISA_AVX512)
             mv_rows_512(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, r0, r1);
         else if (c->isa == RLX_CPU_ISA_AVX2)
             mv_rows_256(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, r0, r1);
@@ -317,21 +344,39 @@ void rlx_cpu_matmul_f32(float *out, const float *a, const float *b, int64_t M, i
                 (blasint)K, 1.0f, a, (blasint)K, b, trans_b ? (blasint)K : (blasint)N, 0.0f, out, (blasint)N);
 }
 
-/* Rows of b per widened panel: about RLX_PANEL_FLOATS floats, at least 16 rows, at most N. */
-static int64_t panel_rows(int64_t K, int64_t N) {
-    int64_t rows = RLX_PANEL_FLOATS / (K > 0 ? K : 1);
+/* Rows of b per widened panel: about `floats` floats, at least 16 rows, at most N. */
+static int64_t panel_rows(int64_t K, int64_t N, int64_t floats) {
+    int64_t rows = floats / (K > 0 ? K : 1);
     rows = rows < 16 ? 16 : rows / 16 * 16;
     return rows < N ? rows : N;
 }
 
-size_t rlx_cpu_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N) {
-    if (M <= RLX_MV_MAX_M || K <= 0 || N <= 0)
-        return 0;
-    return (size_t)(panel_rows(K, N) * K);
+/* Rows of `a` per chunk rounded to bf16 ahead of the widened panels: about RLX_ROUND_FLOATS
+ * floats, at least 16 rows, at most M. */
+static int64_t round_rows(int64_t M, int64_t K) {
+    int64_t rows = RLX_ROUND_FLOATS / K;
+    rows = rows < 16 ? 16 : rows;
+    return rows < M ? rows : M;
 }
 
-/* out (M, N) = a (M, K) @ b^T, b (N, K) bf16 / f16 widened exactly; scratch:
- * rlx_cpu_matmul_lowp_scratch(M, K, N) floats. */
+/* The largest of what any path may need (neither the dtype nor the ISA a test may cap to is an
+ * argument): the matvec's rounded a (M <= 6, bf16); the widened panel (f16); a chunk of rounded
+ * rows of a and the panel after it (bf16 without AVX512_BF16); the GEMM's packing (bf16 with
+ * AVX512_BF16). About 4 MiB for the shapes of small LLMs (more when 16 rows of K exceed it). */
+size_t rlx_cpu_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N) {
+    if (M <= 0 || K <= 0 || N <= 0)
+        return 0;
+    if (M <= RLX_MV_PASSES_MAX_M)
+        return (size_t)(M * K);
+    size_t need = (size_t)(panel_rows(K, N, RLX_PANEL_FLOATS) * K);
+    const size_t sg = (size_t)((round_rows(M, K) + panel_rows(K, N, RLX_ROUND_FLOATS)) * K);
+    const size_t gb = rlx_cpu_gemm_bf16_scratch(M, K, N);
+    need = sg > need ? sg : need;
+    return gb > need ? gb : need;
+}
+
+/* out (M, N) = a (M, K) @ b^T, b (N, K) bf16 / f16 widened exactly, a rounded to bf16 first for
+ * bf16 weights; scratch: rlx_cpu_matmul_lowp_scratch(M, K, N) floats. */
 void rlx_cpu_matmul_lowp(float *out, const float *a, const uint16_t *b, int b_dtype, int64_t M, int64_t K,
                          int64_t N, float *scratch) {
     if (M <= 0 || N <= 0)
@@ -340,17 +385,40 @@ void rlx_cpu_matmul_lowp(float *out, const float *a, const uint16_t *b, int b_dt
         memset(out, 0, (size_t)(M * N) * sizeof(float));
         return;
     }
-    if (M <= RLX_MV_MAX_M) {
-        matvec(out, a, b, b_dtype, M, K, N);
+    const int bf16 = b_dtype == RLX_BF16, isa = rlx_cpu_isa();
+    if (M <= RLX_MV_PASSES_MAX_M) {
+        /* passes of up to RLX_MV_MAX_M rows over the weights; bf16: a rounded once */
+        if (bf16) {
+            rlx_cpu_round_bf16(scratch, a, M * K);
+            a = scratch;
+        }
+        for (int64_t m0 = 0; m0 < M; m0 += RLX_MV_MAX_M)
+            matvec(out + m0 * N, a + m0 * K, b, b_dtype, M - m0 < RLX_MV_MAX_M ? M - m0 : RLX_MV_MAX_M, K, N);
+        return;
+    }
+    if (bf16 && isa == RLX_CPU_ISA_AVX512_BF16) {
+        rlx_cpu_gemm_bf16(out, a, b, M, K, N, scratch);
         return;
     }
     (void)rlx_pool_threads();
-    const int64_t rows = panel_rows(K, N);
-    for (int64_t n0 = 0; n0 < N; n0 += rows) {
-        const int64_t nr = N - n0 < rows ? N - n0 : rows;
-        /* scratch (nr, K) f32 = b rows n0 .. n0+nr; out[:, n0 .. n0+nr] = a @ scratch^T */
-        rlx_cpu_widen(scratch, b + n0 * K, b_dtype, nr * K);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)M, (blasint)nr, (blasint)K, 1.0f, a,
-                    (blasint)K, scratch, (blasint)K, 0.0f, out + n0, (blasint)N);
+    /* bf16: chunks of rows of a rounded into scratch, then the panels after them; f16: one chunk
+     * of all of a as it is, the panels at the start of scratch */
+    const int64_t mc = bf16 ? round_rows(M, K) : M;
+    const int64_t rows = panel_rows(K, N, bf16 ? RLX_ROUND_FLOATS : RLX_PANEL_FLOATS);
+    float *panel = bf16 ? scratch + mc * K : scratch;
+    for (int64_t m0 = 0; m0 < M; m0 += mc) {
+        const int64_t mr = M - m0 < mc ? M - m0 : mc;
+        const float *am = a + m0 * K;
+        if (bf16) {
+            rlx_cpu_round_bf16(scratch, am, mr * K);
+            am = scratch;
+        }
+        for (int64_t n0 = 0; n0 < N; n0 += rows) {
+            const int64_t nr = N - n0 < rows ? N - n0 : rows;
+            /* panel (nr, K) f32 = b rows n0 .. n0+nr; out[m0.., n0 .. n0+nr] = am @ panel^T */
+            rlx_cpu_widen(panel, b + n0 * K, b_dtype, nr * K);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)mr, (blasint)nr, (blasint)K, 1.0f, am,
+                        (blasint)K, panel, (blasint)K, 0.0f, out + m0 * N + n0, (blasint)N);
+        }
     }
 }

@@ -35,10 +35,29 @@ static float ref_widen(uint16_t h, int dtype) {
     return dtype == RLX_BF16 ? rlx_bf16_to_f32(h) : rlx_f16_to_f32(h);
 }
 
-/* out (M, N) = a (M, K) @ b^T, b (N, K) bf16 / f16 widened exactly; needs no scratch */
+/* x rounded to the nearest bf16 (8 significant bits), ties to even, computed in double: u is the
+ * bf16 spacing at |x| (2^(e-8) for |x| in [2^(e-1), 2^e), never below the subnormal spacing
+ * 2^-133), rint rounds |x| / u to an integer, ties to even (the default rounding mode). A value
+ * that rounds to 2^128 or more is inf; NaN and inf stay as they are. */
+static float ref_round_bf16(float x) {
+    if (isnan(x) || isinf(x))
+        return x;
+    int e;
+    (void)frexp((double)x, &e);
+    const double u = ldexp(1.0, e - 8 > -133 ? e - 8 : -133);
+    const double y = rint(fabs((double)x) / u) * u;
+    return copysignf(y >= 0x1p128 ? INFINITY : (float)y, x);
+}
+
+/* out (M, N) = a (M, K) @ b^T, b (N, K) bf16 / f16 widened exactly; for bf16 weights each value
+ * of a is first rounded to bf16 (ref_round_bf16, into scratch); products and sums in double. */
 static void ref_matmul_lowp(float *out, const float *a, const uint16_t *b, int b_dtype, int64_t M, int64_t K,
                             int64_t N, float *scratch) {
-    (void)scratch;
+    if (b_dtype == RLX_BF16) {
+        for (int64_t i = 0; i < M * K; i++)
+            scratch[i] = ref_round_bf16(a[i]);
+        a = scratch;
+    }
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
             double acc = 0.0;
@@ -48,9 +67,10 @@ static void ref_matmul_lowp(float *out, const float *a, const uint16_t *b, int b
         }
 }
 
+/* M * K floats: a rounded to bf16 */
 static size_t ref_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N) {
-    (void)M, (void)K, (void)N;
-    return 0;
+    (void)N;
+    return (size_t)(M * K);
 }
 
 /* out (n, d) f32 = table (V, d) bf16 / f16 rows ids (n), widened exactly */

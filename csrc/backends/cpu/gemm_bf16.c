@@ -1,0 +1,281 @@
+/*
+ * gemm_bf16.c - out (M, N) = bf16(a) (M, K) @ b^T, b (N, K) bf16, with AVX-512 BF16 dot products
+ * (VDPBF16PS: 32 bf16 products per zmm instruction, twice the multiply-adds of an f32 FMA), for
+ * the prefill products of bf16 weights on machines whose cpuid reports AVX512_BF16
+ * (rlx_cpu_isa() == RLX_CPU_ISA_AVX512_BF16; matmul.c decides when to call it).
+ *
+ * Semantics (the matmul_lowp contract for bf16 weights): each element of `a` is rounded to bf16
+ * (round to nearest even; NaN stays NaN, quieted; a finite value past the largest bf16 becomes
+ * inf), the products of two bf16 values are exact in f32 and are summed in f32. VDPBF16PS itself
+ * treats bf16 subnormals (inputs) as zero and flushes subnormal f32 sums to zero, so values below
+ * 2^-126 may count as 0 here: far below anything a product of LLM weights and activations sums to.
+ *
+ * Layout. The K dimension is taken in pairs (VDPBF16PS multiplies pairs): a "unit" is 32 bits
+ * holding the bf16 values at k and k+1 (k even; the second is 0 past an odd K).
+ *  - packed A (per chunk of up to RLX_GB_A_UNITS units of rows): for each block of RLX_GB_MR rows
+ *    (rows past M are zero), for each pair p of the whole K, RLX_GB_MR units: A[i][p][r].
+ *  - packed B (per thread, for one block of up to RLX_GB_NC columns n and RLX_GB_KC values of k):
+ *    for each panel of 32 columns (columns past N are zero), for each pair p of the block, 32 units:
+ *    B[j][p][c] = (w[n0 + 32 j + c][k0 + 2p], w[..][k0 + 2p + 1]), i.e. two zmm per pair.
+ * Microkernel: RLX_GB_MR = 8 rows x 32 columns of out in 16 zmm accumulators; per pair, two zmm
+ * of B loaded, each A unit broadcast into two VDPBF16PS. Rows past M and columns past N are
+ * computed on zeros and not stored.
+ *
+ * Blocking (Zen 4: 32 KiB L1d and 1 MiB L2 per core, 32 MiB L3 shared): the pool's threads take
+ * blocks of RLX_GB_NC = 128 columns in turn (an atomic counter, so a descheduled thread does not
+ * stall the product); for each block of RLX_GB_KC = 512 values of k a thread packs its B block
+ * (128 x 512 bf16 = 128 KiB, L2-resident), then for each sub-chunk of RLX_GB_MC = 256 rows of the
+ * packed A (256 x 512 bf16 = 256 KiB, L2-resident) and each 32-column panel of the B block (32 KiB)
+ * runs the microkernel over the sub-chunk's row blocks. Sums over k blocks accumulate in out
+ * (f32): the first k block stores, the next ones add. A is packed (rounded) by all threads in a
+ * region of its own before each chunk's product. B is packed once per call (per A chunk: K > 2048
+ * with M > 2 * 524288 / K rows takes several chunks).
+ *
+ * Tuned on the Zen 4 EPYC (2 vCPUs, shared), Qwen3-0.6B shapes, GFLOP/s of the GEMM alone, 1 / 2
+ * threads: M = 512: 180-207 / 340-408; M = 128: 170-194 / 310-377 (widen + sgemm: 76-93 / 81-152;
+ * f32 sgemm 83-99 / 140-183). MR = 6, 8, 12, KC = 256, 512, NC = 128, 256, MC = 64, 128, 256
+ * all measured within noise of each other (+-5%); 8 / 512 / 128 / 256 kept. One thread's 200
+ * GFLOP/s is 2x its f32 sgemm, as VDPBF16PS's doubled multiply-adds allow (the VM's clock
+ * under boost is not known, so not as a fraction of peak). OpenBLAS threads still spinning after an sgemm
+ * elsewhere (attention) halve the 2-thread numbers while they spin.
+ *
+ * Scratch (floats = 32-bit units): the packed A chunk plus one B block per pool thread; the
+ * thread count must not change between rlx_cpu_gemm_bf16_scratch and the call (as attention's).
+ * Results depend only on the shapes, not on the thread count (each out element is one fixed
+ * sequence of instructions: its k blocks in order).
+ *
+ * Must never allocate, and must never run unless cpuid reports AVX512_BF16 (matmul.c checks).
+ */
+#include "backends/cpu/cpu.h"
+
+#include "core/pool.h"
+
+#include <immintrin.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#define GB_FN __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"), always_inline)) static inline
+#define GB_TARGET __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl")))
+
+/* ---------------------------------------------------------------------------------------------
+ * Sizes
+ * ------------------------------------------------------------------------------------------- */
+
+static int64_t gb_a_rows(int64_t K) {
+    /* rows per A chunk: RLX_GB_A_UNITS units, whole row blocks, at least one block */
+    const int64_t kp = (K + 1) / 2;
+    int64_t rows = RLX_GB_A_UNITS / (kp > 0 ? kp : 1) / RLX_GB_MR * RLX_GB_MR;
+    return rows < RLX_GB_MR ? RLX_GB_MR : rows;
+}
+
+/* units of one thread's B block */
+#define GB_B_UNITS ((int64_t)RLX_GB_NC * (RLX_GB_KC / 2))
+
+size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N) {
+    (void)N;
+    if (M <= 0 || K <= 0)
+        return 0;
+    int64_t rows = gb_a_rows(K);
+    const int64_t mpad = (M + RLX_GB_MR - 1) / RLX_GB_MR * RLX_GB_MR;
+    rows = rows < mpad ? rows : mpad;
+    return (size_t)(rows * ((K + 1) / 2) + (int64_t)rlx_pool_threads() * GB_B_UNITS);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Packing
+ * ------------------------------------------------------------------------------------------- */
+
+/* 16 floats rounded to bf16 (RNE, NaN quieted), as 16 bf16 in order = 8 units */
+GB_FN __m256i gb_round16(__m512 v) {
+    const __m512i x = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(x, _mm512_set1_epi32(0x00400000)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+struct gb_ctx {
+    float *out;
+    const float *a;
+    const uint16_t *b;
+    int64_t M, K, N, kp;   /* kp = pairs of K */
+    int64_t m0, mrows;     /* the current A chunk: rows m0 .. m0 + mrows */
+    uint32_t *apack;       /* the packed chunk */
+    uint32_t *bpack;       /* GB_B_UNITS per task */
+    int64_t nblocks;
+    atomic_llong next;
+};
+
+/* Row blocks [begin, end) of the current chunk into apack. */
+GB_TARGET static void gb_pack_a(void *p, int64_t begin, int64_t end) {
+    const struct gb_ctx *c = p;
+    const int64_t K = c->K, kp = c->kp;
+    for (int64_t ib = begin; ib < end; ib++) {
+        uint32_t *dst = c->apack + ib * kp * RLX_GB_MR;
+        for (int r = 0; r < RLX_GB_MR; r++) {
+            const int64_t m = c->m0 + ib * RLX_GB_MR + r;
+            if (m >= c->m0 + c->mrows) {
+                for (int64_t q = 0; q < kp; q++)
+                    dst[q * RLX_GB_MR + r] = 0;
+                continue;
+            }
+            const float *row = c->a + m * K;
+            for (int64_t k = 0; k < K; k += 16) {
+                const __mmask16 mk = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1);
+                uint32_t u[8];
+                _mm256_storeu_si256((__m256i *)u, gb_round16(_mm512_maskz_loadu_ps(mk, row + k)));
+                const int64_t q0 = k / 2, nq = kp - q0 < 8 ? kp - q0 : 8;
+                for (int64_t q = 0; q < nq; q++)
+                    dst[(q0 + q) * RLX_GB_MR + r] = u[q];
+            }
+        }
+    }
+}
+
+/* 16 x 16 transpose of 32-bit elements: r[i] lane j -> r[j] lane i */
+GB_FN void gb_transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* r[4g + s] holds, in each 128-bit lane L, rows 4g..4g+3 of column 4L + s' (s' = 0, 2, 1, 3 order
+     * from the unpacks: r[4g+0] col 4L+0, r[4g+1] col 4L+1, r[4g+2] col 4L+2, r[4g+3] col 4L+3) */
+    for (int s = 0; s < 4; s++) {
+        const __m512i a0 = _mm512_shuffle_i32x4(r[s], r[4 + s], 0x88);      /* lanes 0,2 of each */
+        const __m512i a1 = _mm512_shuffle_i32x4(r[s], r[4 + s], 0xdd);      /* lanes 1,3 */
+        const __m512i b0 = _mm512_shuffle_i32x4(r[8 + s], r[12 + s], 0x88);
+        const __m512i b1 = _mm512_shuffle_i32x4(r[8 + s], r[12 + s], 0xdd);
+        t[s] = _mm512_shuffle_i32x4(a0, b0, 0x88);      /* lane 0: column s */
+        t[8 + s] = _mm512_shuffle_i32x4(a0, b0, 0xdd);  /* lane 2: column 8 + s */
+        t[4 + s] = _mm512_shuffle_i32x4(a1, b1, 0x88);  /* lane 1: column 4 + s */
+        t[12 + s] = _mm512_shuffle_i32x4(a1, b1, 0xdd); /* lane 3: column 12 + s */
+    }
+    for (int i = 0; i < 16; i++)
+        r[i] = t[i];
+}
+
+/* B block: columns n0 .. n0 + nc, values k0 .. k0 + kc (kc even unless it ends at K) into dst,
+ * panel by panel. */
+GB_TARGET static void gb_pack_b(uint32_t *dst, const uint16_t *b, int64_t K, int64_t N, int64_t n0, int64_t nc,
+                                int64_t k0, int64_t kc) {
+    const int64_t kpb = (kc + 1) / 2, full = kc / 2; /* pairs, pairs with both values inside K */
+    for (int64_t j = 0; j * 32 < nc; j++, dst += kpb * 32) {
+        const int64_t c0 = n0 + j * 32, cols = N - c0 < 32 ? N - c0 : 32;
+        int64_t q = 0;
+        if (cols == 32)
+            for (; q + 16 <= full; q += 16)
+                for (int h = 0; h < 2; h++) {
+                    __m512i r[16];
+                    for (int i = 0; i < 16; i++)
+                        r[i] = _mm512_loadu_si512(b + (c0 + 16 * h + i) * K + k0 + 2 * q);
+                    gb_transpose16(r);
+                    for (int i = 0; i < 16; i++)
+                        _mm512_storeu_si512(dst + (q + i) * 32 + 16 * h, r[i]);
+                }
+        for (; q < kpb; q++)
+            for (int64_t cc = 0; cc < 32; cc++) {
+                uint32_t u = 0;
+                if (cc < cols) {
+                    const uint16_t *w = b + (c0 + cc) * K + k0 + 2 * q;
+                    u = w[0] | (k0 + 2 * q + 1 < K ? (uint32_t)w[1] << 16 : 0);
+                }
+                dst[q * 32 + cc] = u;
+            }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Microkernel
+ * ------------------------------------------------------------------------------------------- */
+
+/* out rows 0 .. rows (<= MR), columns 0 .. cols (<= 32), ld ldc: (+)= A block (kp pairs x MR) .
+ * B panel (kp pairs x 32). */
+GB_FN void gb_micro(float *c, int64_t ldc, const uint32_t *ap, const uint32_t *bp, int64_t kp, int rows, int cols,
+                    int accumulate) {
+    __m512 acc[RLX_GB_MR][2];
+    for (int r = 0; r < RLX_GB_MR; r++)
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t q = 0; q < kp; q++) {
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * 32);
+        const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + q * 32 + 16);
+        _Pragma("GCC unroll 16") for (int r = 0; r < RLX_GB_MR; r++) {
+            const __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[q * RLX_GB_MR + r]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+        }
+    }
+    const __mmask16 m0 = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1);
+    const __mmask16 m1 = cols >= 32 ? (__mmask16)0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
+    for (int r = 0; r < rows; r++) {
+        float *o = c + r * ldc;
+        __m512 v0 = acc[r][0], v1 = acc[r][1];
+        if (accumulate) {
+            v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, o));
+            v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, o + 16));
+        }
+        _mm512_mask_storeu_ps(o, m0, v0);
+        _mm512_mask_storeu_ps(o + 16, m1, v1);
+    }
+}
+
+/* One task: takes column blocks in turn; its B block lives at bpack + begin * GB_B_UNITS. */
+GB_TARGET static void gb_task(void *p, int64_t begin, int64_t end) {
+    struct gb_ctx *c = p;
+    (void)end;
+    uint32_t *bpack = c->bpack + begin * GB_B_UNITS;
+    const int64_t K = c->K, N = c->N, nrb = (c->mrows + RLX_GB_MR - 1) / RLX_GB_MR;
+    for (;;) {
+        const int64_t nb = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+        if (nb >= c->nblocks)
+            return;
+        const int64_t n0 = nb * RLX_GB_NC, nc = N - n0 < RLX_GB_NC ? N - n0 : RLX_GB_NC;
+        for (int64_t k0 = 0; k0 < K; k0 += RLX_GB_KC) {
+            const int64_t kc = K - k0 < RLX_GB_KC ? K - k0 : RLX_GB_KC, kpb = (kc + 1) / 2;
+            gb_pack_b(bpack, c->b, K, N, n0, nc, k0, kc);
+            for (int64_t i0 = 0; i0 < nrb; i0 += RLX_GB_MC / RLX_GB_MR)
+            for (int64_t j = 0; j * 32 < nc; j++) {
+                const int cols = (int)(nc - j * 32 < 32 ? nc - j * 32 : 32);
+                const uint32_t *bp = bpack + j * kpb * 32;
+                const int64_t i1 = i0 + RLX_GB_MC / RLX_GB_MR < nrb ? i0 + RLX_GB_MC / RLX_GB_MR : nrb;
+                for (int64_t ib = i0; ib < i1; ib++) {
+                    const int64_t r0 = ib * RLX_GB_MR;
+                    const int rows = (int)(c->mrows - r0 < RLX_GB_MR ? c->mrows - r0 : RLX_GB_MR);
+                    gb_micro(c->out + (c->m0 + r0) * N + n0 + j * 32, N,
+                             c->apack + (ib * c->kp + k0 / 2) * RLX_GB_MR, bp, kpb, rows, cols, k0 > 0);
+                }
+            }
+        }
+    }
+}
+
+/* out (M, N) = bf16(a) (M, K) @ b^T, b (N, K) bf16; M, K, N >= 1; scratch:
+ * rlx_cpu_gemm_bf16_scratch(M, K, N) floats. */
+void rlx_cpu_gemm_bf16(float *out, const float *a, const uint16_t *b, int64_t M, int64_t K, int64_t N,
+                       float *scratch) {
+    const int64_t chunk = gb_a_rows(K), kp = (K + 1) / 2;
+    const int64_t mpad = (M + RLX_GB_MR - 1) / RLX_GB_MR * RLX_GB_MR;
+    const int64_t arows = chunk < mpad ? chunk : mpad;
+    struct gb_ctx c = {.out = out, .a = a, .b = b, .M = M, .K = K, .N = N, .kp = kp,
+                       .apack = (uint32_t *)scratch, .bpack = (uint32_t *)scratch + arows * kp,
+                       .nblocks = (N + RLX_GB_NC - 1) / RLX_GB_NC};
+    const int64_t threads = rlx_pool_threads();
+    const int64_t ntasks = c.nblocks < threads ? c.nblocks : threads;
+    for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+        c.m0 = m0;
+        c.mrows = M - m0 < chunk ? M - m0 : chunk;
+        const int64_t nrb = (c.mrows + RLX_GB_MR - 1) / RLX_GB_MR;
+        /* about 64K values of a per packing chunk */
+        rlx_parallel_for(nrb, rlx_cpu_row_grain(65536, RLX_GB_MR * K), gb_pack_a, &c);
+        atomic_init(&c.next, 0);
+        rlx_parallel_for(ntasks, 1, gb_task, &c);
+    }
+}
