@@ -77,6 +77,18 @@ int rlx_py_add_plan_type(PyObject *module, struct rlx_py_state *st);
 int rlx_py_add_generator_type(PyObject *module, struct rlx_py_state *st);
 int rlx_py_add_transport_type(PyObject *module, struct rlx_py_state *st);
 
+/* An object's own lock over its core object (lock.c): waited for with the GIL released; a thread
+ * that already holds it gets RuntimeError naming `what` instead of a deadlock. GIL held for all. */
+#include "pythread.h"
+struct rlx_py_lock {
+    PyThread_type_lock lock;
+    unsigned long owner; /* thread ident of the holder, 0 when free */
+};
+int rlx_py_lock_init(struct rlx_py_lock *l); /* -1 with MemoryError */
+void rlx_py_lock_fini(struct rlx_py_lock *l);
+int rlx_py_lock_acquire(struct rlx_py_lock *l, const char *what);
+void rlx_py_lock_release(struct rlx_py_lock *l);
+
 /* Conversions for the generator binding (convert.c); -1 / NULL with an exception set on failure. */
 struct rlx_model_config;
 struct rlx_sample_opts;

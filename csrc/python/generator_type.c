@@ -25,32 +25,12 @@
 struct gen_object {
     PyObject_HEAD
     struct rlx_generator *gen;   /* owned */
-    PyThread_type_lock lock;
-    unsigned long owner;         /* thread ident holding lock, 0 when free; touched with the GIL held */
+    struct rlx_py_lock lock;
     PyObject *weights;           /* dict: name -> the f32 array the generator reads */
 };
 
-static int gen_acquire(struct gen_object *self)
-{
-    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
-        if (self->owner == PyThread_get_thread_ident()) {
-            PyErr_SetString(PyExc_RuntimeError, "this generator is already in use by the current thread "
-                                                "(a callback may not call back into its generator)");
-            return -1;
-        }
-        Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(self->lock, WAIT_LOCK);
-        Py_END_ALLOW_THREADS
-    }
-    self->owner = PyThread_get_thread_ident();
-    return 0;
-}
-
-static void gen_release(struct gen_object *self)
-{
-    self->owner = 0;
-    PyThread_release_lock(self->lock);
-}
+static int gen_acquire(struct gen_object *self) { return rlx_py_lock_acquire(&self->lock, "generator"); }
+static void gen_release(struct gen_object *self) { rlx_py_lock_release(&self->lock); }
 
 /* ---- construction ------------------------------------------------------------------------- */
 
@@ -59,7 +39,7 @@ static void gen_dealloc(struct gen_object *self)
     PyTypeObject *tp = Py_TYPE(self);
     rlx_generator_free(self->gen); /* before the arrays it reads */
     Py_XDECREF(self->weights);
-    if (self->lock) PyThread_free_lock(self->lock);
+    rlx_py_lock_fini(&self->lock);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -79,12 +59,8 @@ static PyObject *gen_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (end < 0) end = cfg.n_layers;
     struct gen_object *self = (struct gen_object *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
-    self->lock = PyThread_allocate_lock();
     self->weights = PyDict_New();
-    if (self->lock == NULL || self->weights == NULL) {
-        if (!PyErr_Occurred()) PyErr_NoMemory();
-        goto error;
-    }
+    if (self->weights == NULL || rlx_py_lock_init(&self->lock) < 0) goto error;
     unsigned ends = (embed ? (unsigned)RLX_BLOCK_EMBED : 0u) | (head ? (unsigned)RLX_BLOCK_HEAD : 0u);
     if (rlx_py_raise(rlx_generator_create_block(&cfg, device, begin, end, ends, &self->gen))) goto error;
     Py_ssize_t pos = 0;

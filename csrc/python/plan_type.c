@@ -26,8 +26,7 @@
 struct plan_object {
     PyObject_HEAD
     struct rlx_plan *plan;       /* owned; never NULL for a constructed object */
-    PyThread_type_lock lock;     /* held by the one thread using `plan` */
-    unsigned long owner;         /* thread ident holding `lock`, 0 when free; touched with the GIL held */
+    struct rlx_py_lock lock;     /* held by the one thread using `plan` */
     PyObject *params;            /* dict: param name -> the array the plan reads */
     PyObject *input_names;       /* tuple of str, in plan input order */
     PyObject *param_names;       /* tuple of str, in plan param order */
@@ -95,26 +94,8 @@ static const char *npy_name(int dt)
  * The plan lock
  * ------------------------------------------------------------------------------------------- */
 
-static int plan_acquire(struct plan_object *self)
-{
-    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
-        if (self->owner == PyThread_get_thread_ident()) {
-            PyErr_SetString(PyExc_RuntimeError, "this plan is already in use by the current thread");
-            return -1;
-        }
-        Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(self->lock, WAIT_LOCK);
-        Py_END_ALLOW_THREADS
-    }
-    self->owner = PyThread_get_thread_ident();
-    return 0;
-}
-
-static void plan_release(struct plan_object *self)
-{
-    self->owner = 0;
-    PyThread_release_lock(self->lock);
-}
+static int plan_acquire(struct plan_object *self) { return rlx_py_lock_acquire(&self->lock, "plan"); }
+static void plan_release(struct plan_object *self) { rlx_py_lock_release(&self->lock); }
 
 /* ---------------------------------------------------------------------------------------------
  * Construction (compile) and destruction
@@ -190,8 +171,7 @@ static void plan_dealloc(struct plan_object *self)
     Py_XDECREF(self->device);
     PyMem_Free(self->input_dtypes);
     PyMem_Free(self->param_dtypes);
-    if (self->lock != NULL)
-        PyThread_free_lock(self->lock);
+    rlx_py_lock_fini(&self->lock);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -282,11 +262,8 @@ PyObject *rlx_py_compile(PyObject *module, PyObject *args, PyObject *kwargs)
         goto error;
     }
     self->plan = plan;
-    self->lock = PyThread_allocate_lock();
-    if (self->lock == NULL) {
-        PyErr_NoMemory();
+    if (rlx_py_lock_init(&self->lock) < 0)
         goto error;
-    }
     self->params = PyDict_New();
     self->input_names = names_tuple(plan, rlx_plan_input_count(plan), rlx_plan_input_name);
     self->param_names = names_tuple(plan, rlx_plan_param_count(plan), rlx_plan_param_name);

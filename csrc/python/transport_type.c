@@ -32,8 +32,7 @@
 struct transport_object {
     PyObject_HEAD
     struct rlx_transport *t; /* owned; NULL once closed */
-    PyThread_type_lock lock; /* held by the one thread using `t` */
-    unsigned long owner;     /* thread ident holding `lock`, 0 when free; touched with the GIL held */
+    struct rlx_py_lock lock; /* held by the one thread using `t` */
     int rank, world;         /* kept so that they still read after close */
     PyObject *name;          /* str: ops->name */
     PyObject *capsule;       /* the capsule it was adopted from (keeps its provider alive), or NULL */
@@ -48,19 +47,10 @@ static void transport_dealloc(struct transport_object *self);
 /* Takes the lock and checks the transport is open; -1 with an exception otherwise. */
 static int transport_acquire(struct transport_object *self)
 {
-    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
-        if (self->owner == PyThread_get_thread_ident()) {
-            PyErr_SetString(PyExc_RuntimeError, "this transport is already in use by the current thread");
-            return -1;
-        }
-        Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(self->lock, WAIT_LOCK);
-        Py_END_ALLOW_THREADS
-    }
-    self->owner = PyThread_get_thread_ident();
+    if (rlx_py_lock_acquire(&self->lock, "transport") < 0)
+        return -1;
     if (self->t == NULL) {
-        self->owner = 0;
-        PyThread_release_lock(self->lock);
+        rlx_py_lock_release(&self->lock);
         PyErr_SetString(rlx_py_error_borrowed != NULL ? rlx_py_error_borrowed : PyExc_RuntimeError,
                         "this transport is closed");
         return -1;
@@ -70,8 +60,7 @@ static int transport_acquire(struct transport_object *self)
 
 static void transport_release(struct transport_object *self)
 {
-    self->owner = 0;
-    PyThread_release_lock(self->lock);
+    rlx_py_lock_release(&self->lock);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -92,11 +81,8 @@ static PyObject *wrap(PyTypeObject *cls, struct rlx_transport *t, PyObject *caps
     self->rank = t->rank;
     self->world = t->world;
     self->capsule = Py_XNewRef(capsule);
-    self->lock = PyThread_allocate_lock();
     self->name = PyUnicode_FromString(t->ops->name != NULL ? t->ops->name : "?");
-    if (self->lock == NULL || self->name == NULL) {
-        if (self->lock == NULL)
-            PyErr_NoMemory();
+    if (self->name == NULL || rlx_py_lock_init(&self->lock) < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -116,8 +102,7 @@ static void transport_dealloc(struct transport_object *self)
     }
     Py_XDECREF(self->capsule);
     Py_XDECREF(self->name);
-    if (self->lock != NULL)
-        PyThread_free_lock(self->lock);
+    rlx_py_lock_fini(&self->lock);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }

@@ -86,6 +86,10 @@ rlx_status rlx_compile(const struct rlx_graph *g, const char *device, const stru
         rlx_plan_free(p);
         return s;
     }
+    int live = 0;
+    for (int id = 0; id < p->g->n_nodes; id++) live += !p->g->nodes[id].dead;
+    rlx_log(RLX_LOG_DEBUG, "compiled a plan for '%s': %d of %d nodes live, %d inputs, %d params, %d outputs",
+            be->name, live, p->g->n_nodes, p->n_inputs, p->n_params, p->g->n_outputs);
     *out = p;
     return RLX_OK;
 }

@@ -242,6 +242,7 @@ static rlx_status ensure_memory(struct rlx_plan *p)
         p->arena_cap = arena;
     }
     memcpy(p->planned_sym, target, sizeof target);
+    rlx_log(RLX_LOG_DEBUG, "memory plan: arena of %zu bytes (%zu without reuse)", arena, unshared);
     p->planned = true;
     p->planned_bytes = arena;
     p->unshared_bytes = unshared;

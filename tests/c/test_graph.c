@@ -132,6 +132,28 @@ static void test_block(const char *device, bool fuse)
     rlx_plan_free(p);
 }
 
+static int log_count;
+static void count_logs(enum rlx_log_level level, const char *msg, void *user)
+{
+    (void)level;
+    if (msg && msg[0]) (*(int *)user)++;
+}
+
+/* The log callback hears about compiles and memory plans; none is installed by default. */
+static void test_log_callback(void)
+{
+    rlx_set_log_callback(count_logs, &log_count);
+    struct rlx_graph *g = block_graph();
+    struct rlx_plan *p = NULL;
+    CHECK(rlx_compile(g, "cpu", NULL, &p) == RLX_OK && log_count >= 1, "a compile is logged (%d)", log_count);
+    rlx_set_log_callback(NULL, NULL);
+    int before = log_count;
+    rlx_plan_free(p);
+    CHECK(rlx_compile(g, "cpu", NULL, &p) == RLX_OK && log_count == before, "no callback, no calls");
+    rlx_plan_free(p);
+    rlx_graph_free(g);
+}
+
 static void test_errors(void)
 {
     struct rlx_graph *g;
@@ -174,6 +196,7 @@ int main(void)
     for (int d = 0; d < 2; d++)
         for (int f = 0; f < 2; f++) test_block(devices[d], f);
     test_errors();
+    test_log_callback();
     rlx_set_num_threads(1); /* joins the pool's workers */
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
