@@ -488,6 +488,15 @@ static rlx_status run_positions(struct rlx_generator *g, enum plan_kind kind, co
         }
     }
     if (kind != KIND_FULL) RLX_TRY(rlx_kv_cache_truncate(g->kv, from));
+    for (int64_t l = 0; kind != KIND_FULL && l < L; l++) {
+        /* the new rows' K and V are written by their kernels straight into the cache's next slot
+         * (no copy, no arena space); a failed run leaves them beyond len, unused */
+        float *k, *v;
+        RLX_TRY(rlx_kv_cache_slot(g->kv, l, n, &k, &v));
+        size_t bytes = sizeof(float) * (size_t)(n * row);
+        RLX_TRY(rlx_plan_bind_output(s->plan, s->out_k[l], k, bytes));
+        RLX_TRY(rlx_plan_bind_output(s->plan, s->out_v[l], v, bytes));
+    }
     g->profile_valid = false;
     RLX_TRY(rlx_plan_run(s->plan));
     if (g->profiling) g->profile_valid = rlx_plan_profile(s->plan, g->profile) == RLX_OK;
@@ -505,13 +514,6 @@ static rlx_status run_positions(struct rlx_generator *g, enum plan_kind kind, co
         RLX_TRY(rlx_plan_read_output(s->plan, s->out_y, g->hidden, sizeof(float) * (size_t)(n * H)));
         *out = g->hidden;
         *rows = n;
-    }
-    for (int64_t l = 0; kind != KIND_FULL && l < L; l++) {
-        float *k, *v;
-        RLX_TRY(rlx_kv_cache_slot(g->kv, l, n, &k, &v));
-        size_t bytes = sizeof(float) * (size_t)(n * row);
-        RLX_TRY(rlx_plan_read_output(s->plan, s->out_k[l], k, bytes));
-        RLX_TRY(rlx_plan_read_output(s->plan, s->out_v[l], v, bytes));
     }
     if (kind != KIND_FULL) RLX_TRY(rlx_kv_cache_advance(g->kv, n));
     return RLX_OK;

@@ -51,8 +51,15 @@ static rlx_status collect_interface(struct rlx_plan *p)
     p->scratch = rlx_calloc((size_t)n * 2, sizeof *p->scratch);
     p->values = rlx_calloc((size_t)n, sizeof *p->values);
     p->used = rlx_calloc((size_t)n, sizeof *p->used);
+    const size_t no = (size_t)g->n_outputs;
+    p->out_dst = rlx_calloc(no, sizeof *p->out_dst);
+    p->out_dst_bytes = rlx_calloc(no, sizeof *p->out_dst_bytes);
+    p->out_buf = rlx_calloc(no, sizeof *p->out_buf);
+    p->external = rlx_calloc((size_t)n, sizeof *p->external);
+    p->planned_external = rlx_calloc((size_t)n, sizeof *p->planned_external);
     if (!p->inputs || !p->params || !p->in_host || !p->in_set || !p->in_buf || !p->in_buf_cap || !p->param_buf ||
-        !p->param_set || !p->sizes || !p->offsets || !p->scratch || !p->values || !p->used)
+        !p->param_set || !p->sizes || !p->offsets || !p->scratch || !p->values || !p->used ||
+        !p->out_dst || !p->out_dst_bytes || !p->out_buf || !p->external || !p->planned_external)
         return RLX_ERR_NOMEM;
     for (int id = 0; id < n; id++)
         for (int k = 0; !g->nodes[id].dead && k < g->nodes[id].n_in; k++) p->used[g->nodes[id].in[k]] = true;
@@ -100,6 +107,7 @@ void rlx_plan_free(struct rlx_plan *p)
     if (p->be_state) p->be->plan_free(p->be_state);
     for (int i = 0; p->in_buf && i < p->n_inputs; i++) p->be->buffer_free(p->in_buf[i]);
     for (int i = 0; p->param_buf && i < p->n_params; i++) p->be->buffer_free(p->param_buf[i]);
+    for (int i = 0; p->out_buf && i < p->g->n_outputs; i++) p->be->buffer_free(p->out_buf[i]);
     if (p->arena) p->be->buffer_free(p->arena);
     rlx_liveness_free(&p->lv);
     free(p->inputs);
@@ -115,6 +123,11 @@ void rlx_plan_free(struct rlx_plan *p)
     free(p->scratch);
     free(p->values);
     free(p->used);
+    free(p->out_dst);
+    free(p->out_dst_bytes);
+    free(p->out_buf);
+    free(p->external);
+    free(p->planned_external);
     free(p->node_seconds);
     rlx_graph_free(p->g);
     free(p);

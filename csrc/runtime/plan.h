@@ -27,6 +27,12 @@ struct rlx_plan {
     bool *param_set;                   /* (n_params) */
     bool *used;                        /* (n_nodes) read by a live node or an output: unused inputs
                                           and params need not be bound */
+    void **out_dst;                    /* (n_outputs) host memory bound for the next run, or NULL */
+    size_t *out_dst_bytes;             /* (n_outputs) */
+    struct rlx_buffer **out_buf;       /* (n_outputs) wrapper of out_dst (backends that wrap) */
+    bool *external;                    /* (n_nodes) roots written straight into a bound output this
+                                          run: no arena space */
+    bool *planned_external;            /* (n_nodes) `external` of the current memory plan */
 
     int64_t sym[RLX_MAX_SYMS];         /* values of the current / last run */
     bool sym_bound[RLX_MAX_SYMS];

@@ -98,6 +98,15 @@ rlx_status rlx_plan_set_input(struct rlx_plan *p, int index, const struct rlx_ho
     return RLX_OK;
 }
 
+rlx_status rlx_plan_bind_output(struct rlx_plan *p, int index, void *dst, size_t bytes)
+{
+    if (index < 0 || index >= p->g->n_outputs) return rlx_set_error(RLX_ERR_INVALID, "output index %d out of range", index);
+    if (!dst && bytes) return rlx_set_error(RLX_ERR_INVALID, "output '%s': no memory to bind", p->g->output_names[index]);
+    p->out_dst[index] = dst;
+    p->out_dst_bytes[index] = bytes;
+    return RLX_OK;
+}
+
 rlx_status rlx_plan_bind_symbol(struct rlx_plan *p, int sym, int64_t value)
 {
     if (sym < 0 || sym >= p->g->n_syms) return rlx_set_error(RLX_ERR_INVALID, "symbol %d is not defined", sym);
@@ -179,7 +188,7 @@ static rlx_status plan_into(const struct rlx_plan *p, const int64_t *vals, size_
 {
     for (int id = 0; id < p->g->n_nodes; id++) {
         sizes[id] = 0;
-        if (!p->lv.in_arena[id]) continue;
+        if (!p->lv.in_arena[id] || p->external[id]) continue;
         int64_t shape[RLX_MAX_DIMS];
         rlx_plan_eval_shape(p, id, vals, shape);
         size_t bytes = rlx_dtype_size(p->g->nodes[id].dtype);
@@ -214,7 +223,8 @@ static int64_t round_up_pow2(int64_t v)
  * to powers of two, so a growing sequence replans O(log n) times. */
 static rlx_status ensure_memory(struct rlx_plan *p)
 {
-    bool covered = p->planned;
+    bool covered = p->planned &&
+                   memcmp(p->external, p->planned_external, sizeof *p->external * (size_t)p->g->n_nodes) == 0;
     for (int s = 0; covered && s < p->g->n_syms; s++)
         if (p->sym_bound[s] && p->sym[s] > p->planned_sym[s]) covered = false;
     if (covered) return RLX_OK;
@@ -242,6 +252,7 @@ static rlx_status ensure_memory(struct rlx_plan *p)
         p->arena_cap = arena;
     }
     memcpy(p->planned_sym, target, sizeof target);
+    memcpy(p->planned_external, p->external, sizeof *p->external * (size_t)p->g->n_nodes);
     rlx_log(RLX_LOG_DEBUG, "memory plan: arena of %zu bytes (%zu without reuse)", arena, unshared);
     p->planned = true;
     p->planned_bytes = arena;
@@ -277,7 +288,15 @@ static rlx_status place_values(struct rlx_plan *p)
                                      rlx_op_name(n->op), d, (long long)v->shape[d]);
         if (n->op == RLX_OP_INPUT || n->op == RLX_OP_PARAM || n->dead) continue;
         int r = p->lv.root[id];
-        if (r == id) {
+        if (r == id && p->external[id]) {
+            for (int i = 0; i < g->n_outputs; i++)
+                if (p->out_dst[i] && p->lv.root[g->outputs[i]] == id) {
+                    RLX_TRY(p->be->buffer_wrap(p->out_dst[i], p->out_dst_bytes[i], &p->out_buf[i]));
+                    v->buf = p->out_buf[i];
+                    break;
+                }
+            v->offset = 0;
+        } else if (r == id) {
             v->buf = p->arena;
             v->offset = p->offsets[id];
         } else {
@@ -305,6 +324,28 @@ static rlx_status check_slices(const struct rlx_plan *p)
     return RLX_OK;
 }
 
+/* Checks each bound output's size for this binding and marks the roots that are written straight
+ * into their bound memory: intermediates (not inputs, params or their aliases), one bound output
+ * per root, on a backend that wraps host memory. Other bound outputs are copied after the run. */
+static rlx_status choose_external(struct rlx_plan *p)
+{
+    const struct rlx_graph *g = p->g;
+    memset(p->external, 0, sizeof *p->external * (size_t)g->n_nodes);
+    for (int i = 0; i < g->n_outputs; i++) {
+        if (!p->out_dst[i]) continue;
+        const int id = g->outputs[i], r = p->lv.root[id];
+        int64_t shape[RLX_MAX_DIMS];
+        rlx_plan_eval_shape(p, id, p->sym, shape);
+        size_t need = rlx_dtype_size(g->nodes[id].dtype);
+        for (int d = 0; d < g->nodes[id].ndim; d++) need *= (size_t)(shape[d] > 0 ? shape[d] : 0);
+        if (need != p->out_dst_bytes[i])
+            return rlx_set_error(RLX_ERR_SHAPE, "output '%s' holds %zu bytes for this run, %zu bytes were bound",
+                                 g->output_names[i], need, p->out_dst_bytes[i]);
+        if (p->be->buffer_wrap && p->lv.in_arena[r] && need) p->external[r] = true;
+    }
+    return RLX_OK;
+}
+
 static rlx_status run_checked(struct rlx_plan *p)
 {
     for (int i = 0; i < p->n_params; i++)
@@ -322,10 +363,19 @@ static rlx_status run_checked(struct rlx_plan *p)
                                          "bind it explicitly", p->g->sym_names[s], id);
     }
     RLX_TRY(check_slices(p));
+    RLX_TRY(choose_external(p));
     RLX_TRY(ensure_memory(p));
     RLX_TRY(place_values(p));
     if (p->node_seconds) memset(p->node_seconds, 0, sizeof(double) * (size_t)p->g->n_nodes);
-    return p->be->plan_run(p->be_state, p->g, p->values, p->node_seconds);
+    RLX_TRY(p->be->plan_run(p->be_state, p->g, p->values, p->node_seconds));
+    /* bound outputs the kernels did not write in place */
+    for (int i = 0; i < p->g->n_outputs; i++) {
+        const int r = p->lv.root[p->g->outputs[i]];
+        if (!p->out_dst[i] || (p->external[r] && p->values[r].buf == p->out_buf[i])) continue;
+        const struct rlx_tensor *v = &p->values[p->g->outputs[i]];
+        RLX_TRY(p->be->download(v->buf, v->offset, p->out_dst[i], p->out_dst_bytes[i]));
+    }
+    return RLX_OK;
 }
 
 rlx_status rlx_plan_run(struct rlx_plan *p)
@@ -335,6 +385,7 @@ rlx_status rlx_plan_run(struct rlx_plan *p)
     rlx_status s = run_checked(p);
     /* the binding is for one run only: caller memory is not kept past the return */
     for (int i = 0; i < p->n_inputs; i++) p->in_set[i] = false;
+    for (int i = 0; i < p->g->n_outputs; i++) p->out_dst[i] = NULL;
     for (int k = 0; k < RLX_MAX_SYMS; k++) p->sym_explicit[k] = false;
     p->ran = s == RLX_OK;
     return s;

@@ -77,6 +77,42 @@ static void reference(int seq, const float *x, const float *wg, const float *wu,
 
 static float frand(void) { return (float)rand() / (float)RAND_MAX - 0.5f; }
 
+/* Outputs bound to host memory: the same bits as read_output; on cpu (which wraps host memory)
+ * written in place, so they leave the arena; on ref copied after the run, arena unchanged. The
+ * binding lasts one run; a wrong size is refused and leaves the plan usable. */
+static void test_bound_outputs(struct rlx_plan *p, const char *device, bool fuse)
+{
+    enum { SEQ = 5 };
+    float x[SEQ * D], y[SEQ * D], h[SEQ * D], by[SEQ * D], bh[SEQ * D];
+    for (int i = 0; i < SEQ * D; i++) x[i] = frand();
+    struct rlx_host_tensor t = {.data = x, .dtype = RLX_F32, .ndim = 2, .shape = {SEQ, D}};
+    const size_t bytes = sizeof(float) * SEQ * D;
+    CHECK(rlx_plan_set_input(p, 0, &t) == RLX_OK && rlx_plan_run(p) == RLX_OK, "unbound run");
+    const size_t arena = rlx_plan_unshared_bytes(p);
+    rlx_plan_read_output(p, 0, y, bytes);
+    rlx_plan_read_output(p, 1, h, bytes);
+    CHECK(rlx_plan_bind_output(p, 0, by, bytes) == RLX_OK && rlx_plan_bind_output(p, 1, bh, bytes) == RLX_OK,
+          "bind outputs");
+    CHECK(rlx_plan_set_input(p, 0, &t) == RLX_OK && rlx_plan_run(p) == RLX_OK, "bound run");
+    CHECK(memcmp(by, y, bytes) == 0 && memcmp(bh, h, bytes) == 0, "%s fuse=%d: bound outputs == read_output", device,
+          fuse);
+    float again[SEQ * D];
+    CHECK(rlx_plan_read_output(p, 0, again, bytes) == RLX_OK && memcmp(again, y, bytes) == 0, "read after bound run");
+    const size_t bound_arena = rlx_plan_unshared_bytes(p);
+    if (strcmp(device, "cpu") == 0)
+        CHECK(bound_arena < arena, "cpu fuse=%d: bound outputs take no arena space (%zu < %zu)", fuse, bound_arena, arena);
+    else
+        CHECK(bound_arena == arena, "%s: arena unchanged (%zu == %zu)", device, bound_arena, arena);
+    memset(by, 0, bytes);
+    CHECK(rlx_plan_set_input(p, 0, &t) == RLX_OK && rlx_plan_run(p) == RLX_OK, "run after the binding");
+    CHECK(by[0] == 0.0f && rlx_plan_unshared_bytes(p) == arena, "the binding lasted one run");
+    CHECK(rlx_plan_bind_output(p, 1, bh, bytes - 4) == RLX_OK && rlx_plan_set_input(p, 0, &t) == RLX_OK &&
+              rlx_plan_run(p) == RLX_ERR_SHAPE && strstr(rlx_last_error(), "output 'h'"),
+          "wrong bound size refused");
+    CHECK(rlx_plan_bind_output(p, 7, bh, bytes) == RLX_ERR_INVALID, "output index checked");
+    CHECK(rlx_plan_set_input(p, 0, &t) == RLX_OK && rlx_plan_run(p) == RLX_OK, "usable after a bad binding");
+}
+
 static void test_block(const char *device, bool fuse)
 {
     struct rlx_graph *g = block_graph();
@@ -119,6 +155,7 @@ static void test_block(const char *device, bool fuse)
     }
     CHECK(rlx_plan_planned_bytes(p) > 0 && rlx_plan_planned_bytes(p) < rlx_plan_unshared_bytes(p),
           "memory reused: %zu < %zu", rlx_plan_planned_bytes(p), rlx_plan_unshared_bytes(p));
+    test_bound_outputs(p, device, fuse);
     /* errors leave the plan usable */
     float x[D] = {0};
     struct rlx_host_tensor bad = {.data = x, .dtype = RLX_I32, .ndim = 2, .shape = {1, D}};

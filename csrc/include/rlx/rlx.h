@@ -243,6 +243,13 @@ struct rlx_host_tensor {
 rlx_status rlx_plan_set_param(struct rlx_plan *p, int index, const struct rlx_host_tensor *t);
 /* Binds an input for the next run; the pointer is kept until rlx_plan_run returns. */
 rlx_status rlx_plan_set_input(struct rlx_plan *p, int index, const struct rlx_host_tensor *t);
+/* Binds host memory for output i for the next run (bytes must equal the output's size for that
+ * run's binding). Where the backend can wrap host memory, the kernel that makes the output writes
+ * straight into dst and the value takes no arena space (e.g. new K/V rows written in place into
+ * a KV cache); otherwise the output is copied there when the run ends. dst must not overlap any
+ * input, param or other bound output of the run; after a failed run its contents are undefined.
+ * Cleared by run. */
+rlx_status rlx_plan_bind_output(struct rlx_plan *p, int index, void *dst, size_t bytes);
 /* Binds a symbol explicitly (otherwise symbols are inferred from input shapes). Cleared by run. */
 rlx_status rlx_plan_bind_symbol(struct rlx_plan *p, int sym, int64_t value);
 
