@@ -6,8 +6,9 @@
  *   SEED   - every position, writes each layer's K/V: fills an empty cache;
  *   EXTEND - the positions not cached yet over the cached past: one token per decode step.
  * Cached logits always mean "bring the cache up to the whole history, return the last logits", so
- * prefill, decode and mixed naive / cached use share one path. New K/V rows are read from the
- * plan straight into the cache's next slots: the cache is never copied or reallocated.
+ * prefill, decode and mixed naive / cached use share one path. New K/V rows are written by their
+ * kernels straight into the cache's next slots (the plan's K/V outputs are bound there): the cache
+ * is never copied or reallocated.
  * Plans are kept in one list keyed by (kind, seq, past) under the policies of model.h: ONESHOT
  * keeps one per kind, LRU the most recently used prefill plans, BUCKETED one decode plan per
  * power-of-two past (the padding rows hidden by masks), DYNAMIC one symbolic plan per kind.

@@ -453,8 +453,13 @@ static void test_exp16(void) {
         }
     }
     result(worst <= 2, "exp16: %lld ulp at x = %.9g", (long long)worst, worst_x);
-    rlx_cpu_v16 v = {-INFINITY, INFINITY, NAN, 89.0f, -88.0f, 0.0f, 1.0f, -1.0f};
+    rlx_cpu_v16 v = {-INFINITY, INFINITY, NAN, 89.0f, -88.0f, 0.0f, 1.0f, -1.0f,
+                     -NAN, 88.3762626647949f, -87.3365478515625f, 88.37627f};
     rlx_cpu_exp16(&v);
+    result(isnan(v[8]) && isfinite(v[9]) && v[9] >= 0x1p127f && v[10] > 0x1.fp-127f && v[10] < 0x1.01p-126f &&
+               v[11] == INFINITY,
+           "exp16 edges: -NaN -> %g, exp(88.3762627) = %g, exp(-87.3365479) = %g, exp(88.37627) = %g", v[8], v[9],
+           v[10], v[11]);
     result(v[0] == 0.0f && v[1] == INFINITY && isnan(v[2]) && v[3] == INFINITY && v[4] == 0.0f && v[5] == 1.0f &&
                ulp_diff(v[6], (float)exp(1.0)) <= 1 && ulp_diff(v[7], (float)exp(-1.0)) <= 1,
            "exp16 edges: %g %g %g %g %g %g %.9g %.9g", v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);

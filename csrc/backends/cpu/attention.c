@@ -441,29 +441,6 @@ static float row_max(const float *x, int64_t n) {
     return s != s ? NAN : r;
 }
 
-/* *v = exp(*v) for lanes <= 0 (or -inf): rlx_cpu_exp16's arithmetic, with lanes below -87.34
- * going to 0 through the sign of (v + 87.34) instead of a comparison: GCC 12 turns the
- * comparisons of rlx_cpu_exp16 into one scalar compare per lane in every clone (measured ~3 ns
- * a lane, as much time as the sgemms here); this compiles to whole vectors. Lanes > 0 never
- * occur here (scores minus their row max). */
-static inline __attribute__((always_inline)) void exp16_nonpos(rlx_cpu_v16 *v) {
-    rlx_cpu_v16 x = *v;
-    const rlx_cpu_v16i under = (rlx_cpu_v16i)(x + 87.3365478515625f) >> 31;
-    x = (rlx_cpu_v16)((rlx_cpu_v16i)x & ~under); /* those lanes computed at 0 */
-    const rlx_cpu_v16 t = x * 1.44269504088896341f + 12582912.0f;
-    const rlx_cpu_v16 n = t - 12582912.0f;
-    rlx_cpu_v16 r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    rlx_cpu_v16 p = 1.9875691500e-4f * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    const rlx_cpu_v16u scale = ((rlx_cpu_v16u)t << 23) + (127u << 23);
-    *v = (rlx_cpu_v16)((rlx_cpu_v16i)(p * (rlx_cpu_v16)scale) & ~under);
-}
-
 /* p[j] = exp(p[j] - m) for j < n (-inf gives 0; m finite, >= every p[j]); returns their sum.
  * Whole vectors are loaded and stored directly; only the tail (< 16) goes through a vector
  * padded with -inf. */
@@ -475,7 +452,7 @@ static float exp_sum_row(float *p, int64_t n, float m) {
         rlx_cpu_v16 v;
         memcpy(&v, p + j, sizeof v);
         v -= m;
-        exp16_nonpos(&v);
+        rlx_cpu_exp16(&v);
         sum += v;
         memcpy(p + j, &v, sizeof v);
     }
@@ -486,7 +463,7 @@ static float exp_sum_row(float *p, int64_t n, float m) {
         rlx_cpu_v16 v;
         memcpy(&v, tail, sizeof v);
         v -= m;
-        exp16_nonpos(&v);
+        rlx_cpu_exp16(&v);
         sum += v;
         memcpy(tail, &v, sizeof v);
         for (int64_t l = 0; l < n - j; l++)

@@ -30,7 +30,14 @@ typedef uint32_t rlx_cpu_v16u __attribute__((vector_size(64)));
  * clones of its callers, so it compiles to that ISA's vectors. */
 static inline __attribute__((always_inline)) void rlx_cpu_exp16(rlx_cpu_v16 *v) {
     rlx_cpu_v16 x = *v;
-    const rlx_cpu_v16i over = x > 88.3762626647949f, under = x < -87.3365478515625f;
+    /* Lane masks from sign bits (arithmetic shifts), not vector comparisons: GCC 12 lowers a
+     * comparison of these generic vectors to one scalar compare per lane in the avx512f clone
+     * (no AVX512DQ to turn a mask register into a vector), ~3 ns a lane. x > hi <=> hi - x < 0
+     * and x < lo <=> x - lo < 0 (exact in sign; +-inf included); NaN lanes (|bits| above inf's)
+     * are in neither and stay NaN through the arithmetic. */
+    const rlx_cpu_v16i nan = (0x7f800000 - ((rlx_cpu_v16i)x & 0x7fffffff)) >> 31;
+    const rlx_cpu_v16i over = ((rlx_cpu_v16i)(88.3762626647949f - x) >> 31) & ~nan;
+    const rlx_cpu_v16i under = ((rlx_cpu_v16i)(x + 87.3365478515625f) >> 31) & ~nan;
     x = (rlx_cpu_v16)((rlx_cpu_v16i)x & ~(over | under)); /* those lanes computed at 0 */
     const rlx_cpu_v16 t = x * 1.44269504088896341f + 12582912.0f;
     const rlx_cpu_v16 n = t - 12582912.0f;
