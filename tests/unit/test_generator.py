@@ -161,6 +161,25 @@ def test_no_second_copy_of_weights():
     assert grown < 0.1 * nbytes, f"RSS grew by {grown / 1e6:.1f} MB for {nbytes / 1e6:.1f} MB of weights"
 
 
+def test_prefill_kv_rows_take_no_arena_space():
+    """A cached prefill's K/V rows are written straight into the cache: the plan's arena of
+    intermediates stays far below their size (when they were outputs copied afterwards, every
+    layer's rows were alive at the end of the run, all in the arena), on the cpu backend. The
+    cache still equals the NumPy reference."""
+    cfg = rlx.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=16,
+                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128)
+    w = random_weights(cfg)
+    gen = rlx.Generator(cfg, w, device="cpu")
+    ids = [int(i) for i in np.random.default_rng(1).integers(0, 64, 100)]
+    gen.prefill_get_last_logits(ids)
+    kv_bytes = cfg.num_hidden_layers * 2 * len(ids) * cfg.num_key_value_heads * cfg.head_dim * 4
+    planned = gen.compile_stats()["planned_bytes"]
+    assert 0 < planned < kv_bytes / 4, (planned, kv_bytes)
+    k_ref, v_ref = _layer0_kv(cfg, w, ids)
+    np.testing.assert_allclose(gen.kv_cache(0)[0], k_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gen.kv_cache(0)[1], v_ref, rtol=1e-5, atol=1e-5)
+
+
 # ---- generate, errors before prefill, cached == naive, invariants --------------------------------
 
 @pytest.mark.parametrize("device", DEVICES)
