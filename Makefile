@@ -125,6 +125,7 @@ test-asan: $(VENV)/.rlx-deps
 
 # Side-by-side generation benchmark (benchmarks/README.md, "Generation").
 bench: build $(VENV)/.rlx-bench
+	$(VPY) benchmarks/bench_matvec.py
 	$(VPY) benchmarks/bench_generate.py --check
 bench-quick: build $(VENV)/.rlx-bench
 	$(VPY) benchmarks/bench_generate.py --quick --check
