@@ -21,6 +21,7 @@ the shapes of the inputs, so one compiled plan serves every sequence length.
     plan = rlx.compile(g)             # device="cpu"
     plan.set_param("w", w_array)
     (y,) = plan.run({"x": x_array})
+    plan.run({"x": x_array}, out={"y": y})   # y written in place (no copy, no arena space)
 
 This module must stay free of numerics: it only describes graphs.
 """

@@ -5,7 +5,9 @@
  * Ownership: a Plan owns its struct rlx_plan, and keeps every array whose memory the plan points
  * into (set_param is zero-copy when it can be) in the dict `params`, so a weight lives at least
  * as long as the plan uses it. Inputs are converted to C-contiguous aligned arrays (a copy only
- * when the layout needs it; never a dtype cast) and are only ever read. Outputs are fresh arrays.
+ * when the layout needs it; never a dtype cast) and are only ever read. Outputs are fresh arrays,
+ * or arrays the caller hands to run(out=), written in place (checked not to overlap what the run
+ * reads).
  *
  * Threads: the GIL is released around compile, upload, run and output copies. The core plan is
  * not safe from two threads at once, so every use of it takes the plan's own lock; a contended
@@ -396,11 +398,91 @@ error:
     return NULL;
 }
 
-static PyObject *plan_run(struct plan_object *self, PyObject *inputs)
+/* True when the bytes of two arrays (contiguous ones: [data, data + nbytes)) intersect. */
+static int arrays_overlap(PyArrayObject *a, PyArrayObject *b)
 {
+    const char *pa = PyArray_DATA(a), *pb = PyArray_DATA(b);
+    npy_intp na = PyArray_NBYTES(a), nb = PyArray_NBYTES(b);
+    return na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
+}
+
+/* Checks run()'s `out` (dict output name -> array, or None) and fills bound[i] with a borrowed
+ * reference to output i's array, or NULL. Each array must be an ndarray of the output's dtype,
+ * C-contiguous, aligned and writeable, and share no bytes with an input, a param or another
+ * out array (the kernels write it while they read those). */
+static int check_out(struct plan_object *self, PyObject *out, PyArrayObject **arrs, Py_ssize_t n_in,
+                     PyArrayObject **bound)
+{
+    Py_ssize_t n_out = PyTuple_GET_SIZE(self->output_names);
+    if (out == NULL || out == Py_None)
+        return 0;
+    if (!PyDict_Check(out)) {
+        PyErr_Format(PyExc_TypeError, "run(out=) takes a dict {output name: array}, got %.200s", Py_TYPE(out)->tp_name);
+        return -1;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *key, *val;
+    while (PyDict_Next(out, &pos, &key, &val)) {
+        if (!PyUnicode_Check(key)) {
+            PyErr_Format(PyExc_TypeError, "output names must be str, got %.200s", Py_TYPE(key)->tp_name);
+            return -1;
+        }
+        Py_ssize_t i = find_name(self->output_names, key);
+        if (i < 0) {
+            raise_unknown("output", key, self->output_names);
+            return -1;
+        }
+        if (!PyArray_Check(val)) {
+            PyErr_Format(PyExc_TypeError, "out %R must be a numpy.ndarray, got %.200s", key, Py_TYPE(val)->tp_name);
+            return -1;
+        }
+        PyArrayObject *a = (PyArrayObject *)val;
+        if (!PyArray_ISCARRAY(a)) {
+            PyErr_Format(PyExc_ValueError, "out %R must be a writeable, C-contiguous, aligned array", key);
+            return -1;
+        }
+        int dt = rlx_plan_output_dtype(self->plan, (int)i);
+        if (!rlx_py_dtype_matches(PyArray_DESCR(a), (enum rlx_dtype)dt)) {
+            PyErr_Format(PyExc_ValueError, "out %R must be %s, got %S", key, npy_name(dt), (PyObject *)PyArray_DESCR(a));
+            return -1;
+        }
+        bound[i] = a;
+    }
+    for (Py_ssize_t i = 0; i < n_out; i++) {
+        if (bound[i] == NULL)
+            continue;
+        PyObject *name = PyTuple_GET_ITEM(self->output_names, i);
+        for (Py_ssize_t j = 0; j < n_in; j++)
+            if (arrays_overlap(bound[i], arrs[j])) {
+                PyErr_Format(PyExc_ValueError, "out %R shares memory with input %R", name,
+                             PyTuple_GET_ITEM(self->input_names, j));
+                return -1;
+            }
+        for (Py_ssize_t j = 0; j < i; j++)
+            if (bound[j] != NULL && arrays_overlap(bound[i], bound[j])) {
+                PyErr_Format(PyExc_ValueError, "out %R shares memory with out %R", name,
+                             PyTuple_GET_ITEM(self->output_names, j));
+                return -1;
+            }
+        pos = 0;
+        while (PyDict_Next(self->params, &pos, &key, &val))
+            if (PyArray_Check(val) && arrays_overlap(bound[i], (PyArrayObject *)val)) {
+                PyErr_Format(PyExc_ValueError, "out %R shares memory with param %R", name, key);
+                return -1;
+            }
+    }
+    return 0;
+}
+
+static PyObject *plan_run(struct plan_object *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"inputs", "out", NULL};
+    PyObject *inputs, *out = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:run", kwlist, &inputs, &out))
+        return NULL;
     Py_ssize_t n_in = PyTuple_GET_SIZE(self->input_names);
     Py_ssize_t n_out = PyTuple_GET_SIZE(self->output_names);
-    PyArrayObject **arrs = NULL;
+    PyArrayObject **arrs = NULL, **bound = NULL;
     struct rlx_host_tensor *tensors = NULL;
     PyObject *outs = NULL;
     int locked = 0;
@@ -411,7 +493,8 @@ static PyObject *plan_run(struct plan_object *self, PyObject *inputs)
     }
     arrs = PyMem_Calloc((size_t)(n_in > 0 ? n_in : 1), sizeof *arrs);
     tensors = PyMem_Calloc((size_t)(n_in > 0 ? n_in : 1), sizeof *tensors);
-    if (arrs == NULL || tensors == NULL) {
+    bound = PyMem_Calloc((size_t)(n_out > 0 ? n_out : 1), sizeof *bound);
+    if (arrs == NULL || tensors == NULL || bound == NULL) {
         PyErr_NoMemory();
         goto error;
     }
@@ -443,12 +526,17 @@ static PyObject *plan_run(struct plan_object *self, PyObject *inputs)
             host_tensor(arrs[i], dt, "input", name, &tensors[i]) < 0)
             goto error;
     }
+    if (check_out(self, out, arrs, n_in, bound) < 0)
+        goto error;
     if (plan_acquire(self) < 0)
         goto error;
     locked = 1;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n_in && s == RLX_OK; i++)
         s = rlx_plan_set_input(self->plan, (int)i, &tensors[i]);
+    for (Py_ssize_t i = 0; i < n_out && s == RLX_OK; i++)
+        if (bound[i] != NULL)
+            s = rlx_plan_bind_output(self->plan, (int)i, PyArray_DATA(bound[i]), (size_t)PyArray_NBYTES(bound[i]));
     if (s == RLX_OK)
         s = rlx_plan_run(self->plan);
     Py_END_ALLOW_THREADS
@@ -466,6 +554,16 @@ static PyObject *plan_run(struct plan_object *self, PyObject *inputs)
         npy_intp dims[RLX_MAX_DIMS];
         for (int d = 0; d < ndim; d++)
             dims[d] = (npy_intp)shape[d];
+        if (bound[i] != NULL) { /* written by the run; its shape must be the output's too */
+            if (PyArray_NDIM(bound[i]) != ndim || !PyArray_CompareLists(PyArray_DIMS(bound[i]), dims, ndim)) {
+                PyErr_Format(PyExc_ValueError, "out %R has the output's size but not its shape",
+                             PyTuple_GET_ITEM(self->output_names, i));
+                goto error;
+            }
+            Py_INCREF(bound[i]);
+            PyList_SET_ITEM(outs, i, (PyObject *)bound[i]);
+            continue;
+        }
         PyObject *o = PyArray_SimpleNew(ndim, dims, rlx_py_dtype_to_npy(dt));
         if (o == NULL)
             goto error;
@@ -474,6 +572,8 @@ static PyObject *plan_run(struct plan_object *self, PyObject *inputs)
     /* The fresh arrays are reachable only from this thread: fill them without the GIL. */
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n_out && s == RLX_OK; i++) {
+        if (bound[i] != NULL)
+            continue;
         PyArrayObject *o = (PyArrayObject *)PyList_GET_ITEM(outs, i);
         s = rlx_plan_read_output(self->plan, (int)i, PyArray_DATA(o), (size_t)PyArray_NBYTES(o));
     }
@@ -485,6 +585,7 @@ static PyObject *plan_run(struct plan_object *self, PyObject *inputs)
         Py_DECREF(arrs[i]);
     PyMem_Free(arrs);
     PyMem_Free(tensors);
+    PyMem_Free(bound);
     return outs;
 error:
     if (locked)
@@ -495,6 +596,7 @@ error:
     }
     PyMem_Free(arrs);
     PyMem_Free(tensors);
+    PyMem_Free(bound);
     Py_XDECREF(outs);
     return NULL;
 }
@@ -570,11 +672,15 @@ static PyMethodDef plan_methods[] = {
      "Binds a weight. Zero-copy when the array is C-contiguous, aligned and of the param's dtype (the plan\n"
      "keeps a reference; later writes to the array are seen by later runs on host backends); a matching\n"
      "dtype with another layout is copied once. Wrong dtype or shape, or an unknown name: ValueError."},
-    {"run", (PyCFunction)plan_run, METH_O,
-     "run(inputs: dict[str, np.ndarray]) -> list[np.ndarray]\n\n"
-     "Runs the plan; returns fresh output arrays in output order. Inputs are never modified and never\n"
-     "cast: a dtype mismatch, a missing or unknown input raises ValueError. Releases the GIL; threads\n"
-     "sharing one plan take turns."},
+    {"run", (PyCFunction)(void (*)(void))plan_run, METH_VARARGS | METH_KEYWORDS,
+     "run(inputs: dict[str, np.ndarray], out: dict[str, np.ndarray] | None = None) -> list[np.ndarray]\n\n"
+     "Runs the plan; returns the output arrays in output order: fresh ones, or for the outputs named in\n"
+     "`out` the given arrays, written by the run (on host backends by the kernels themselves: no copy, no\n"
+     "arena space). An out array must be a writeable C-contiguous aligned ndarray of the output's dtype\n"
+     "and shape sharing no memory with an input, a param or another out array (else ValueError; its\n"
+     "contents are undefined after a failed run). Inputs are never modified and never cast: a dtype\n"
+     "mismatch, a missing or unknown input raises ValueError. Releases the GIL; threads sharing one plan\n"
+     "take turns."},
     {"graph_dump", (PyCFunction)plan_graph_dump, METH_NOARGS, "graph_dump() -> str\n\nThe compiled graph."},
     {NULL, NULL, 0, NULL},
 };

@@ -154,6 +154,11 @@ const char *rlx_plan_output_name(const struct rlx_plan *p, int i)
     return (i >= 0 && i < p->g->n_outputs) ? p->g->output_names[i] : NULL;
 }
 
+int rlx_plan_output_dtype(const struct rlx_plan *p, int i)
+{
+    return (i >= 0 && i < p->g->n_outputs) ? (int)p->g->nodes[p->g->outputs[i]].dtype : -1;
+}
+
 static rlx_status find_name(const char *kind, const char *name, int count, const char *(*get)(const struct rlx_plan *, int),
                             const struct rlx_plan *p, int *out)
 {

@@ -289,6 +289,70 @@ def test_run_argument_types(device):
     check_small(plan, p)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_run_out_arrays_are_written_in_place(device):
+    """run(out=) writes the named outputs into the given arrays and returns those very arrays, with
+    the same bits as fresh outputs; on cpu the kernels write them directly (they leave the arena)."""
+    plan, p = small_plan(device)
+    r = np.random.default_rng(3)
+    x, ids = randn(r, 3, 16), r.integers(0, 10, size=3).astype(np.int32)
+    fresh_y, fresh_e = plan.run({"x": x, "ids": ids})
+    unshared = plan.unshared_bytes
+    y = np.full((3, 16), np.nan, np.float32)
+    e = np.full((3, 16), np.nan, np.float32)
+    got = plan.run({"x": x, "ids": ids}, out={"y": y, "e": e})
+    assert got[0] is y and got[1] is e
+    np.testing.assert_array_equal(y, fresh_y)
+    np.testing.assert_array_equal(e, fresh_e)
+    if device == "cpu":
+        assert plan.unshared_bytes < unshared
+    else:
+        assert plan.unshared_bytes == unshared
+    y2 = np.zeros((3, 16), np.float32)
+    got = plan.run({"x": x, "ids": ids}, out={"y": y2})  # one output bound, the other fresh
+    assert got[0] is y2 and got[1] is not e
+    np.testing.assert_array_equal(y2, fresh_y)
+    np.testing.assert_array_equal(got[1], fresh_e)
+    y3 = np.zeros((3, 16), np.float32)
+    plan.run({"x": x, "ids": ids})  # the binding lasted one run
+    assert not y3.any()
+    check_small(plan, p)
+
+
+def _bad_outs(p):
+    buf = np.zeros(100, np.float32)
+    return {
+        "not a dict": ([np.zeros((3, 16), np.float32)], TypeError, ["dict"]),
+        "not an array": ({"y": [[0.0] * 16] * 3}, TypeError, ["'y'", "ndarray"]),
+        "unknown output": ({"z": np.zeros((3, 16), np.float32)}, ValueError, ["'z'"]),
+        "wrong dtype": ({"y": np.zeros((3, 16), np.float64)}, ValueError, ["'y'", "float32", "float64"]),
+        "not contiguous": ({"y": np.zeros((3, 32), np.float32)[:, ::2]}, ValueError, ["'y'", "contiguous"]),
+        "read-only": ({"y": np.zeros((3, 16), np.float32)[...].view()}, ValueError, ["'y'"]),
+        "wrong size": ({"y": np.zeros((2, 16), np.float32)}, ValueError, ["'y'", "bytes"]),
+        "wrong shape": ({"y": np.zeros((16, 3), np.float32)}, ValueError, ["'y'", "shape"]),
+        "is the input": ({"y": GOOD_X}, ValueError, ["'y'", "input 'x'"]),
+        "is a param": ({"e": p["table"][:3]}, ValueError, ["'e'", "param 'table'"]),
+        "outs overlap": ({"y": buf[:48].reshape(3, 16), "e": buf[40:88].reshape(3, 16)}, ValueError,
+                         ["shares memory with out"]),
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(_bad_outs(small_params())))
+def test_bad_out_raises_and_plan_stays_usable(device, case):
+    plan, p = small_plan(device)
+    out, exc, words = _bad_outs(p)[case]
+    if case == "read-only":
+        out["y"].flags.writeable = False
+    with pytest.raises(exc) as info:
+        plan.run({"x": GOOD_X, "ids": GOOD_IDS}, out=out)
+    for w in words:
+        assert w in str(info.value), str(info.value)
+    check_small(plan, p)
+    y = np.zeros((3, 16), np.float32)
+    assert plan.run({"x": GOOD_X, "ids": GOOD_IDS}, out={"y": y})[0] is y
+
+
 BAD_PARAMS = {
     "unknown name": ("nope", np.zeros(16, np.float32), ["'nope'"]),
     "wrong dtype": ("n", np.zeros(16, np.float64), ["'n'", "f32", "float64"]),

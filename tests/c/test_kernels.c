@@ -309,6 +309,32 @@ static void lowp_special_case(int64_t M, int64_t K, int64_t N) {
     free(a), free(b), free(o1), free(o2), free(sc), free(rs);
 }
 
+/* rlx_cpu_pack_bf16 gives the top halves of rlx_cpu_round_bf16_1, bit for bit: ties, NaNs,
+ * values rounding to inf, subnormals, random values, a tail shorter than a vector. */
+static void pack_bf16_case(void) {
+    const uint32_t special[] = {0x3f808000, 0x3f818000, 0x7f7fffff, 0xff7f8000, 0x7f800001, 0xffc00001,
+                                0x7f800000, 0x00018000, 0x80008000, 0x00000000, 0x80000000};
+    enum { n = 37 };
+    float src[n];
+    uint16_t got[n + 1];
+    for (int i = 0; i < n; i++) {
+        uint32_t u = i < (int)(sizeof special / sizeof *special) ? special[i] : rng_u32() ^ (rng_u32() << 16);
+        memcpy(&src[i], &u, 4);
+    }
+    got[n] = 0xabcd; /* must stay */
+    rlx_cpu_pack_bf16(got, src, n);
+    int bad = -1;
+    for (int i = 0; i < n && bad < 0; i++) {
+        const float r = rlx_cpu_round_bf16_1(src[i]);
+        uint32_t u;
+        memcpy(&u, &r, 4);
+        if (got[i] != (uint16_t)(u >> 16))
+            bad = i;
+    }
+    result(bad < 0 && got[n] == 0xabcd, "pack_bf16 [isa=%s]: element %d differs from round_bf16_1",
+           isa_name(rlx_cpu_isa()), bad);
+}
+
 /* Every vector path this machine has (RLX_CPU_ISA caps lowered one by one, via rlx_cpu_isa_cap):
  * sizes that cross the GEMM's blocks (8-row microkernel, 32-column panels, 128-column blocks,
  * k blocks of 512, odd K) and the matvec-passes / GEMM boundary (M = 6 / 7). Under valgrind (no AVX-512:
@@ -319,6 +345,7 @@ static void test_matmul_lowp_isas(void) {
     for (int isa = native; isa >= RLX_CPU_ISA_SCALAR; isa--) {
         rlx_cpu_isa_cap(isa);
         lowp_rounding_case();
+        pack_bf16_case();
         for (int dt = 0; dt < 2; dt++) {
             const int dtype = dt ? RLX_F16 : RLX_BF16;
             for (int mi = 0; mi < 6; mi++)

@@ -98,6 +98,8 @@ static inline float rlx_cpu_round_bf16_1(float x) {
 /* dst (n) = src (n) each rounded as rlx_cpu_round_bf16_1 (the same bits on every ISA path);
  * dst may equal src. */
 void rlx_cpu_round_bf16(float *dst, const float *src, int64_t n);
+/* dst (n bf16 halves) = src (n) rounded as rlx_cpu_round_bf16_1 (its top 16 bits). */
+void rlx_cpu_pack_bf16(uint16_t *dst, const float *src, int64_t n);
 
 /* The AVX-512 BF16 GEMM (gemm_bf16.c): out (M, N) = bf16(a) (M, K) @ b^T, b (N, K) bf16; only
  * when rlx_cpu_isa() == RLX_CPU_ISA_AVX512_BF16. Blocking: RLX_GB_MR rows x 32 columns per

@@ -245,21 +245,6 @@ mv_rows_dp(float *out, const uint16_t *a, const uint16_t *b, int64_t M, int64_t 
     }
 }
 
-/* dst (n halves) = src (n) rounded to bf16 (the bits of rlx_cpu_round_bf16_1), for mv_rows_dp */
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void pack_bf16(uint16_t *dst, const float *src,
-                                                                          int64_t n) {
-    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), abs = _mm512_set1_epi32(0x7fffffff);
-    const __m512i inf = _mm512_set1_epi32(0x7f800000), quiet = _mm512_set1_epi32(0x00400000);
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
-        const __m512i x = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + i));
-        __m512i r = _mm512_add_epi32(x, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(x, 16), one)));
-        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, abs), inf);
-        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(x, quiet));
-        _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
-    }
-}
-
 /* 8 weights from element i of b, widened */
 AVX2_FN __m256 ld_256(const void *b, int wt, int64_t i) {
     if (wt == RLX_F32)
@@ -475,7 +460,7 @@ void rlx_cpu_matmul_lowp(float *out, const float *a, const uint16_t *b, int b_dt
         uint16_t *a16 = NULL;
         if (bf16 && isa == RLX_CPU_ISA_AVX512_BF16) {
             a16 = (uint16_t *)scratch;
-            pack_bf16(a16, a, M * K);
+            rlx_cpu_pack_bf16(a16, a, M * K);
         } else if (bf16) {
             rlx_cpu_round_bf16(scratch, a, M * K);
             a = scratch;

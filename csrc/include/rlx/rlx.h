@@ -224,6 +224,8 @@ int rlx_plan_output_count(const struct rlx_plan *p);
 const char *rlx_plan_input_name(const struct rlx_plan *p, int i);
 const char *rlx_plan_param_name(const struct rlx_plan *p, int i);
 const char *rlx_plan_output_name(const struct rlx_plan *p, int i);
+/* The dtype (enum rlx_dtype) of output i, known from compile on; -1 for a bad index. */
+int rlx_plan_output_dtype(const struct rlx_plan *p, int i);
 /* Index of a named input / param / output, or RLX_ERR_INVALID naming it. */
 rlx_status rlx_plan_input_index(const struct rlx_plan *p, const char *name, int *out);
 rlx_status rlx_plan_param_index(const struct rlx_plan *p, const char *name, int *out);
@@ -246,9 +248,10 @@ rlx_status rlx_plan_set_input(struct rlx_plan *p, int index, const struct rlx_ho
 /* Binds host memory for output i for the next run (bytes must equal the output's size for that
  * run's binding). Where the backend can wrap host memory, the kernel that makes the output writes
  * straight into dst and the value takes no arena space (e.g. new K/V rows written in place into
- * a KV cache); otherwise the output is copied there when the run ends. dst must not overlap any
- * input, param or other bound output of the run; after a failed run its contents are undefined.
- * Cleared by run. */
+ * a KV cache); otherwise the output is copied there when the run ends. dst must not overlap a
+ * param, another bound output, or input bytes the results depend on; after a failed run its
+ * contents are undefined. The binding is cleared by run; rlx_plan_read_output of that output
+ * (and of outputs aliasing it) then reads dst, which must still be alive. */
 rlx_status rlx_plan_bind_output(struct rlx_plan *p, int index, void *dst, size_t bytes);
 /* Binds a symbol explicitly (otherwise symbols are inferred from input shapes). Cleared by run. */
 rlx_status rlx_plan_bind_symbol(struct rlx_plan *p, int sym, int64_t value);
