@@ -127,6 +127,7 @@ test-asan: $(VENV)/.rlx-deps
 bench: build $(VENV)/.rlx-bench
 	$(VPY) benchmarks/bench_matvec.py
 	$(VPY) benchmarks/bench_generate.py --check
+	$(VPY) benchmarks/bench_paired.py
 bench-quick: build $(VENV)/.rlx-bench
 	$(VPY) benchmarks/bench_generate.py --quick --check
 

@@ -760,6 +760,9 @@ takes several minutes on 2 cores; transformers; torch==2.13.0 CPU; gguf) and run
   drifts between phases (the same pass measured 34 and 56 GB/s minutes apart on this VM), so the
   fraction is also given per cell against the sample taken just before it (median over the
   repetitions). The probe reads anonymous memory; the engines read memory-mapped files.
+  Engines in separate processes can draw different phases: `bench_paired.py` (section "Paired
+  with llama.cpp") runs rlx and llama.cpp in one process, block by block, for ratios that
+  both engines measured in the same phase.
 - The environment is passed through unchanged and recorded in the JSON. Where
   OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are set (some machines set them for old OpenBLAS
   builds), they slow a current OpenBLAS: benchmark with both unset in that command alone,
