@@ -12,17 +12,7 @@
 
 #include "rlx/model.h"
 
-static int passed, failed;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) passed++;                                                                        \
-        else {                                                                                     \
-            failed++;                                                                              \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
-            printf(__VA_ARGS__);                                                                   \
-            printf(" [%s]\n", rlx_last_error());                                                   \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 #define MAX_W 256
 static float *bufs[MAX_W];
@@ -193,6 +183,5 @@ int main(void)
     test_blocks("ref");
     test_missing_weight();
     rlx_set_num_threads(1);
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return check_summary();
 }

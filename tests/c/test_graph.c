@@ -12,17 +12,7 @@
 
 #include "rlx/rlx.h"
 
-static int passed, failed;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) passed++;                                                                        \
-        else {                                                                                     \
-            failed++;                                                                              \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
-            printf(__VA_ARGS__);                                                                   \
-            printf(" [%s]\n", rlx_last_error());                                                   \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 enum { D = 8, F = 12 };
 
@@ -235,6 +225,5 @@ int main(void)
     test_errors();
     test_log_callback();
     rlx_set_num_threads(1); /* joins the pool's workers */
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return check_summary();
 }

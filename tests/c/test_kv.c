@@ -11,19 +11,7 @@
 
 #include "rlx/kv.h"
 
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                        \
-    do {                                                        \
-        if (cond) {                                             \
-            n_pass++;                                           \
-        } else {                                                \
-            n_fail++;                                           \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);         \
-            printf(__VA_ARGS__);                                \
-            printf("\n");                                       \
-        }                                                       \
-    } while (0)
+#include "check.h"
 
 /* The value stored at (layer, position, column) of K (kv = 0) or V (kv = 1). */
 static float val(int64_t layer, int kv, int64_t pos, int64_t col) {
@@ -31,7 +19,7 @@ static float val(int64_t layer, int kv, int64_t pos, int64_t col) {
 }
 
 static void test_create(void) {
-    struct rlx_kv_cache *kv = (struct rlx_kv_cache *)&n_pass; /* must stay untouched on error */
+    struct rlx_kv_cache *kv = (struct rlx_kv_cache *)&check_passed; /* must stay untouched on error */
     struct rlx_kv_cache *const sentinel = kv;
     CHECK(rlx_kv_cache_create(0, 8, 16, &kv) == RLX_ERR_INVALID && kv == sentinel, "n_layers 0 rejected");
     CHECK(rlx_kv_cache_create(2, 0, 16, &kv) == RLX_ERR_INVALID && kv == sentinel, "row 0 rejected");
@@ -144,6 +132,5 @@ int main(void) {
     test_create();
     test_use();
     test_large_reserve();
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_summary();
 }

@@ -12,19 +12,7 @@
 
 #include "rlx/sample.h"
 
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                        \
-    do {                                                        \
-        if (cond) {                                             \
-            n_pass++;                                           \
-        } else {                                                \
-            n_fail++;                                           \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);         \
-            printf(__VA_ARGS__);                                \
-            printf("\n");                                       \
-        }                                                       \
-    } while (0)
+#include "check.h"
 
 #define MAXV 64
 static float scratch[MAXV];
@@ -381,6 +369,5 @@ int main(void) {
     test_temperature();
     test_chunking();
     test_errors();
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_summary();
 }

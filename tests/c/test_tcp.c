@@ -26,19 +26,7 @@
 #include "rlx/dist.h"
 #include "rlx/rlx.h"
 
-static atomic_int passed, failed;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) passed++;                                                                        \
-        else {                                                                                     \
-            failed++;                                                                              \
-            flockfile(stdout);                                                                     \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
-            printf(__VA_ARGS__);                                                                   \
-            printf(" [%s]\n", rlx_last_error());                                                   \
-            funlockfile(stdout);                                                                   \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 enum { MAXW = 3 };
 
@@ -588,6 +576,5 @@ int main(void)
     int fds1 = count_fds();
     CHECK(fds0 == fds1, "open file descriptors: %d before, %d after", fds0, fds1);
     fprintf(stderr, "test_tcp: %.2f s\n", now_s() - t0);
-    printf("%d passed, %d failed\n", (int)passed, (int)failed);
-    return failed != 0;
+    return check_summary();
 }
