@@ -15,7 +15,8 @@ llama.cpp, same thread count) and take turns:
 - decode: both take the same 128-token prompt, then `--blocks` blocks; in each block each engine
   decodes `--steps` tokens (greedy) and is timed, the first engine alternating between blocks;
   the block's ratio is llama.cpp's time / rlx's time;
-- prefill: `--pp-pairs` pairs of one 512-token prefill each (last-position logits), alternating.
+- prefill: `--pp-pairs` pairs of one 128-token and of one 512-token prefill each (last-position
+  logits), alternating.
 
 Reported per (model, dtype, threads): each engine's median tok/s and the median of the per-block
 (per-pair) ratios with their range. Above 1 means rlx is faster. Results: stdout,
@@ -53,18 +54,20 @@ def run_config(spec: dict) -> dict:
     rl.load(paths, dtype, threads, 1024)
     lc.load(paths, dtype, threads, 1024)
     engines = (rl, lc)
-    pp = bg.prompt_ids(model, 512, salt=1)
     for e in engines:  # warm-up: weights paged in, plans compiled
-        e.prefill(pp)
+        e.prefill(bg.prompt_ids(model, 512, salt=99))
+        e.prefill(bg.prompt_ids(model, 128, salt=99))
         e.first_token(bg.prompt_ids(model, 128, salt=98))
         e.decode(2)
     out = {**spec, "ok": True}
-    times = {"rlx": [], "llama.cpp": []}
-    for i in range(spec["pp_pairs"]):
-        order = engines if i % 2 == 0 else engines[::-1]
-        for e in order:
-            times[e.name].append(timed(lambda: e.prefill(pp)))
-    out["pp512"] = pair_stats(times, 512)
+    for n in (128, 512):
+        pp = bg.prompt_ids(model, n, salt=1)
+        times = {"rlx": [], "llama.cpp": []}
+        for i in range(spec["pp_pairs"]):
+            order = engines if i % 2 == 0 else engines[::-1]
+            for e in order:
+                times[e.name].append(timed(lambda: e.prefill(pp)))
+        out[f"pp{n}"] = pair_stats(times, n)
     prompt = bg.prompt_ids(model, 128, salt=2)
     for e in engines:
         e.first_token(prompt)
@@ -87,18 +90,19 @@ def pair_stats(times: dict, tokens: int) -> dict:
 
 def markdown(results: list[dict], args, date: str) -> str:
     L = [f"Run {date}: {args.blocks} decode blocks of {args.steps} tokens after a 128-token prompt, "
-         f"{args.pp_pairs} pp512 pairs; medians.", "",
+         f"{args.pp_pairs} pp128 and pp512 pairs; medians.", "",
          "| model | dtype | thr | decode rlx tok/s | decode llama.cpp tok/s | decode rlx / llama.cpp (range) "
-         "| pp512 rlx tok/s | pp512 llama.cpp tok/s | pp512 rlx / llama.cpp (range) |",
-         "|---|---|---|---|---|---|---|---|---|"]
+         "| pp128 rlx / llama.cpp (range) | pp512 rlx tok/s | pp512 llama.cpp tok/s | pp512 rlx / llama.cpp (range) |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if not r.get("ok"):
             L.append(f"| {r['model']} | {r['dtype']} | {r['threads']} | failed: {str(r.get('error'))[:80]} |"
-                     + " |" * 5)
+                     + " |" * 6)
             continue
-        d, p = r["decode"], r["pp512"]
+        d, p, q = r["decode"], r["pp512"], r["pp128"]
         L.append(f"| {r['model']} | {r['dtype']} | {r['threads']} | {d['rlx_tps']:.1f} | {d['llama_cpp_tps']:.1f} | "
-                 f"**{d['ratio_median']:.2f}x** ({d['ratio_min']:.2f}-{d['ratio_max']:.2f}) | {p['rlx_tps']:.1f} | "
+                 f"**{d['ratio_median']:.2f}x** ({d['ratio_min']:.2f}-{d['ratio_max']:.2f}) | "
+                 f"**{q['ratio_median']:.2f}x** ({q['ratio_min']:.2f}-{q['ratio_max']:.2f}) | {p['rlx_tps']:.1f} | "
                  f"{p['llama_cpp_tps']:.1f} | **{p['ratio_median']:.2f}x** ({p['ratio_min']:.2f}-{p['ratio_max']:.2f}) |")
     return "\n".join(L) + "\n"
 
@@ -140,7 +144,7 @@ def main() -> int:
                 if res.get("ok"):
                     print(f"{model} {dtype} t{t}: decode {res['decode']['ratio_median']:.2f}x "
                           f"(rlx {res['decode']['rlx_tps']:.1f}, llama.cpp {res['decode']['llama_cpp_tps']:.1f} tok/s), "
-                          f"pp512 {res['pp512']['ratio_median']:.2f}x", flush=True)
+                          f"pp128 {res['pp128']['ratio_median']:.2f}x, pp512 {res['pp512']['ratio_median']:.2f}x", flush=True)
                 else:
                     print(f"{model} {dtype} t{t}: FAILED {res.get('error')}", flush=True)
     md = markdown(results, args, date)
