@@ -25,7 +25,12 @@
  * 8 kv heads, D = 128, causal, P = 0, one thread, machine shared with other jobs): S = 128
  * 17 -> 41 GFLOP/s, S = 512 16 -> 57 GFLOP/s; below S = 8 the GEMM path was still ahead on one
  * thread (S = 8: 2x), RLX_ATTN_GEMM_MIN_S = 8 leaves the tiny cases to the per-pair path below,
- * which splits them over the pool's threads.
+ * which splits them over the pool's threads. Known cost: with bf16 weights the projections run
+ * on the pool (gemm_bf16.c) while these sgemms run on OpenBLAS's threads, and OpenBLAS's worker
+ * keeps spinning after each call, taking a core from the next projection: Llama-3.2-1B bf16
+ * pp128 at 2 threads measured 129-136 tok/s as is and 151-156 with OpenBLAS capped at 1 thread
+ * (attention then on one thread). Running these sgemms single-threaded on the pool's threads
+ * (per kv head) would remove it; not done yet.
  *
  * Small S (1 < S < RLX_ATTN_GEMM_MIN_S, and S == 1 with too many heads for the split path): one
  * (query i, head h) pair is scored against its visible keys (dot products), softmaxed with the
