@@ -31,6 +31,7 @@ import datetime
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -134,9 +135,7 @@ def main() -> int:
             for t in args.threads:
                 spec = {"model": model, "dtype": dtype, "threads": t, "blocks": args.blocks, "steps": args.steps,
                         "pp_pairs": args.pp_pairs, "engine": "paired", "rep": 0}
-                cmd_spec = json.dumps(spec)
-                import subprocess
-                p = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", cmd_spec],
+                p = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)],
                                    env=bg.thread_env(t), capture_output=True, text=True, cwd=common.ROOT)
                 res = next((json.loads(l[7:]) for l in reversed(p.stdout.splitlines()) if l.startswith("RESULT ")),
                            {**spec, "ok": False, "error": f"exit {p.returncode}: {p.stderr.strip()[-300:]}"})

@@ -299,13 +299,23 @@ static PyObject *joined(PyObject *names)
     return s;
 }
 
-static void raise_unknown(const char *what, PyObject *name, PyObject *names)
+/* Index of the `what` (input / param / output) called name in the tuple names; -1 with TypeError
+ * (not a str) or ValueError (unknown: the message lists the plan's names). */
+static Py_ssize_t name_index(PyObject *names, PyObject *name, const char *what)
 {
+    if (!PyUnicode_Check(name)) {
+        PyErr_Format(PyExc_TypeError, "%s names must be str, got %.200s", what, Py_TYPE(name)->tp_name);
+        return -1;
+    }
+    Py_ssize_t i = find_name(names, name);
+    if (i >= 0)
+        return i;
     PyObject *all = joined(names);
     if (all == NULL)
-        return;
+        return -1;
     PyErr_Format(PyExc_ValueError, "unknown %s %R (this plan's %ss: %U)", what, name, what, all);
     Py_DECREF(all);
+    return -1;
 }
 
 /* Fills t from a C-contiguous aligned array whose dtype has been checked. */
@@ -356,11 +366,9 @@ static PyObject *plan_set_param(struct plan_object *self, PyObject *args, PyObje
     int locked = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UO:set_param", kwlist, &name, &obj))
         return NULL;
-    Py_ssize_t idx = find_name(self->param_names, name);
-    if (idx < 0) {
-        raise_unknown("param", name, self->param_names);
+    Py_ssize_t idx = name_index(self->param_names, name, "param");
+    if (idx < 0)
         goto error;
-    }
     given = (PyArrayObject *)PyArray_FROM_O(obj);
     if (given == NULL)
         goto error;
@@ -423,15 +431,9 @@ static int check_out(struct plan_object *self, PyObject *out, PyArrayObject **ar
     Py_ssize_t pos = 0;
     PyObject *key, *val;
     while (PyDict_Next(out, &pos, &key, &val)) {
-        if (!PyUnicode_Check(key)) {
-            PyErr_Format(PyExc_TypeError, "output names must be str, got %.200s", Py_TYPE(key)->tp_name);
+        Py_ssize_t i = name_index(self->output_names, key, "output");
+        if (i < 0)
             return -1;
-        }
-        Py_ssize_t i = find_name(self->output_names, key);
-        if (i < 0) {
-            raise_unknown("output", key, self->output_names);
-            return -1;
-        }
         if (!PyArray_Check(val)) {
             PyErr_Format(PyExc_TypeError, "out %R must be a numpy.ndarray, got %.200s", key, Py_TYPE(val)->tp_name);
             return -1;
@@ -501,14 +503,8 @@ static PyObject *plan_run(struct plan_object *self, PyObject *args, PyObject *kw
     Py_ssize_t pos = 0;
     PyObject *key, *val;
     while (PyDict_Next(inputs, &pos, &key, &val)) {
-        if (!PyUnicode_Check(key)) {
-            PyErr_Format(PyExc_TypeError, "input names must be str, got %.200s", Py_TYPE(key)->tp_name);
+        if (name_index(self->input_names, key, "input") < 0)
             goto error;
-        }
-        if (find_name(self->input_names, key) < 0) {
-            raise_unknown("input", key, self->input_names);
-            goto error;
-        }
     }
     for (Py_ssize_t i = 0; i < n_in; i++) {
         PyObject *name = PyTuple_GET_ITEM(self->input_names, i);

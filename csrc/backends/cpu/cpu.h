@@ -9,6 +9,7 @@
 
 #include "backends/kernels.h"
 
+#include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -94,6 +95,16 @@ static inline float rlx_cpu_round_bf16_1(float x) {
     u &= 0xffff0000u;
     __builtin_memcpy(&x, &u, 4);
     return x;
+}
+/* 16 floats' bits (x) rounded as rlx_cpu_round_bf16_1: the top 16 bits of each lane are the bf16
+ * (the low halves are garbage). For the AVX-512 paths (lowp.c, gemm_bf16.c) only. */
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline __m512i
+rlx_cpu_round_bf16_512(__m512i x) {
+    const __m512i r = _mm512_add_epi32(
+        x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1))));
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(x, _mm512_set1_epi32(0x00400000)));
 }
 /* dst (n) = src (n) each rounded as rlx_cpu_round_bf16_1 (the same bits on every ISA path);
  * dst may equal src. */

@@ -92,13 +92,7 @@ size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N) {
 
 /* 16 floats rounded to bf16 (RNE, NaN quieted), as 16 bf16 in order = 8 units */
 GB_FN __m256i gb_round16(__m512 v) {
-    const __m512i x = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
-                                                  _mm512_set1_epi32(0x7f800000));
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(x, _mm512_set1_epi32(0x00400000)));
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rlx_cpu_round_bf16_512(_mm512_castps_si512(v)), 16));
 }
 
 struct gb_ctx {

@@ -77,21 +77,12 @@ int rlx_cpu_isa_cap(int cap) {
  * rlx_cpu_round_bf16_1 on every path.
  * ------------------------------------------------------------------------------------------- */
 
-/* The bits of 16 floats rounded to bf16 (top halves; the low halves are garbage). */
-__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline __m512i round16_512(__m512i x) {
-    const __m512i r = _mm512_add_epi32(
-        x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1))));
-    const __mmask16 nan =
-        _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(x, _mm512_set1_epi32(0x00400000)));
-}
-
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void round_bf16_avx512(float *dst, const float *src,
                                                                                   int64_t n) {
     const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
-        const __m512i r = round16_512(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + i)));
+        const __m512i r = rlx_cpu_round_bf16_512(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + i)));
         _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(_mm512_and_si512(r, top)));
     }
 }
@@ -100,7 +91,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void pack_bf16_avx51
                                                                                  int64_t n) {
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
-        const __m512i r = round16_512(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + i)));
+        const __m512i r = rlx_cpu_round_bf16_512(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + i)));
         _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
     }
 }
