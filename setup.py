@@ -12,10 +12,10 @@ Metadata lives in pyproject.toml; this file only describes the extension.
 * C files compile in parallel (``build_ext.parallel`` defaults to the CPU count).
 * ``RLX_NO_EXT=1`` installs metadata/dependencies only (used by the Makefile, which
   then runs ``setup.py build_ext --inplace``).
-* MPI: ``csrc/dist/mpi*.c`` are not part of ``rlx._C``; they form a second extension,
+* MPI: ``csrc/distributed/mpi*.c`` are not part of ``rlx._C``; they form a second extension,
   ``rlx._mpi``, built only when ``mpicc --showme:compile`` / ``--showme:link`` work
   (flags taken from them). Without mpicc the build says why and skips it;
-  ``rlx.dist.MpiTransport()`` then raises rlx.Error.
+  ``rlx.distributed.MpiTransport()`` then raises rlx.Error.
 """
 
 import glob
@@ -135,7 +135,7 @@ def _csrc_files(*patterns):
     return sorted(set(f.replace(os.sep, "/") for f in files))
 
 
-MPI_SOURCES = ["csrc/dist/mpi.c", "csrc/dist/mpi_module.c"]
+MPI_SOURCES = ["csrc/distributed/mpi.c", "csrc/distributed/mpi_module.c"]
 
 
 def c_sources():

@@ -80,7 +80,7 @@ def current_rss_mb() -> float:
 def block_weights(cfg, spec) -> dict[str, np.ndarray]:
     """The block's tensors only, each drawn from a generator seeded with (SEED, crc32(name)):
     2-D weights N(0, 0.02), norms 1 + N(0, 0.02)."""
-    from rlx.dist import block_weight_filter
+    from rlx.distributed import block_weight_filter
     from rlx.weights import expected_weights
 
     out = {}
@@ -129,7 +129,7 @@ def rank_hop(args, transport) -> dict:
 def rank_decode(args, transport) -> dict:
     import rlx
     from rlx.config import config_from_dict
-    from rlx.dist import BlockSpec, PipelineCoordinator, ProcessGroup, block_role, pipeline_layer_range
+    from rlx.distributed import BlockSpec, PipelineCoordinator, ProcessGroup, block_role, pipeline_layer_range
 
     rank, world = transport.rank, transport.world
     rss_start = current_rss_mb()
@@ -175,7 +175,7 @@ def rank_decode(args, transport) -> dict:
 
 def rank_main(args) -> int:
     import rlx
-    from rlx.dist import TcpTransport
+    from rlx.distributed import TcpTransport
 
     if args.threads:
         rlx.set_num_threads(args.threads)
@@ -193,7 +193,7 @@ def rank_main(args) -> int:
 # ------------------------------------------------------------------------------------------------
 
 def launch(args, mode: str, world: int) -> list[dict]:
-    from rlx.dist import free_loopback_addrs
+    from rlx.distributed import free_loopback_addrs
 
     addrs, listeners = free_loopback_addrs(world)
     env = dict(os.environ)

@@ -102,8 +102,8 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _pipeline(args: argparse.Namespace, argv: list[str]) -> int:
-    from rlx.dist import MpiTransport, TcpTransport
-    from rlx.dist.launch import run_rank, spawn, under_mpirun
+    from rlx.distributed import MpiTransport, TcpTransport
+    from rlx.distributed.launch import run_rank, spawn, under_mpirun
 
     args.max_new_tokens = args.max_new_tokens or 64
     if args.mpi or under_mpirun():

@@ -17,7 +17,7 @@ import numpy as np
 
 from rlx import _C
 from rlx.config import ModelConfig
-from rlx.dist.partition import BlockSpec, block_role, block_weight_filter, pipeline_layer_range
+from rlx.distributed.partition import BlockSpec, block_role, block_weight_filter, pipeline_layer_range
 from rlx.generator import _c_config, soft_memory_budget
 from rlx.weights import check_weights, weight_dtype_of
 

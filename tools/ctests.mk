@@ -1,5 +1,5 @@
 # Builds the standalone C tests (tests/c/test_*.c) against the core C sources
-# (every csrc/**/*.c except csrc/python/** (needs Python) and csrc/dist/mpi* (needs MPI)). Used by
+# (every csrc/**/*.c except csrc/python/** (needs Python) and csrc/distributed/mpi* (needs MPI)). Used by
 # tools/run_c_tests.sh; incremental through -MMD depfiles and a flags stamp.
 #
 #   build/ctests/librlxcore.a        the core objects
@@ -10,7 +10,7 @@
 
 CC      ?= cc
 OUT     := build/ctests
-CORE    := $(shell find csrc -name '*.c' -not -path 'csrc/python/*' -not -path 'csrc/dist/mpi*' 2>/dev/null | LC_ALL=C sort)
+CORE    := $(shell find csrc -name '*.c' -not -path 'csrc/python/*' -not -path 'csrc/distributed/mpi*' 2>/dev/null | LC_ALL=C sort)
 TESTS   := $(sort $(wildcard tests/c/test_*.c))
 HELPERS := $(filter-out $(TESTS),$(sort $(wildcard tests/c/*.c)))
 OBJS    := $(CORE:%.c=$(OUT)/obj/%.o) $(HELPERS:%.c=$(OUT)/obj/%.o)

@@ -7,7 +7,7 @@
 # tools/rlx_asan_check.py imports it before any conftest and fails the run if
 # rlx._C comes from anywhere else. The in-place build (rlx/_C*.so) is untouched.
 #
-#   tools/run_asan_tests.sh [PYTEST ARGS...]   default: tests/unit tests/bindings tests/dist/test_transport.py
+#   tools/run_asan_tests.sh [PYTEST ARGS...]   default: tests/unit tests/bindings tests/distributed/test_transport.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -75,7 +75,7 @@ if [ $# -gt 0 ]; then
   args=("$@")
 else
   args=()
-  for d in tests/unit tests/bindings tests/dist/test_transport.py; do [ -e "$d" ] && args+=("$d"); done
+  for d in tests/unit tests/bindings tests/distributed/test_transport.py; do [ -e "$d" ] && args+=("$d"); done
   if [ ${#args[@]} -eq 0 ]; then
     echo "asan: no tests/unit or tests/bindings directory; nothing to run"
     exit 0

@@ -1,7 +1,7 @@
 /*
  * transport_type.c - _C.Transport: one Python type over struct rlx_transport (rlx/dist.h), made
  * by Transport.tcp(...) (the TCP mesh of the core) or adopted from another module's capsule with
- * Transport.from_capsule(...) (rlx._mpi; the capsule contract is in dist/mpi.h). Also exports the
+ * Transport.from_capsule(...) (rlx._mpi; the capsule contract is in distributed/mpi.h). Also exports the
  * core-API capsule rlx._mpi needs, and rlx_py_transport_get for other files of the extension.
  *
  * Buffers: send takes any C-contiguous bytes-like object or array; recv and broadcast write into a
@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
-#include "dist/mpi.h"
+#include "distributed/mpi.h"
 #include "rlx/dist.h"
 
 struct transport_object {
@@ -226,7 +226,7 @@ error:
     return NULL;
 }
 
-/* Non-NULL context marks a capsule whose transport has been adopted (dist/mpi.h). */
+/* Non-NULL context marks a capsule whose transport has been adopted (distributed/mpi.h). */
 static const char adopted_marker[] = "adopted by rlx._C.Transport";
 
 static PyObject *transport_from_capsule(PyTypeObject *cls, PyObject *capsule)
@@ -510,7 +510,7 @@ static PyGetSetDef transport_getset[] = {
 
 static PyType_Slot transport_slots[] = {
     {Py_tp_doc, (void *)"Messages between the ranks of a fixed world (rlx/dist.h); made by Transport.tcp() "
-                        "or Transport.from_capsule(). Use rlx.dist.TcpTransport / MpiTransport."},
+                        "or Transport.from_capsule(). Use rlx.distributed.TcpTransport / MpiTransport."},
     {Py_tp_dealloc, (void *)transport_dealloc},
     {Py_tp_repr, (void *)transport_repr},
     {Py_tp_methods, transport_methods},

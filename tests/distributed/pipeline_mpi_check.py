@@ -1,6 +1,6 @@
-"""A pipeline over MPI (run by tests/dist/test_pipeline.py::test_mpi_pipeline_three_ranks):
+"""A pipeline over MPI (run by tests/distributed/test_pipeline.py::test_mpi_pipeline_three_ranks):
 
-    mpirun --allow-run-as-root --oversubscribe -np 3 .venv/bin/python tests/dist/pipeline_mpi_check.py
+    mpirun --allow-run-as-root --oversubscribe -np 3 .venv/bin/python tests/distributed/pipeline_mpi_check.py
 
 Every rank builds only its block of stories260K (../shared/models/stories260K/hf beside the repo,
 or the directory given as argv[1]) as a PipelineDecodeStage and then a PipelineStage, runs the
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import rlx
-from rlx.dist import MpiTransport, PipelineCoordinator, ProcessGroup
+from rlx.distributed import MpiTransport, PipelineCoordinator, ProcessGroup
 
 N_NEW = 64
 PROMPT = [1, 403, 407, 261, 378]  # "Once upon a time" with stories260K's tokenizer
@@ -40,7 +40,7 @@ def main() -> None:
         co = PipelineCoordinator(ProcessGroup(t))
 
         stage = rlx.PipelineDecodeStage(cfg, "cpu", rank, world, weights)
-        assert stage.layers() == rlx.dist.pipeline_layer_range(cfg.num_hidden_layers, rank, world)
+        assert stage.layers() == rlx.distributed.pipeline_layer_range(cfg.num_hidden_layers, rank, world)
         ids = co.generate(stage, PROMPT, N_NEW, sample_fn=lambda logits: stage.sample(logits))
         assert ids == want_cached, (rank, ids, want_cached)
 

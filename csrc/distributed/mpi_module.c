@@ -1,7 +1,7 @@
 /*
  * mpi_module.c - the extension module rlx._mpi: one function, create(), that makes an MPI
  * transport (mpi.c) and hands it over as a capsule for rlx._C.Transport.from_capsule (the capsule
- * contract is in dist/mpi.h). Built only where mpicc works (setup.py), like mpi.c; every other
+ * contract is in distributed/mpi.h). Built only where mpicc works (setup.py), like mpi.c; every other
  * build sees an empty file.
  *
  * rlx._mpi links no core source: its rlx_set_error forwards to rlx._C's and its failures are raised
@@ -18,7 +18,7 @@
 #include <stdio.h>
 
 #include "core/core.h"
-#include "dist/mpi.h"
+#include "distributed/mpi.h"
 
 /* rlx._C's core API: set once by module exec (under the GIL, before any create), then only read. */
 static const struct rlx_core_api *core_api;
@@ -76,7 +76,7 @@ static PyMethodDef methods[] = {
     {"create", (PyCFunction)(void (*)(void))create, METH_VARARGS | METH_KEYWORDS,
      "create(max_message_bytes: int = 0, timeout: float = 60.0) -> capsule\n\n"
      "Creates the MPI transport (collective over MPI_COMM_WORLD) as a capsule for\n"
-     "rlx._C.Transport.from_capsule; failures raise like every rlx call. Use rlx.dist.MpiTransport."},
+     "rlx._C.Transport.from_capsule; failures raise like every rlx call. Use rlx.distributed.MpiTransport."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -102,7 +102,7 @@ static PyModuleDef_Slot slots[] = {
 static PyModuleDef mpi_module_def = {
     PyModuleDef_HEAD_INIT,
     .m_name = "rlx._mpi",
-    .m_doc = "rlx._mpi: the MPI transport of rlx. Use rlx.dist.MpiTransport.",
+    .m_doc = "rlx._mpi: the MPI transport of rlx. Use rlx.distributed.MpiTransport.",
     .m_size = 0,
     .m_methods = methods,
     .m_slots = slots,

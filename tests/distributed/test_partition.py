@@ -1,4 +1,4 @@
-"""Partitioning a model into a pipeline (rlx.dist.partition) and what a stage holds:
+"""Partitioning a model into a pipeline (rlx.distributed.partition) and what a stage holds:
 pipeline_layer_range (contiguous, balanced, every layer exactly once, the highest rank holds layer
 0), block_role (First = highest rank, Last = rank 0, Middle, Single for world 1), BlockSpec and
 block_weight_filter (tied and untied embeddings), and a stage's weight_count() / layers() on tiny
@@ -12,7 +12,7 @@ import pytest
 
 import rlx
 from rlx.config import config_from_dict
-from rlx.dist import BlockSpec, Role, block_role, block_weight_filter, pipeline_layer_range
+from rlx.distributed import BlockSpec, Role, block_role, block_weight_filter, pipeline_layer_range
 from rlx.weights import expected_weights
 
 

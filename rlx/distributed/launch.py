@@ -22,7 +22,7 @@ def under_mpirun() -> bool:
 def run_rank(args, transport) -> int:
     """One rank's whole job: build its stage, generate with the others, report."""
     import rlx
-    from rlx.dist import PipelineCoordinator, ProcessGroup
+    from rlx.distributed import PipelineCoordinator, ProcessGroup
 
     rank, world = transport.rank, transport.world
     cfg = rlx.load_config(args.model)
@@ -62,7 +62,7 @@ def run_rank(args, transport) -> int:
 def spawn(args, argv: list[str]) -> int:
     """Starts args.world rank processes on this host over a loopback TCP mesh; returns the worst exit
     code. A rank that fails makes the others fail within the transport's timeout."""
-    from rlx.dist import free_loopback_addrs
+    from rlx.distributed import free_loopback_addrs
 
     addrs, listeners = free_loopback_addrs(args.world)
     procs = []

@@ -1,10 +1,10 @@
-"""Transports (rlx.dist.TcpTransport, MpiTransport): meshes of 2-4 ranks on loopback, one thread
+"""Transports (rlx.distributed.TcpTransport, MpiTransport): meshes of 2-4 ranks on loopback, one thread
 per rank (the GIL is released while a rank waits), and the faults: a rank that closes, never
 connects, or dies; a bad HELLO (version, world, token, magic) crafted with struct; an oversize and
 a truncated frame. Every test joins its threads with a timeout, closes every transport and socket
 in finally, and checks that no file descriptor is left open.
 
-The MPI check runs tests/dist/mpi_transport_check.py under `mpirun -np 3`.
+The MPI check runs tests/distributed/mpi_transport_check.py under `mpirun -np 3`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import rlx
-from rlx.dist import MpiTransport, TcpTransport, free_loopback_addrs
+from rlx.distributed import MpiTransport, TcpTransport, free_loopback_addrs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -35,7 +35,7 @@ MARGIN = 1.5                       # seconds allowed past a timeout
 
 
 def token_hash(token: str | None) -> int:
-    """The 64-bit FNV-1a of csrc/dist/wire.h (domain prefix with its NUL, then the token)."""
+    """The 64-bit FNV-1a of csrc/distributed/wire.h (domain prefix with its NUL, then the token)."""
     h = 0xCBF29CE484222325
     for b in b"rlx-dist-token-v1\0" + (token or "").encode():
         h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
@@ -369,7 +369,7 @@ def test_rank_process_that_dies():
     timeout = 3.0
     script = textwrap.dedent(f"""
         import os, sys
-        from rlx.dist import TcpTransport
+        from rlx.distributed import TcpTransport
         t = TcpTransport(1, 2, {addrs!r}, timeout={timeout})
         t.send(0, 1, b"hello")
         os._exit(3)

@@ -9,7 +9,7 @@ monolithic Generator.
   2-4), PipelineDecodeStage bucketed off and on (world 2, 3) equal the Generator's greedy tokens on
   every rank; stories260K's 64 expected ids through 3 ranks; `python -m rlx pipeline` prints the
   expected text.
-- MPI: tests/dist/pipeline_mpi_check.py under `mpirun -np 3`.
+- MPI: tests/distributed/pipeline_mpi_check.py under `mpirun -np 3`.
 - faults: a rank that raises, stalls, or whose process is killed mid-generation makes every other
   rank raise rlx.Error within the timeout; the CLI with a rank process killed exits non-zero.
 
@@ -39,7 +39,7 @@ import numpy as np
 import pytest
 
 import rlx
-from rlx.dist import PipelineCoordinator, ProcessGroup, TcpTransport, free_loopback_addrs
+from rlx.distributed import PipelineCoordinator, ProcessGroup, TcpTransport, free_loopback_addrs
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -554,7 +554,7 @@ def test_rank_that_stalls_makes_the_others_time_out(stories):
 RANK_SCRIPT = textwrap.dedent("""
     import socket, sys, time
     import rlx
-    from rlx.dist import PipelineCoordinator, ProcessGroup, TcpTransport
+    from rlx.distributed import PipelineCoordinator, ProcessGroup, TcpTransport
     model, addrs, fd, timeout = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), float(sys.argv[4])
     cfg, weights = rlx.load_config(model), rlx.load_weights(model)
     st = rlx.PipelineDecodeStage(cfg, "cpu", 2, 3, weights)

@@ -1,6 +1,6 @@
-"""The MPI transport under a real mpirun (run by tests/dist/test_transport.py::test_mpi_three_ranks):
+"""The MPI transport under a real mpirun (run by tests/distributed/test_transport.py::test_mpi_three_ranks):
 
-    mpirun --allow-run-as-root --oversubscribe -np 3 .venv/bin/python tests/dist/mpi_transport_check.py
+    mpirun --allow-run-as-root --oversubscribe -np 3 .venv/bin/python tests/distributed/mpi_transport_check.py
 
 Every rank checks send/recv (a ring, ordering, tags, a buffer too small), broadcast from every
 root, and barrier, then prints "OK rank N". Any failure raises (non-zero exit; mpirun ends the job).
@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 import rlx
-from rlx.dist import MpiTransport
+from rlx.distributed import MpiTransport
 
 
 def main() -> None:

@@ -23,7 +23,7 @@
 #include <time.h>
 
 #include "core/core.h"
-#include "dist/mpi.h"
+#include "distributed/mpi.h"
 
 #define DEFAULT_MAX_BYTES ((size_t)1 << 30)
 #define DEFAULT_TIMEOUT_MS 60000

@@ -42,7 +42,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
-#include "dist/wire.h"
+#include "distributed/wire.h"
 #include "rlx/dist.h"
 
 #define DEFAULT_MAX_BYTES ((size_t)1 << 30)
