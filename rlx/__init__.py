@@ -12,16 +12,17 @@ MemoryError; anything else from the core raises ``rlx.Error`` (a RuntimeError).
 """
 
 from rlx import _C
-from rlx._C import Error, build_info, get_num_threads, set_num_threads
+from rlx._C import Device, Error, build_info, get_num_threads, set_num_threads
 from rlx.config import LlamaConfig, Qwen3Config, load_config
 from rlx.errors import ConfigError, WeightsError
-from rlx.generator import Generator, SampleOpts
+from rlx.generator import Generator, SampleOpts, Sequence
 from rlx.stages import PipelineDecodeStage, PipelineStage
 from rlx.api import Model, load
 from rlx.tokenizer import Tokenizer
 from rlx.compile_cache import CompileCache
 from rlx.graph import Graph, Plan, Value, compile
-from rlx.weights import load_weights
+from rlx.weights import Packed, load_weights
+from rlx import dtypes
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,10 @@ backends = _C.backends
 
 __all__ = [
     "Generator",
+    "Sequence",
+    "Device",
+    "Packed",
+    "dtypes",
     "PipelineStage",
     "PipelineDecodeStage",
     "Model",

@@ -5,7 +5,9 @@
     for delta in model.generate("Once upon a time", stream=True): ...   # UTF-8-safe pieces
 
 Generation stops at max_new_tokens, at an end-of-sequence id (config.json / generation_config.json)
-or at the end of the context, whichever comes first.
+or at the end of the context, whichever comes first. Every call runs on a sequence of its own over
+the one loaded model (weights and compiled plans shared), so streams may be interleaved and calls
+made from several threads at once: each gives the text it would give alone.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 from typing import Iterator
 
 from rlx.config import ModelConfig, load_config
-from rlx.generator import Generator, SampleOpts
+from rlx.generator import Generator, SampleOpts, Sequence
 from rlx.tokenizer import Tokenizer
 from rlx.weights import load_weights
 
@@ -37,17 +39,19 @@ class Model:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
         prompt_ids = self.tokenizer.encode(prompt)
-        self.generator.prefill(prompt_ids)  # validates before any generation starts
-        deltas = self._stream(prompt_ids, max_new_tokens, opts)
+        seq = self.generator.new_sequence()
+        seq.prefill(prompt_ids)  # validates before any generation starts
+        deltas = self._stream(seq, prompt_ids, max_new_tokens, opts)
         return deltas if stream else "".join(deltas)
 
-    def _stream(self, prompt_ids: list[int], max_new_tokens: int, opts: SampleOpts) -> Iterator[str]:
-        gen, eos = self.generator, set(self.config.eos_token_ids)
+    def _stream(self, seq: Sequence, prompt_ids: list[int], max_new_tokens: int,
+                opts: SampleOpts) -> Iterator[str]:
+        eos = set(self.config.eos_token_ids)
         new: list[int] = []
         emitted = ""
         room = self.config.max_position_embeddings - len(prompt_ids)
         for _ in range(min(max_new_tokens, room)):
-            tok = gen.step_cached(opts)
+            tok = seq.step_cached(opts)
             if tok in eos:
                 break
             new.append(tok)

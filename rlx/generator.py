@@ -1,31 +1,48 @@
-"""The Generator: a model's weights and config bound to the C generator, with the history, the KV
-cache and compiled plans it keeps.
+"""The Generator and its sequences: a model's weights and config on a device, and token histories
+with KV caches of their own over it.
 
     gen = rlx.Generator(cfg, weights, device="cpu")       # or Generator.from_pretrained(path)
     gen.prefill(ids)                                       # sets the history, clears the cache
     gen.generate_cached(16, rlx.SampleOpts.greedy())       # -> the 16 new ids
+    other = gen.new_sequence()                             # another history over the same weights
+    other.prefill(ids2); other.extend(more_ids)            # a next turn costs only its new tokens
+
+A Generator IS a Sequence (its current one) plus the model: weights are placed on the device once
+and compiled plans are shared by every sequence of the model. Sequences of one model may be used
+from different threads at the same time (their steps take turns on the model); one sequence used
+from two threads serialises.
 
 Two ways to step, which must agree token for token: ``step`` / ``generate`` recompute the whole
-history each token (naive); ``step_cached`` / ``generate_cached`` run only the new position over
+history each token (naive); ``step_cached`` / ``generate_cached`` run only the new positions over
 the KV cache. Sampling happens in C; the draw for the token at position i uses the counter-based
 stream (seed, i), so the same seed gives the same tokens however generation is chunked.
 
+KV cache dtype (``kv_dtype``): "f16" by default, as llama.cpp: half the memory and half the bytes
+read per step at long context, and no accuracy that tests here can tell apart (see
+tests/unit/test_sequences.py for the bound); "f32" and "bf16" on request. The recomputing path
+rounds K and V the same way, so naive == cached holds for every kv_dtype.
+
 Errors: a step before ``prefill`` raises rlx.Error; an empty context, a token id outside
 [0, vocab) or a history longer than max_position_embeddings raises ValueError. After any error the
-generator is unchanged and usable.
+sequence is unchanged and usable.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence as Seq
 
 import numpy as np
 
 from rlx import _C
+from rlx import dtypes as _dtypes
 from rlx.config import ModelConfig, load_config
-from rlx.weights import check_weights, load_weights, weight_dtype_of
+from rlx.weights import _c_config, check_weights, dtype_summary, load_weights
+
+__all__ = ["SampleOpts", "Sequence", "Generator", "soft_memory_budget", "DEFAULT_KV_DTYPE"]
+
+DEFAULT_KV_DTYPE = "f16"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,66 +63,26 @@ class SampleOpts:
         return cls()
 
 
-def _c_config(cfg: ModelConfig, weight_dtype: str = "f32") -> dict:
-    """The fields the C generator reads, with each layer's sliding window resolved."""
-    return {
-        "weight_dtype": weight_dtype,
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_hidden_layers,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "tie_word_embeddings": cfg.tie_word_embeddings,
-        "attention_bias": cfg.attention_bias,
-        "mlp_bias": cfg.mlp_bias,
-        "qk_norm": cfg.qk_norm,
-        "layer_windows": [cfg.layer_window(i) for i in range(cfg.num_hidden_layers)],
-    }
+def _kv_dtype(kv_dtype: str | None) -> str:
+    kv = DEFAULT_KV_DTYPE if kv_dtype is None else kv_dtype
+    if kv not in _dtypes.KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {', '.join(_dtypes.KV_DTYPES)}, got {kv_dtype!r}")
+    return kv
 
 
-class Generator:
-    """Generates tokens from a Llama 3.2 or Qwen3 model on one device ("cpu" or "ref").
+class Sequence:
+    """A token history and a KV cache of its own over a model (the weights and compiled plans are
+    the model's). Made by Generator.new_sequence() or Sequence.fork()."""
 
-    weights: {Hugging Face tensor name: array}. dtype is the dtype the 2-D weights (projections,
-    embedding, LM head) are computed from: "f32", "bf16" or "f16"; by default the one they are
-    stored in (bf16 stays bf16: no f32 copy is made). Arrays already in that dtype and C-contiguous
-    are used in place (zero-copy: keep them unchanged while the generator lives); others are
-    converted once; norms and biases are used as float32. Missing, extra or mis-shaped tensors
-    raise rlx.WeightsError.
-    """
-
-    def __init__(self, config: ModelConfig, weights: dict, device: str = "cpu", dtype: str | None = None):
-        if not isinstance(config, ModelConfig):
-            raise TypeError(f"config must be an rlx LlamaConfig or Qwen3Config, got {type(config).__name__}")
-        self.dtype = dtype or weight_dtype_of(config, weights)
-        arrays = check_weights(config, weights, dtype=self.dtype)
-        arrays["rope.inv_freq"] = config.rope_inv_freq()
+    def __init__(self, c_seq: "_C.Sequence", config: ModelConfig):
+        self._c = c_seq
         self._config = config
-        self._device = device
-        self._c = _C.Generator(_c_config(config, self.dtype), arrays, device)
-        self._prefill_policy = ("oneshot", 1)
-        self._decode_policy = ("oneshot", 1)
-        budget, hint = soft_memory_budget()
-        self._c.set_memory_budget(budget, hint)
-
-    @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, device: str = "cpu", dtype: str | None = None) -> "Generator":
-        """A Hugging Face model directory (config.json + safetensors)."""
-        return cls(load_config(path), load_weights(path), device=device, dtype=dtype)
 
     # -- state ---------------------------------------------------------------------------------
 
     @property
     def config(self) -> ModelConfig:
         return self._config
-
-    @property
-    def device(self) -> str:
-        return self._device
 
     @property
     def tokens(self) -> list[int]:
@@ -117,16 +94,80 @@ class Generator:
         """Positions held by the KV cache."""
         return self._c.kv_len
 
+    @property
+    def kv_dtype(self) -> str:
+        """The KV cache's dtype: "f32", "f16" or "bf16"."""
+        return self._c.kv_dtype
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of device memory the KV cache holds now (it grows with the history)."""
+        return self._c.kv_bytes
+
     def kv_cache(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Read-only views (kv_len, kv_heads, head_dim) of layer's cached K and V."""
+        """Copies (kv_len, kv_heads, head_dim) of layer's cached K and V, in the cache dtype."""
         k, v = self._c.kv_cache(layer)
-        k.flags.writeable = False
-        v.flags.writeable = False
+        if self.kv_dtype == "bf16":
+            k, v = k.view(_dtypes.DTYPES["bf16"].numpy), v.view(_dtypes.DTYPES["bf16"].numpy)
         return k, v
 
-    def prefill(self, ids: Sequence[int]) -> None:
+    def prefill(self, ids: Seq[int]) -> None:
         """Sets the history to ids (at least one token) and clears the KV cache."""
         self._c.prefill(ids)
+
+    def append(self, ids: int | Seq[int]) -> None:
+        """Appends a token (or several, all or none) to the history; the next cached step runs
+        only the positions not cached yet."""
+        self._c.append(ids)
+
+    def extend(self, ids: Seq[int]) -> np.ndarray:
+        """Appends ids and runs them through the KV cache in one pass (a chat's next turn: the
+        earlier positions are not recomputed); returns the (vocab,) logits after them. The same
+        logits as one prefill of the whole history. If the pass fails, the ids are taken back."""
+        n = self._c.n_tokens
+        self._c.append(ids)
+        try:
+            return self._c.logits(cached=True)
+        except BaseException:
+            self._c.truncate(n)
+            raise
+
+    def truncate(self, n: int) -> None:
+        """Keeps the first n tokens of the history (and of the KV cache): rewinds generation."""
+        self._c.truncate(n)
+
+    def reset(self) -> None:
+        """Forgets the history and empties the cache."""
+        self._c.reset()
+
+    def fork(self) -> "Sequence":
+        """A new sequence with this history and a copy of this cache (on the device)."""
+        return Sequence(self._c.fork(), self._config)
+
+    def save_state(self, path: str | os.PathLike | None = None) -> bytes | None:
+        """The history and the cached rows: returned as bytes, or written to path. A header names
+        the model's shape and the KV dtype; load_state checks them."""
+        data = self._c.save_state()
+        if path is None:
+            return data
+        with open(path, "wb") as f:
+            f.write(data)
+        return None
+
+    def load_state(self, state: bytes | bytearray | memoryview | str | os.PathLike) -> None:
+        """Restores what save_state gave (bytes, or the path it was written to), in this process
+        or another. A state of another model shape or KV dtype raises ValueError; the sequence is
+        then unchanged."""
+        if isinstance(state, (str, os.PathLike)):
+            with open(state, "rb") as f:
+                state = f.read()
+        self._c.load_state(state)
+
+    def last_profile(self) -> dict[str, float]:
+        """Seconds per op (matmul, attention, ...) of this sequence's last forward pass, largest
+        first (the generator must profile: Generator.profile())."""
+        prof = self._c.last_profile()
+        return dict(sorted(prof.items(), key=lambda kv: -kv[1]))
 
     # -- naive: recompute the whole history for every token --------------------------------------
 
@@ -153,10 +194,11 @@ class Generator:
                         on_token: Callable[[int], object] | None = None,
                         stop_ids: Iterable[int] | None = None) -> list[int]:
         """Up to n tokens through the KV cache; on_token(id) is called after each; generation stops
-        after a token in stop_ids."""
+        after a token in stop_ids. Ctrl-C stops it after the current token (KeyboardInterrupt);
+        the tokens made so far stay in the history."""
         return self._c.generate(n, opts, cached=True, on_token=on_token, stop_ids=stop_ids)
 
-    def prefill_get_last_logits(self, ctx: Sequence[int]) -> np.ndarray:
+    def prefill_get_last_logits(self, ctx: Seq[int]) -> np.ndarray:
         """prefill(ctx) and the (vocab,) logits of the next token; the cache then holds all of ctx."""
         self._c.prefill(ctx)
         return self._c.logits(cached=True)
@@ -164,17 +206,71 @@ class Generator:
     def decode_get_logits(self, token: int) -> np.ndarray:
         """Appends token and returns the next logits; afterwards kv_len == len(tokens). If the
         step fails, the token is taken back: history and cache are as before the call."""
-        n = self._c.n_tokens
-        self._c.append(token)
-        try:
-            return self._c.logits(cached=True)
-        except BaseException:
-            self._c.truncate(n)
-            raise
+        return self.extend([token])
 
-    def truncate(self, n: int) -> None:
-        """Keeps the first n tokens of the history (and of the KV cache): rewinds generation."""
-        self._c.truncate(n)
+    def __repr__(self) -> str:
+        return f"Sequence(tokens={self._c.n_tokens}, kv_len={self.kv_len}, kv_dtype={self.kv_dtype!r})"
+
+
+class Generator(Sequence):
+    """Generates tokens from a Llama 3.2 or Qwen3 model on one device ("cpu" or "ref"): the model
+    (config, weights, compiled plans) and a current sequence (this object's own history and KV
+    cache; more with new_sequence()).
+
+    weights: {Hugging Face tensor name: array}. Each matrix (projections, embedding, LM head) keeps
+    the dtype it is stored in (float32, float16, bfloat16, or packed block weights:
+    rlx.weights.Packed), so a file that mixes dtypes runs as it is; dtype="f32" / "bf16" / "f16"
+    converts every matrix once instead. Arrays used in place (zero-copy on the cpu device) must stay
+    unchanged while the generator lives; norms and biases are used as float32. Missing, extra or
+    mis-shaped tensors raise rlx.WeightsError. kv_dtype: the KV cache dtype of its sequences
+    ("f16" by default; "f32", "bf16").
+    """
+
+    def __init__(self, config: ModelConfig, weights: dict, device: str = "cpu", dtype: str | None = None,
+                 kv_dtype: str | None = None):
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"config must be an rlx LlamaConfig or Qwen3Config, got {type(config).__name__}")
+        self.kv_dtype_default = _kv_dtype(kv_dtype)
+        arrays = check_weights(config, weights, dtype=dtype)
+        self.weight_dtypes = dtype_summary(config, arrays)
+        arrays["rope.inv_freq"] = config.rope_inv_freq()
+        self._device = device
+        self._model = _C.Model(_c_config(config), arrays, device)
+        self._prefill_policy = ("oneshot", 1)
+        self._decode_policy = ("oneshot", 1)
+        budget, hint = soft_memory_budget()
+        self._model.set_memory_budget(budget, hint)
+        super().__init__(_C.Sequence(self._model, self.kv_dtype_default), config)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, device: str = "cpu", dtype: str | None = None,
+                        kv_dtype: str | None = None) -> "Generator":
+        """A Hugging Face model directory (config.json + safetensors)."""
+        return cls(load_config(path), load_weights(path), device=device, dtype=dtype, kv_dtype=kv_dtype)
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    @property
+    def dtype(self) -> str | None:
+        """The dtype of the matrices when they all share one ("bf16"), else None (mixed)."""
+        return next(iter(self.weight_dtypes)) if len(self.weight_dtypes) == 1 else None
+
+    def device_stats(self) -> dict:
+        """Bytes moved between host and device since the device was opened, and held now."""
+        return self._model.device.stats()
+
+    @property
+    def sequence(self) -> Sequence:
+        """The current sequence (this generator's own history and cache) as a plain Sequence."""
+        return Sequence(self._c, self._config)
+
+    def new_sequence(self, kv_dtype: str | None = None) -> Sequence:
+        """A fresh sequence over this model's weights and plans (kv_dtype: the generator's default
+        unless given)."""
+        kv = self.kv_dtype_default if kv_dtype is None else _kv_dtype(kv_dtype)
+        return Sequence(_C.Sequence(self._model, kv), self._config)
 
     # -- compiled plans -------------------------------------------------------------------------
 
@@ -183,61 +279,57 @@ class Generator:
         return self._set_policy(prefill=("lru", _positive("capacity", capacity)))
 
     def with_decode_cache(self, max_past: int) -> "Generator":
-        """Bucketed decode: one plan per power-of-two past length up to max_past, compiled at the
-        bucket's upper bound; the padded past rows are hidden by a mask (O(log n) compiles). An
-        utterance whose past outgrows max_past raises instead of switching policy."""
+        """Bucketed decode: one plan per power-of-two number of cache positions up to max_past,
+        compiled at the bucket's size; the positions past the sequence are hidden by a mask
+        (O(log n) compiles). A sequence that would hold more than max_past positions raises
+        instead of switching policy."""
         return self._set_policy(decode=("bucketed", _positive("max_past", max_past)))
 
-    def with_dynamic_prefill_cache(self, capacity: int = 8) -> "Generator":
+    def with_dynamic_prefill_cache(self) -> "Generator":
         """Prefill plans compiled once with a symbolic SEQ and bound per length."""
-        return self._set_policy(prefill=("dynamic", _positive("capacity", capacity)))
+        return self._set_policy(prefill=("dynamic", 1))
 
-    def with_dynamic_decode_cache(self, capacity: int = 8) -> "Generator":
+    def with_dynamic_decode_cache(self) -> "Generator":
         """Decode plans compiled once with symbolic SEQ / PAST and bound per step."""
-        return self._set_policy(decode=("dynamic", _positive("capacity", capacity)))
+        return self._set_policy(decode=("dynamic", 1))
 
     def with_compile_seq_cap(self, cap: int) -> "Generator":
         """Bounds the symbolic SEQ / PAST of dynamic plans at cap (below max_position_embeddings):
         their memory is planned once for cap, and a longer context raises."""
-        self._c.set_seq_cap(_positive("cap", cap))
+        self._model.set_seq_cap(_positive("cap", cap))
         return self
 
     def _set_policy(self, prefill: tuple[str, int] | None = None,
                     decode: tuple[str, int] | None = None) -> "Generator":
-        """Policies change only between utterances (the C side refuses while the cache is filled)."""
         new_prefill = prefill or self._prefill_policy
         new_decode = decode or self._decode_policy
         max_past = new_decode[1] if new_decode[0] == "bucketed" else self._config.max_position_embeddings
-        self._c.set_policy(new_prefill[0], new_prefill[1], new_decode[0], max_past)
+        self._model.set_policy(new_prefill[0], new_prefill[1], new_decode[0], max_past)
         self._prefill_policy, self._decode_policy = new_prefill, new_decode
         return self
 
     def profile(self, on: bool = True) -> "Generator":
-        """Times every op of every forward pass from now on (or stops, with on=False)."""
-        self._c.set_profiling(on)
+        """Times every op of every forward pass from now on (or stops, with on=False); each
+        sequence's last_profile() reads its last pass."""
+        self._model.set_profiling(on)
         return self
-
-    def last_profile(self) -> dict[str, float]:
-        """Seconds per op (matmul, attention, ...) of the last forward pass, largest first."""
-        prof = self._c.last_profile()
-        return dict(sorted(prof.items(), key=lambda kv: -kv[1]))
 
     def compile_stats(self) -> dict:
         """prefill_compiles, decode_compiles, plan_hits, compile_seconds, plans_cached and
         planned_bytes (the intermediates' arenas of the plans held now)."""
-        return self._c.stats()
+        return self._model.stats()
 
     def release_decode_graphs(self) -> None:
         """Frees the compiled decode plans (e.g. between utterances)."""
-        self._c.release_plans(True)
+        self._model.release_plans(True)
 
     def release_compile_graphs(self) -> None:
         """Frees every compiled plan; they are recompiled on demand."""
-        self._c.release_plans(False)
+        self._model.release_plans(False)
 
     def __repr__(self) -> str:
         return (f"Generator({type(self._config).__name__}, layers={self._config.num_hidden_layers}, "
-                f"device={self._device!r}, tokens={len(self.tokens)})")
+                f"device={self._device!r}, tokens={self._c.n_tokens}, kv_dtype={self.kv_dtype!r})")
 
 
 def _positive(name: str, value: int) -> int:

@@ -159,27 +159,26 @@ class Graph:
     def mul(self, a: Value, b: Value) -> Value:
         return self._op("mul", [a, b])
 
-    def attention(self, q: Value, k: Value, v: Value, k_past: Value | None = None,
-                  v_past: Value | None = None, mask: Value | None = None,
+    def attention(self, q: Value, k: Value, v: Value, mask: Value | None = None,
                   scale: float | None = None, causal: bool = True, window: int = 0) -> Value:
-        """q (S, Hq, D), k/v (S, Hkv, D) [, k_past/v_past (P, Hkv, D)] [, mask (S, P+S)] -> (S, Hq, D).
+        """q (S, Hq, D) f32, k/v (T, Hkv, D) f32, f16 or bf16 [, mask (S, T)] -> (S, Hq, D).
 
-        scale defaults to 1/sqrt(D) (D must then be a constant); mask is f32 additive or u8
-        (nonzero = may attend)."""
-        if (k_past is None) != (v_past is None):
-            raise ValueError("attention: give both k_past and v_past, or neither")
+        The keys are positions 0..T-1 and the queries the last S of them (T >= S): with causal,
+        query i sees keys j <= T - S + i; window > 0 also needs j > T - S + i - window. scale
+        defaults to 1/sqrt(D) (D must then be a constant); mask is f32 additive or u8 (nonzero =
+        may attend)."""
         if scale is None:
             head_dim = q.shape[-1]
             if not isinstance(head_dim, int) or head_dim <= 0:
                 raise ValueError(f"attention: scale=None needs a constant head dim, got {head_dim!r}")
             scale = 1.0 / math.sqrt(head_dim)
-        inputs = [q, k, v]
-        if k_past is not None:
-            inputs += [k_past, v_past]
-        if mask is not None:
-            inputs.append(mask)
+        inputs = [q, k, v] + ([mask] if mask is not None else [])
         attrs = {"scale": float(scale), "causal": bool(causal), "window": int(window)}
         return self._op("attention", inputs, attrs)
+
+    def convert(self, x: Value, dtype: str) -> Value:
+        """x f32 -> dtype ("f32", "f16" or "bf16"), each value rounded to nearest even."""
+        return self._op("convert", [x], {"dtype": dtype})
 
     def gather_last(self, x: Value) -> Value:
         """x (S, ...) -> (1, ...): the last row along axis 0."""

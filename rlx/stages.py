@@ -17,9 +17,9 @@ import numpy as np
 
 from rlx import _C
 from rlx.config import ModelConfig
-from rlx.distributed.partition import BlockSpec, block_role, block_weight_filter, pipeline_layer_range
-from rlx.generator import _c_config, soft_memory_budget
-from rlx.weights import check_weights, weight_dtype_of
+from rlx.distributed.partition import BlockSpec, block_role, pipeline_layer_range
+from rlx.generator import _kv_dtype, soft_memory_budget
+from rlx.weights import _c_config, check_weights, dtype_summary
 
 
 class PipelineStage:
@@ -28,19 +28,19 @@ class PipelineStage:
     cached = False
 
     def __init__(self, config: ModelConfig, device: str, rank: int, world: int, weights: dict,
-                 dtype: str | None = None):
+                 dtype: str | None = None, kv_dtype: str | None = None):
         self.config, self.device, self.rank, self.world = config, device, rank, world
         self.role = block_role(rank, world)
         self.spec = BlockSpec.for_role(self.role, pipeline_layer_range(config.num_hidden_layers, rank, world))
-        keep = lambda name: block_weight_filter(name, config, self.spec)  # noqa: E731
-        self.dtype = dtype or weight_dtype_of(config, {k: v for k, v in weights.items() if keep(k)})
-        arrays = check_weights(config, weights, keep=keep, dtype=self.dtype)
+        arrays = check_weights(config, weights, block=self.spec, dtype=dtype)
+        self.weight_dtypes = dtype_summary(config, arrays, self.spec)
         self._weight_count = len(arrays)
         arrays["rope.inv_freq"] = config.rope_inv_freq()
-        self._c = _C.Generator(_c_config(config, self.dtype), arrays, device, layer_begin=self.spec.layer_begin,
+        self._model = _C.Model(_c_config(config), arrays, device, layer_begin=self.spec.layer_begin,
                                layer_end=self.spec.layer_end, embed=self.spec.embed, head=self.spec.head)
         budget, hint = soft_memory_budget()
-        self._c.set_memory_budget(budget, hint)
+        self._model.set_memory_budget(budget, hint)
+        self._c = _C.Sequence(self._model, _kv_dtype(kv_dtype))
         self._started = False
 
     def layers(self) -> range:
@@ -88,7 +88,7 @@ class PipelineDecodeStage(PipelineStage):
         """Bucketed decode plans (see Generator.with_decode_cache)."""
         if not isinstance(max_past, int) or isinstance(max_past, bool) or max_past < 1:
             raise ValueError(f"max_past must be a positive int, got {max_past!r}")
-        self._c.set_policy("oneshot", 1, "bucketed", max_past)
+        self._model.set_policy("oneshot", 1, "bucketed", max_past)
         return self
 
     def forward(self, tokens: Sequence[int] | None = None, hidden: np.ndarray | None = None) -> np.ndarray:
@@ -100,8 +100,7 @@ class PipelineDecodeStage(PipelineStage):
             if not self._started:
                 self._c.prefill(tokens)
             else:
-                for t in tokens:
-                    self._c.append(t)
+                self._c.append(list(tokens))
             out = self._c.forward(None, cached=True)
         else:
             if hidden is None or tokens is not None:

@@ -14,24 +14,28 @@ The `safetensors` package validates each file (safe_open); rlx then parses the h
 tensor in the map, because safetensors' NumPy path copies. Any truncated or malformed file
 raises WeightsError naming the file.
 
-`expected_weights(cfg)` lists every tensor the decoder needs with its HF shape, and
-`check_weights(cfg, weights)` verifies a dict (loaded or built in memory) against it.
+`expected_weights(cfg)` lists every tensor the decoder needs with its HF shape (from the C
+decoder builder, the one place the names live), and `check_weights(cfg, weights)` verifies a dict
+(loaded or built in memory) against it, keeping each tensor's own dtype.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import struct
 
-import ml_dtypes
 import numpy as np
 
+from rlx import _C
+from rlx import dtypes as _dtypes
 from rlx.errors import WeightsError
 
-__all__ = ["load_weights", "expected_weights", "check_weights", "weight_dtype_of", "WEIGHT_DTYPES"]
+__all__ = ["load_weights", "expected_weights", "check_weights", "block_params", "dtype_summary", "Packed"]
 
-_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
+# safetensors dtype names rlx reads -> rlx dtypes (sizes and NumPy dtypes come from rlx.dtypes)
+_SAFETENSORS = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 _MAX_MESSAGE = 2000
 
 
@@ -72,21 +76,17 @@ def _load_file(path: str, out: dict[str, np.ndarray]) -> None:
             dtype, shape, (begin, end) = info["dtype"], tuple(int(s) for s in info["shape"]), info["data_offsets"]
         except (TypeError, KeyError, ValueError) as e:
             raise WeightsError(f"{path}: malformed header entry for tensor '{name}' ({e})") from None
-        if dtype not in _ITEMSIZE:
+        if dtype not in _SAFETENSORS:
             raise WeightsError(f"{path}: tensor '{name}' has dtype {dtype}; rlx reads F32, F16 and BF16")
         numel = int(np.prod(shape, dtype=np.int64))
-        if end - begin != numel * _ITEMSIZE[dtype] or start + end > size:
+        rdt = _dtypes.DTYPES[_SAFETENSORS[dtype]]
+        if end - begin != numel * rdt.type_size or start + end > size:
             raise WeightsError(f"{path}: tensor '{name}' data_offsets {begin}..{end} do not fit shape {shape} "
                                f"{dtype} in a file of {size} bytes")
         raw = data[start + begin: start + end]
-        if dtype == "F32":
-            arr = raw.view(np.float32).reshape(shape)  # zero-copy, read-only memmap view
-            if not arr.flags.aligned:  # only after odd-sized f16/bf16 tensors; C needs 4-byte alignment
-                arr = arr.copy()
-        else:  # F16 / BF16: zero-copy 16-bit views (2-byte alignment always holds in safetensors)
-            arr = raw.view(np.float16 if dtype == "F16" else ml_dtypes.bfloat16).reshape(shape)
-            if not arr.flags.aligned:
-                arr = arr.copy()
+        arr = raw.view(rdt.numpy).reshape(shape)  # zero-copy, read-only memmap view
+        if not arr.flags.aligned:  # only after odd-sized 16-bit tensors; C reads aligned values
+            arr = arr.copy()
         arr.flags.writeable = False
         out[name] = arr
 
@@ -129,94 +129,145 @@ def load_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return out
 
 
-def expected_weights(cfg) -> dict[str, tuple[int, ...]]:
-    """Every tensor the decoder reads, with its Hugging Face shape, in layer order. Projections
-    are stored (out_features, in_features). attention_bias adds biases to q, k, v AND o;
-    mlp_bias to gate, up and down; qk_norm (Qwen3) adds per-head q_norm / k_norm of (head_dim,).
-    lm_head.weight is listed only when embeddings are not tied."""
-    H, D, I, V = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size
-    q_out, kv_out = cfg.num_attention_heads * D, cfg.num_key_value_heads * D
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H)}
-    for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (H,)
-        proj = {"q_proj": (q_out, H), "k_proj": (kv_out, H), "v_proj": (kv_out, H), "o_proj": (H, q_out)}
-        for name, shape in proj.items():
-            shapes[p + f"self_attn.{name}.weight"] = shape
-            if cfg.attention_bias:
-                shapes[p + f"self_attn.{name}.bias"] = (shape[0],)
-        if cfg.qk_norm:
-            shapes[p + "self_attn.q_norm.weight"] = (D,)
-            shapes[p + "self_attn.k_norm.weight"] = (D,)
-        shapes[p + "post_attention_layernorm.weight"] = (H,)
-        for name, shape in {"gate_proj": (I, H), "up_proj": (I, H), "down_proj": (H, I)}.items():
-            shapes[p + f"mlp.{name}.weight"] = shape
-            if cfg.mlp_bias:
-                shapes[p + f"mlp.{name}.bias"] = (shape[0],)
-    shapes["model.norm.weight"] = (H,)
-    if not cfg.tie_word_embeddings:
-        shapes["lm_head.weight"] = (V, H)
-    return shapes
+@dataclasses.dataclass(frozen=True)
+class Packed:
+    """A weight of a block dtype (q8_0, ...) kept packed: its raw blocks (a C-contiguous uint8
+    array whose rows are the tensor's rows), the dtype's name, and the logical shape in elements
+    (Hugging Face order, e.g. (out_features, in_features))."""
+
+    data: np.ndarray
+    dtype: str
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        d = _dtypes.parse(self.dtype)
+        if not isinstance(self.data, np.ndarray) or self.data.dtype != np.uint8:
+            raise WeightsError(f"packed {d.name} weight: data must be a uint8 array")
+        if self.data.nbytes != _dtypes.nbytes(d, self.shape):
+            raise WeightsError(f"packed {d.name} weight of shape {self.shape}: {self.data.nbytes} bytes, "
+                               f"expected {_dtypes.nbytes(d, self.shape)}")
+
+    def raw(self) -> tuple:
+        """The (raw blocks, dtype, shape) tuple rlx._C.Model takes."""
+        return (np.ascontiguousarray(self.data), _dtypes.parse(self.dtype).name, tuple(self.shape))
 
 
-WEIGHT_DTYPES = {"f32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16), "f16": np.dtype(np.float16)}
+def _c_config(cfg) -> dict:
+    """The fields the C core reads, with each layer's sliding window resolved."""
+    return {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "attention_bias": cfg.attention_bias,
+        "mlp_bias": cfg.mlp_bias,
+        "qk_norm": cfg.qk_norm,
+        "layer_windows": [cfg.layer_window(i) for i in range(cfg.num_hidden_layers)],
+    }
 
 
-def weight_dtype_of(cfg, weights: dict) -> str:
-    """The dtype the 2-D weights (projections, embedding, lm_head) are stored in: "bf16" or "f16"
-    when every one of them is, else "f32"."""
-    names = [n for n, s in expected_weights(cfg).items() if len(s) == 2 and n in weights]
-    for name, dt in WEIGHT_DTYPES.items():
-        if names and all(np.asarray(weights[n]).dtype == dt for n in names):
-            return name
-    return "f32"
+_KINDS = {0: "matrix", 1: "vector", 2: "derived"}
 
 
-def check_weights(cfg, weights: dict, keep=None, dtype: str = "f32") -> dict[str, np.ndarray]:
-    """Checks weights against `expected_weights(cfg)` and returns {name: C-contiguous array}
-    holding exactly the expected names: the 2-D weights in `dtype` ("f32", "bf16" or "f16"), the
-    1-D ones (norms, biases) in float32. keep(name) -> bool, when given, narrows the expected names
-    to a block of the model (a pipeline stage): names it rejects are neither required nor reported
-    as extra. Missing, extra or mis-shaped tensors raise one WeightsError listing every problem
-    (tensor name, expected and actual shapes; the message is capped in length). A tied model may
-    carry an lm_head.weight of shape (V, H): it is ignored. Arrays already in the wanted dtype and
-    layout are returned as they are (zero-copy); others are converted once (rounding to nearest
-    even when narrowing); non-float arrays are an error."""
-    if dtype not in WEIGHT_DTYPES:
-        raise ValueError(f"weight dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {dtype!r}")
-    expected = {k: v for k, v in expected_weights(cfg).items() if keep is None or keep(k)}
+def block_params(cfg, block=None) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, kind) of every tensor a block of the decoder reads, in the order the C builder
+    makes them (the names live in the C decoder builder and nowhere else). kind: "matrix" (a
+    projection, the embedding or the LM head: any real-valued dtype), "vector" (norms and biases:
+    float32) or "derived" (rope.inv_freq, computed from the config). block: an
+    rlx.distributed.BlockSpec, or None for the whole model."""
+    begin, end, embed, head = (0, cfg.num_hidden_layers, True, True) if block is None else (
+        block.layer_begin, block.layer_end, block.embed, block.head)
+    rows = _C.decoder_params(_c_config(cfg), begin, end, embed, head)
+    return [(name, tuple(shape), _KINDS[kind]) for name, shape, kind in rows]
+
+
+def expected_weights(cfg, block=None) -> dict[str, tuple[int, ...]]:
+    """Every tensor the decoder (or a block of it) reads from a file, with its Hugging Face shape, in
+    layer order. Projections are stored (out_features, in_features). attention_bias adds biases to
+    q, k, v AND o; mlp_bias to gate, up and down; qk_norm (Qwen3) adds per-head q_norm / k_norm of
+    (head_dim,). lm_head.weight is listed only when embeddings are not tied."""
+    return {name: shape for name, shape, kind in block_params(cfg, block) if kind != "derived"}
+
+
+def _shape_of(arr) -> tuple[int, ...]:
+    return tuple(arr.shape) if isinstance(arr, (np.ndarray, Packed)) else tuple(np.shape(arr))
+
+
+def check_weights(cfg, weights: dict, block=None, dtype: str | None = None) -> dict:
+    """Checks weights against `expected_weights(cfg, block)` and returns {name: value} holding
+    exactly the expected names, ready for the C model: each matrix in its own dtype (float32,
+    float16, bfloat16 arrays, or Packed block weights), or converted to `dtype` ("f32", "bf16",
+    "f16") when given; norms and biases as float32. block narrows the expected names to a pipeline
+    stage's block: names outside it are neither required nor reported as extra. Missing, extra or
+    mis-shaped tensors raise one WeightsError listing every problem (tensor name, expected and
+    actual shapes; the message is capped in length). A tied model may carry an lm_head.weight of
+    shape (V, H): it is ignored. Arrays already in the wanted dtype and layout are returned as they
+    are (zero-copy); others are converted once (rounding to nearest even when narrowing)."""
+    if dtype is not None and (dtype not in _dtypes.DTYPES or _dtypes.DTYPES[dtype].numpy is None
+                              or not _dtypes.DTYPES[dtype].is_float):
+        raise ValueError(f"weight dtype must be one of f32, bf16, f16, got {dtype!r}")
+    params = {name: (shape, kind) for name, shape, kind in block_params(cfg, block) if kind != "derived"}
+    whole = None if block is None else set(expected_weights(cfg))
     problems: list[str] = []
-    out: dict[str, np.ndarray] = {}
-    for name, shape in expected.items():
+    out: dict = {}
+    f32 = _dtypes.DTYPES["f32"].numpy
+    for name, (shape, kind) in params.items():
         if name not in weights:
             problems.append(f"missing tensor '{name}' (expected shape {shape})")
             continue
         arr = weights[name]
-        if not isinstance(arr, np.ndarray):
+        if not isinstance(arr, (np.ndarray, Packed)):
             arr = np.asarray(arr)
-        if arr.shape != shape:
-            problems.append(f"tensor '{name}' has shape {arr.shape}, expected {shape}")
+        if _shape_of(arr) != shape:
+            problems.append(f"tensor '{name}' has shape {_shape_of(arr)}, expected {shape}")
             continue
-        if arr.dtype.kind != "f" and arr.dtype not in WEIGHT_DTYPES.values():
+        if isinstance(arr, Packed):
+            if kind != "matrix" or (dtype is not None and dtype != _dtypes.parse(arr.dtype).name):
+                problems.append(f"tensor '{name}' is packed {arr.dtype}; " + (
+                    "only matrices may be packed" if kind != "matrix" else f"it cannot be converted to {dtype}"))
+                continue
+            out[name] = arr.raw()
+            continue
+        have = _dtypes.of_array(arr)
+        if arr.dtype.kind != "f" and not (have is not None and have.is_float):
             problems.append(f"tensor '{name}' has dtype {arr.dtype}, expected a float dtype (incl. bfloat16)")
             continue
-        want = WEIGHT_DTYPES[dtype] if len(shape) == 2 else WEIGHT_DTYPES["f32"]
-        if arr.dtype != want or not arr.flags.c_contiguous:
+        kept = arr.dtype if have is not None else f32  # float64 and other floats: float32, once
+        want = (_dtypes.DTYPES[dtype].numpy if dtype else kept) if kind == "matrix" else f32
+        if arr.dtype != want or not arr.flags.c_contiguous or not arr.flags.aligned:
             arr = np.ascontiguousarray(arr.astype(want, copy=False))
         out[name] = arr
     for name in weights:
-        if name in expected or (keep is not None and not keep(name)):
+        if name in params or (whole is not None and name in whole):
             continue
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            shape = tuple(np.shape(weights[name]))
+            shape = _shape_of(weights[name])
             if shape != (cfg.vocab_size, cfg.hidden_size):
                 problems.append(f"tensor '{name}' has shape {shape}, expected {(cfg.vocab_size, cfg.hidden_size)} "
                                 "(tied embeddings: it would be ignored)")
             continue
-        problems.append(f"unexpected tensor '{name}' (shape {tuple(np.shape(weights[name]))})")
+        problems.append(f"unexpected tensor '{name}' (shape {_shape_of(weights[name])})")
     if problems:
         msg = f"{len(problems)} weight problem(s): " + "; ".join(problems)
         if len(msg) > _MAX_MESSAGE:
             msg = msg[:_MAX_MESSAGE] + " ..."
         raise WeightsError(msg)
     return out
+
+
+def dtype_summary(cfg, weights: dict, block=None) -> dict[str, int]:
+    """{dtype name: number of matrices} of checked weights (arrays and packed tuples): the dtypes
+    the projections, embedding and LM head are computed from (norms and biases are float32)."""
+    counts: dict[str, int] = {}
+    for name, _, kind in block_params(cfg, block):
+        if kind == "matrix" and name in weights:
+            v = weights[name]
+            dt = v[1] if isinstance(v, tuple) else _dtypes.of_array(v).name
+            counts[dt] = counts.get(dt, 0) + 1
+    return counts

@@ -4,69 +4,87 @@
  * know (token ids in range, slices inside symbolic extents), and makes one kernel-table call.
  * Kernels never see the graph.
  */
+#include <assert.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "core/core.h"
 #include "backends/host.h"
 
-/* ---- buffers ------------------------------------------------------------------------------ */
+/* ---- instances and buffers ---------------------------------------------------------------- */
 
-rlx_status rlx_host_buffer_alloc(size_t bytes, struct rlx_buffer **out)
+rlx_status rlx_host_open(const char *arg, void **ctx)
 {
-    struct rlx_buffer *b = rlx_calloc(1, sizeof *b);
-    if (!b) return RLX_ERR_NOMEM;
-    size_t rounded = rlx_align_up(bytes ? bytes : 1);
+    if (arg && *arg) return rlx_set_error(RLX_ERR_INVALID, "host devices take no argument (got ':%s')", arg);
+    *ctx = NULL;
+    return RLX_OK;
+}
+
+void rlx_host_close(void *ctx) { (void)ctx; }
+
+/* Buffers of at least this many bytes are anonymous mappings: zero pages committed only as they
+ * are written (a KV cache reserved for the whole context costs what it holds), returned to the
+ * system at once when freed. Smaller ones come from the heap. */
+#define MAP_MIN_BYTES ((size_t)1 << 20)
+static char mapped_tag; /* b->impl == &mapped_tag: b->data is a mapping of b->size bytes */
+
+rlx_status rlx_host_buffer_alloc(void *ctx, struct rlx_buffer *b)
+{
+    (void)ctx;
+    if (b->size >= MAP_MIN_BYTES) {
+        void *p = mmap(NULL, b->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED)
+            return rlx_set_error(RLX_ERR_NOMEM, "out of memory mapping a %zu-byte buffer", b->size);
+        b->data = p;
+        b->impl = &mapped_tag;
+        return RLX_OK;
+    }
+    size_t rounded = rlx_align_up(b->size ? b->size : 1);
     b->data = aligned_alloc(RLX_ALIGN, rounded);
-    if (!b->data) {
-        free(b);
-        return rlx_set_error(RLX_ERR_NOMEM, "out of memory allocating a %zu-byte buffer", bytes);
-    }
-    b->size = bytes;
-    b->owned = true;
-    *out = b;
+    if (!b->data) return rlx_set_error(RLX_ERR_NOMEM, "out of memory allocating a %zu-byte buffer", b->size);
+    memset(b->data, 0, rounded);
+    b->impl = NULL;
     return RLX_OK;
 }
 
-rlx_status rlx_host_buffer_wrap(const void *host, size_t bytes, struct rlx_buffer **inout)
+rlx_status rlx_host_buffer_wrap(void *ctx, struct rlx_buffer *b, const void *host)
 {
-    struct rlx_buffer *b = *inout;
-    if (b && b->owned) return rlx_set_error(RLX_ERR_INTERNAL, "re-pointing an owned buffer");
-    if (!b) {
-        b = rlx_calloc(1, sizeof *b);
-        if (!b) return RLX_ERR_NOMEM;
-    }
+    (void)ctx;
     b->data = (void *)host; /* read-only by contract: kernels never write wrapped buffers */
-    b->size = bytes;
-    b->owned = false;
-    *inout = b;
+    b->impl = NULL;
     return RLX_OK;
 }
 
-void rlx_host_buffer_free(struct rlx_buffer *b)
+void rlx_host_buffer_release(void *ctx, struct rlx_buffer *b)
 {
-    if (!b) return;
-    if (b->owned) free(b->data);
-    free(b);
+    (void)ctx;
+    if (!b->wrapped && b->impl == &mapped_tag) munmap(b->data, b->size);
+    else if (!b->wrapped) free(b->data);
+    b->data = b->impl = NULL;
 }
 
-rlx_status rlx_host_upload(struct rlx_buffer *b, size_t offset, const void *src, size_t bytes)
+rlx_status rlx_host_upload(void *ctx, struct rlx_buffer *b, size_t offset, const void *src, size_t bytes)
 {
-    if (offset > b->size || bytes > b->size - offset)
-        return rlx_set_error(RLX_ERR_INTERNAL, "upload of %zu bytes at %zu overruns a %zu-byte buffer", bytes, offset,
-                             b->size);
-    if (bytes) memcpy((char *)b->data + offset, src, bytes);
+    (void)ctx;
+    memcpy((char *)b->data + offset, src, bytes);
     return RLX_OK;
 }
 
-rlx_status rlx_host_download(const struct rlx_buffer *b, size_t offset, void *dst, size_t bytes)
+rlx_status rlx_host_download(void *ctx, const struct rlx_buffer *b, size_t offset, void *dst, size_t bytes)
 {
-    if (offset > b->size || bytes > b->size - offset)
-        return rlx_set_error(RLX_ERR_INTERNAL, "download of %zu bytes at %zu overruns a %zu-byte buffer", bytes,
-                             offset, b->size);
-    if (bytes) memcpy(dst, (const char *)b->data + offset, bytes);
+    (void)ctx;
+    memcpy(dst, (const char *)b->data + offset, bytes);
+    return RLX_OK;
+}
+
+rlx_status rlx_host_copy(void *ctx, struct rlx_buffer *dst, size_t dst_offset, const struct rlx_buffer *src,
+                         size_t src_offset, size_t bytes)
+{
+    (void)ctx;
+    memmove((char *)dst->data + dst_offset, (const char *)src->data + src_offset, bytes);
     return RLX_OK;
 }
 
@@ -81,8 +99,9 @@ rlx_status rlx_host_state_create(const struct rlx_kernels *k, void **state)
     return RLX_OK;
 }
 
-void rlx_host_state_free(void *state)
+void rlx_host_state_free(void *ctx, void *state)
 {
+    (void)ctx;
     struct rlx_host_state *st = state;
     if (!st) return;
     free(st->scratch);
@@ -101,9 +120,16 @@ static rlx_status need_scratch(struct rlx_host_state *st, size_t floats)
 
 /* ---- dispatch ----------------------------------------------------------------------------- */
 
-bool rlx_host_supports_op(const struct rlx_graph *g, int id)
+static bool is_lowp(enum rlx_dtype dt) { return dt == RLX_F16 || dt == RLX_BF16; }
+
+bool rlx_host_supports_op(void *ctx, const struct rlx_graph *g, int id)
 {
+    (void)ctx;
     const struct rlx_node *n = &g->nodes[id];
+    if (n->op == RLX_OP_MATMUL || n->op == RLX_OP_EMBEDDING) { /* the weight operand */
+        enum rlx_dtype w = g->nodes[n->in[n->op == RLX_OP_MATMUL ? 1 : 0]].dtype;
+        return w == RLX_F32 || is_lowp(w);
+    }
     return (unsigned)n->op < RLX_OP_COUNT; /* the shape rules already restrict dtypes to what runs */
 }
 
@@ -115,6 +141,16 @@ static int64_t rows_of(const struct rlx_tensor *t) /* product of all dims but th
     int64_t r = 1;
     for (int i = 0; i + 1 < t->ndim; i++) r *= t->shape[i];
     return r;
+}
+
+/* Bytes of n elements of dt (n whole blocks: the shape rules and the runtime have checked). */
+static size_t bytes_of(enum rlx_dtype dt, int64_t n)
+{
+    size_t b = 0;
+    rlx_status s = rlx_dtype_bytes(dt, n, &b);
+    (void)s;
+    assert(s == RLX_OK);
+    return b;
 }
 
 /* Copies `outer` blocks of `inner` bytes from src (stride src_stride) to dst (stride dst_stride). */
@@ -130,7 +166,7 @@ static void axis_split(const struct rlx_tensor *t, int axis, int64_t *outer, siz
     for (int i = 0; i < axis; i++) o *= t->shape[i];
     for (int i = axis + 1; i < t->ndim; i++) in *= t->shape[i];
     *outer = o;
-    *step = (size_t)in * rlx_dtype_size(t->dtype);
+    *step = bytes_of(t->dtype, in);
 }
 
 static rlx_status run_embedding(const struct rlx_kernels *k, int id, const struct rlx_node *n,
@@ -148,18 +184,18 @@ static rlx_status run_embedding(const struct rlx_kernels *k, int id, const struc
     return RLX_OK;
 }
 
-static rlx_status run_attention(struct rlx_host_state *st, const struct rlx_node *n, const struct rlx_tensor *v,
-                                const struct rlx_tensor *out)
+static rlx_status run_attention(struct rlx_host_state *st, int id, const struct rlx_node *n,
+                                const struct rlx_tensor *v, const struct rlx_tensor *out)
 {
     const struct rlx_tensor *q = &v[n->in[0]], *kt = &v[n->in[1]];
-    bool has_past = n->n_in >= 5, has_mask = n->n_in == 4 || n->n_in == 6;
     struct rlx_attn_args a = {
         .out = ptr(out),
         .q = ptr(q),
         .k = ptr(kt),
         .v = ptr(&v[n->in[2]]),
+        .kv_dtype = kt->dtype,
         .S = q->shape[0],
-        .P = has_past ? v[n->in[3]].shape[0] : 0,
+        .T = kt->shape[0],
         .Hq = q->shape[1],
         .Hkv = kt->shape[1],
         .D = q->shape[2],
@@ -167,18 +203,34 @@ static rlx_status run_attention(struct rlx_host_state *st, const struct rlx_node
         .causal = n->attrs.causal,
         .window = n->attrs.window,
     };
-    if (has_past) {
-        a.k_past = ptr(&v[n->in[3]]);
-        a.v_past = ptr(&v[n->in[4]]);
-    }
-    if (has_mask) {
-        const struct rlx_tensor *m = &v[n->in[n->n_in - 1]];
+    if (a.T < a.S)
+        return rlx_set_error(RLX_ERR_SHAPE, "node %d (attention): %lld keys for %lld queries; the queries are the "
+                             "last positions of the keys (T >= S)", id, (long long)a.T, (long long)a.S);
+    if (n->n_in == 4) {
+        const struct rlx_tensor *m = &v[n->in[3]];
         if (m->dtype == RLX_F32) a.mask_f32 = ptr(m);
         else a.mask_u8 = ptr(m);
     }
-    RLX_TRY(need_scratch(st, st->k->attention_scratch(a.S, a.P)));
+    RLX_TRY(need_scratch(st, st->k->attention_scratch(&a)));
     a.scratch = st->scratch;
-    st->k->attention_f32(&a);
+    st->k->attention(&a);
+    return RLX_OK;
+}
+
+/* Rows pos[i] of the state get rows[i], converted to the state's dtype. */
+static rlx_status run_cache_write(const struct rlx_kernels *k, int id, const struct rlx_node *n,
+                                  const struct rlx_tensor *v)
+{
+    const struct rlx_tensor *state = &v[n->in[0]], *rows = &v[n->in[1]], *pos = &v[n->in[2]];
+    const int32_t *pp = ptr(pos);
+    const int64_t S = rows->shape[0], T = state->shape[0], row = S ? rlx_tensor_numel(rows) / S : 0;
+    for (int64_t i = 0; i < S; i++)
+        if (pp[i] < 0 || pp[i] >= T)
+            return rlx_set_error(RLX_ERR_RANGE, "node %d (cache_write): position %d of row %lld is outside the "
+                                 "state's %lld rows", id, pp[i], (long long)i, (long long)T);
+    const size_t row_bytes = bytes_of(state->dtype, row);
+    for (int64_t i = 0; i < S; i++)
+        k->convert_f32((char *)ptr(state) + (size_t)pp[i] * row_bytes, state->dtype, fin(v, n, 1) + i * row, row);
     return RLX_OK;
 }
 
@@ -186,13 +238,15 @@ static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g,
 {
     const struct rlx_kernels *k = st->k;
     const struct rlx_node *n = &g->nodes[id];
-    if (n->op == RLX_OP_INPUT || n->op == RLX_OP_PARAM || n->op == RLX_OP_FUSED_OUT || n->op == RLX_OP_RESHAPE)
-        return RLX_OK; /* bound by the caller / written by the producer / an alias placed by the runtime */
+    if (n->op == RLX_OP_INPUT || n->op == RLX_OP_PARAM || n->op == RLX_OP_STATE || n->op == RLX_OP_RESHAPE ||
+        n->op == RLX_OP_FUSED_OUT)
+        return RLX_OK; /* bound by the caller / an alias placed by the runtime / written by the producer */
     const struct rlx_tensor *out = &v[id];
     float *o = ptr(out);
     switch (n->op) {
     case RLX_OP_INPUT:
     case RLX_OP_PARAM:
+    case RLX_OP_STATE:
     case RLX_OP_RESHAPE:
     case RLX_OP_FUSED_OUT:
         return RLX_OK;
@@ -238,12 +292,17 @@ static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g,
         return RLX_OK;
     }
     case RLX_OP_ATTENTION:
-        return run_attention(st, n, v, out);
+        return run_attention(st, id, n, v, out);
+    case RLX_OP_CACHE_WRITE:
+        return run_cache_write(k, id, n, v);
+    case RLX_OP_CONVERT:
+        k->convert_f32(o, n->attrs.dtype, fin(v, n, 0), rlx_tensor_numel(out));
+        return RLX_OK;
     case RLX_OP_GATHER_LAST: {
         const struct rlx_tensor *x = &v[n->in[0]];
         if (x->shape[0] < 1)
             return rlx_set_error(RLX_ERR_SHAPE, "node %d (gather_last): the input has no rows", id);
-        size_t row = (size_t)(rlx_tensor_numel(out) * (int64_t)rlx_dtype_size(out->dtype));
+        size_t row = bytes_of(out->dtype, rlx_tensor_numel(out));
         memcpy(o, (const char *)ptr(x) + (size_t)(x->shape[0] - 1) * row, row);
         return RLX_OK;
     }
@@ -281,8 +340,10 @@ static double now_seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-rlx_status rlx_host_run(void *state, const struct rlx_graph *g, const struct rlx_tensor *values, double *node_seconds)
+rlx_status rlx_host_run(void *ctx, void *state, const struct rlx_graph *g, const struct rlx_tensor *values,
+                        double *node_seconds)
 {
+    (void)ctx;
     for (int id = 0; id < g->n_nodes; id++) {
         if (g->nodes[id].dead) continue;
         if (!node_seconds) {

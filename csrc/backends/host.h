@@ -1,5 +1,5 @@
 /*
- * host.h - what the two host-memory backends (cpu, ref) share: a buffer that is plain host memory
+ * host.h - what the two host-memory backends (cpu, ref) share: buffers that are plain host memory
  * (owned, or wrapping the caller's memory) and the dispatcher that turns each plan step into one
  * call of a kernel table. The backends differ only in their kernel table and in whether they let
  * callers' memory in without a copy.
@@ -10,20 +10,19 @@
 #include "backends/backend.h"
 #include "backends/kernels.h"
 
-struct rlx_buffer {
-    void *data;
-    size_t size;
-    bool owned;
-};
+rlx_status rlx_host_open(const char *arg, void **ctx);   /* no instance state: *ctx = NULL */
+void rlx_host_close(void *ctx);
+rlx_status rlx_host_buffer_alloc(void *ctx, struct rlx_buffer *b);
+rlx_status rlx_host_buffer_wrap(void *ctx, struct rlx_buffer *b, const void *host);
+void rlx_host_buffer_release(void *ctx, struct rlx_buffer *b);
+rlx_status rlx_host_upload(void *ctx, struct rlx_buffer *b, size_t offset, const void *src, size_t bytes);
+rlx_status rlx_host_download(void *ctx, const struct rlx_buffer *b, size_t offset, void *dst, size_t bytes);
+rlx_status rlx_host_copy(void *ctx, struct rlx_buffer *dst, size_t dst_offset, const struct rlx_buffer *src,
+                         size_t src_offset, size_t bytes);
 
-rlx_status rlx_host_buffer_alloc(size_t bytes, struct rlx_buffer **out);
-rlx_status rlx_host_buffer_wrap(const void *host, size_t bytes, struct rlx_buffer **inout);
-void rlx_host_buffer_free(struct rlx_buffer *b);
-rlx_status rlx_host_upload(struct rlx_buffer *b, size_t offset, const void *src, size_t bytes);
-rlx_status rlx_host_download(const struct rlx_buffer *b, size_t offset, void *dst, size_t bytes);
-
-/* Every op of the IR, on f32 (and the dtype-generic copies). */
-bool rlx_host_supports_op(const struct rlx_graph *g, int id);
+/* Every op of the IR, on f32 and the dtypes its shape rule admits, except block-type (quantized)
+ * weights, which no host kernel table multiplies yet. */
+bool rlx_host_supports_op(void *ctx, const struct rlx_graph *g, int id);
 
 /* Plan state: the kernel table and a scratch area grown on demand (only when a bigger binding
  * needs more; never per step). */
@@ -33,7 +32,8 @@ struct rlx_host_state {
     size_t scratch_floats;
 };
 rlx_status rlx_host_state_create(const struct rlx_kernels *k, void **state);
-void rlx_host_state_free(void *state);
-rlx_status rlx_host_run(void *state, const struct rlx_graph *g, const struct rlx_tensor *values, double *node_seconds);
+void rlx_host_state_free(void *ctx, void *state);
+rlx_status rlx_host_run(void *ctx, void *state, const struct rlx_graph *g, const struct rlx_tensor *values,
+                        double *node_seconds);
 
 #endif

@@ -1,11 +1,12 @@
 /*
  * kernels.h - the kernel table a host-memory backend provides. Two tables exist: "cpu" (fast:
- * OpenBLAS, threads through core/pool.h, vector code) and "ref" (plain scalar loops, single
- * threaded: the in-C oracle). The dispatcher (backends/dispatch.c) turns a plan step into one
+ * OpenBLAS, threads through backends/cpu/pool.h, vector code) and "ref" (plain scalar loops,
+ * single threaded: the in-C oracle). The dispatcher (backends/host.c) turns a plan step into one
  * call here; kernels never allocate, never fail, and trust their arguments (the dispatcher has
  * checked shapes, dtypes and id ranges).
  *
- * All tensors are contiguous row-major f32 unless stated.
+ * All tensors are contiguous row-major f32 unless stated. Weights (`b` of a matmul, an embedding
+ * table) come as `const void *` with their enum rlx_dtype.
  */
 #ifndef RLX_BACKENDS_KERNELS_H
 #define RLX_BACKENDS_KERNELS_H
@@ -13,19 +14,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rlx/rlx.h"
+
 struct rlx_attn_args {
     float *out;               /* (S, Hq, D) */
     const float *q;           /* (S, Hq, D) */
-    const float *k, *v;       /* (S, Hkv, D): keys/values of the S new positions */
-    const float *k_past;      /* (P, Hkv, D) or NULL when P == 0 */
-    const float *v_past;      /* (P, Hkv, D) or NULL when P == 0 */
-    const float *mask_f32;    /* (S, P+S) additive, or NULL */
-    const uint8_t *mask_u8;   /* (S, P+S) nonzero = may attend, or NULL */
-    int64_t S, P, Hq, Hkv, D; /* query head h uses kv head h / (Hq / Hkv) */
+    const void *k, *v;        /* (T, Hkv, D) of kv_dtype: keys / values of positions 0..T-1 */
+    int kv_dtype;             /* RLX_F32, RLX_F16 or RLX_BF16 */
+    const float *mask_f32;    /* (S, T) additive, or NULL */
+    const uint8_t *mask_u8;   /* (S, T) nonzero = may attend, or NULL */
+    int64_t S, T, Hq, Hkv, D; /* T >= S; query i sits at position T - S + i; query head h uses kv
+                                 head h / (Hq / Hkv) */
     float scale;              /* scores = scale * q.k */
-    int causal;               /* key j (0..P+S-1; past first) visible to query i only if j <= P + i */
-    int64_t window;           /* > 0: key j also needs j > P + i - window */
-    float *scratch;           /* at least attention_scratch(S, P) floats */
+    int causal;               /* key j visible to query i only if j <= T - S + i */
+    int64_t window;           /* > 0: key j also needs j > T - S + i - window */
+    float *scratch;           /* at least attention_scratch(this) floats */
 };
 /* A query row whose keys are all masked produces zeros. */
 
@@ -43,11 +46,14 @@ struct rlx_kernels {
      * AVX-512 BF16 path). RLX_F16: products of the exact f32 `a` and the widened weights,
      * accumulated in f32 (no rounding of `a`).
      * out (M, N) = a (M, K) @ b^T, b (N, K); scratch: matmul_lowp_scratch(M, K, N) floats. */
-    void (*matmul_lowp)(float *out, const float *a, const uint16_t *b, int b_dtype, int64_t M, int64_t K, int64_t N,
+    void (*matmul_lowp)(float *out, const float *a, const void *b, int b_dtype, int64_t M, int64_t K, int64_t N,
                         float *scratch);
     size_t (*matmul_lowp_scratch)(int64_t M, int64_t K, int64_t N);
     /* out (n, d) f32 = table (V, d) of dtype RLX_BF16 / RLX_F16, rows ids (n), widened exactly */
-    void (*embedding_lowp)(float *out, const uint16_t *table, int dtype, const int32_t *ids, int64_t n, int64_t d);
+    void (*embedding_lowp)(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d);
+    /* dst (n) of dtype RLX_F32 / RLX_F16 / RLX_BF16 = src (n) rounded to nearest even (NaN stays
+     * NaN, a finite value past the largest finite one becomes inf) */
+    void (*convert_f32)(void *dst, int dtype, const float *src, int64_t n);
     /* out (rows, d) = x / sqrt(mean(x^2) + eps) * w (d) */
     void (*rmsnorm_f32)(float *out, const float *x, const float *w, int64_t rows, int64_t d, float eps);
     /* sum (rows, d) = a + b; out (rows, d) = rmsnorm(sum) * w */
@@ -69,9 +75,9 @@ struct rlx_kernels {
     /* out (n) = a * b broadcast as add_f32 */
     void (*mul_f32)(float *out, const float *a, const float *b, int64_t n, int64_t nb);
     /* grouped-query attention, see rlx_attn_args */
-    void (*attention_f32)(const struct rlx_attn_args *a);
-    /* floats of scratch attention_f32 needs for S queries over P past positions */
-    size_t (*attention_scratch)(int64_t S, int64_t P);
+    void (*attention)(const struct rlx_attn_args *a);
+    /* floats of scratch attention needs for these arguments (scratch itself unused) */
+    size_t (*attention_scratch)(const struct rlx_attn_args *a);
 };
 
 extern const struct rlx_kernels rlx_cpu_kernels;

@@ -5,6 +5,7 @@
 #ifndef RLX_CORE_CORE_H
 #define RLX_CORE_CORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -13,6 +14,10 @@
 /* Sets this thread's error message (printf-style, truncated to one line) and returns s, so that
  * call sites read `return rlx_set_error(RLX_ERR_SHAPE, "...", ...);`. */
 rlx_status rlx_set_error(rlx_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Prefixes this thread's current error message with context ("param 'w': <message>") and
+ * returns s: `return rlx_error_context(s, "param '%s'", name);` after a failed call. */
+rlx_status rlx_error_context(rlx_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Sends a message to the log callback, if one is set. */
 void rlx_log(enum rlx_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -35,8 +40,28 @@ rlx_status rlx_grow_at(void **p, int *cap, int need, size_t size, const char *fi
 #define RLX_ALIGN 64
 static inline size_t rlx_align_up(size_t n) { return (n + RLX_ALIGN - 1) & ~(size_t)(RLX_ALIGN - 1); }
 
-/* f16 / bf16 conversions (round to nearest even on the way down). */
+/* Checked size arithmetic: false (and *out untouched) when the exact result does not fit. Every
+ * byte count computed from shapes, symbols or caps goes through these (or rlx_shape_bytes). */
+static inline bool rlx_size_mul(size_t a, size_t b, size_t *out)
+{
+    size_t r;
+    if (__builtin_mul_overflow(a, b, &r)) return false;
+    *out = r;
+    return true;
+}
+static inline bool rlx_size_add(size_t a, size_t b, size_t *out)
+{
+    size_t r;
+    if (__builtin_add_overflow(a, b, &r)) return false;
+    *out = r;
+    return true;
+}
+
+/* f16 / bf16 conversions: exact widening; narrowing rounds to nearest even (a NaN stays NaN,
+ * quieted; a finite value past the largest finite value becomes inf). */
 float rlx_f16_to_f32(uint16_t h);
 float rlx_bf16_to_f32(uint16_t h);
+uint16_t rlx_f32_to_f16(float x);
+uint16_t rlx_f32_to_bf16(float x);
 
 #endif

@@ -25,6 +25,17 @@ rlx_status rlx_set_error(rlx_status s, const char *fmt, ...)
     return s;
 }
 
+rlx_status rlx_error_context(rlx_status s, const char *fmt, ...)
+{
+    char prefix[256], rest[sizeof last_error];
+    memcpy(rest, last_error, sizeof rest);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    return rlx_set_error(s, "%s: %s", prefix, rest);
+}
+
 const char *rlx_status_name(rlx_status s)
 {
     switch (s) {

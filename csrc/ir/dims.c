@@ -47,13 +47,14 @@ struct rlx_dim rlx_dim_add(const struct rlx_dim *a, const struct rlx_dim *b)
 
 bool rlx_dim_eval(const struct rlx_dim *d, const int64_t *vals, const bool *bound, int64_t *out)
 {
-    int64_t v = d->c;
+    int64_t v = d->c, term;
+    bool overflow = false;
     for (int s = 0; s < RLX_MAX_SYMS; s++) {
         if (!d->coef[s]) continue;
         if (!bound[s]) return false;
-        v += (int64_t)d->coef[s] * vals[s];
+        overflow |= __builtin_mul_overflow((int64_t)d->coef[s], vals[s], &term) || __builtin_add_overflow(v, term, &v);
     }
-    *out = v;
+    *out = overflow ? INT64_MAX : v; /* an extent no size computation accepts */
     return true;
 }
 

@@ -85,7 +85,8 @@ static rlx_status check_name_free(const struct rlx_graph *g, const char *name, c
     if (!name || !name[0] || strlen(name) >= RLX_NAME_MAX)
         return rlx_set_error(RLX_ERR_INVALID, "%s name must be 1..%d characters", what, RLX_NAME_MAX - 1);
     for (int i = 0; i < g->n_nodes; i++)
-        if ((g->nodes[i].op == RLX_OP_INPUT || g->nodes[i].op == RLX_OP_PARAM) && strcmp(g->nodes[i].name, name) == 0)
+        if ((g->nodes[i].op == RLX_OP_INPUT || g->nodes[i].op == RLX_OP_PARAM || g->nodes[i].op == RLX_OP_STATE) &&
+            strcmp(g->nodes[i].name, name) == 0)
             return rlx_set_error(RLX_ERR_INVALID, "%s name '%s' is already used by node %d", what, name, i);
     return RLX_OK;
 }
@@ -93,7 +94,7 @@ static rlx_status check_name_free(const struct rlx_graph *g, const char *name, c
 static rlx_status add_leaf(struct rlx_graph *g, enum rlx_op op, const char *name, enum rlx_dtype dt, int ndim,
                            const struct rlx_dim *shape, int *out_id)
 {
-    const char *what = op == RLX_OP_INPUT ? "input" : "param";
+    const char *what = rlx_op_table[op].name;
     RLX_TRY(check_name_free(g, name, what));
     if ((unsigned)dt >= RLX_DTYPE_COUNT) return rlx_set_error(RLX_ERR_DTYPE, "%s '%s': bad dtype %d", what, name, (int)dt);
     if (ndim < 0 || ndim > RLX_MAX_DIMS)
@@ -136,11 +137,17 @@ rlx_status rlx_graph_param(struct rlx_graph *g, const char *name, enum rlx_dtype
     return add_leaf(g, RLX_OP_PARAM, name, dt, ndim, shape, out_id);
 }
 
-rlx_status rlx_graph_op(struct rlx_graph *g, enum rlx_op op, int n_inputs, const int *inputs,
-                        const struct rlx_attrs *attrs, int *out_id)
+rlx_status rlx_graph_state(struct rlx_graph *g, const char *name, enum rlx_dtype dt, int ndim,
+                           const struct rlx_dim *shape, int *out_id)
+{
+    return add_leaf(g, RLX_OP_STATE, name, dt, ndim, shape, out_id);
+}
+
+static rlx_status add_op(struct rlx_graph *g, enum rlx_op op, int n_inputs, const int *inputs,
+                         const struct rlx_attrs *attrs, int *out_id, bool internal)
 {
     if ((unsigned)op >= RLX_OP_COUNT) return rlx_set_error(RLX_ERR_INVALID, "unknown op %d", (int)op);
-    if (!rlx_op_table[op].user)
+    if (!internal && !rlx_op_table[op].user)
         return rlx_set_error(RLX_ERR_INVALID, "op '%s' cannot be added directly (use the builder call for it)",
                              rlx_op_table[op].name);
     if (n_inputs < 0 || n_inputs > RLX_MAX_INPUTS)
@@ -162,6 +169,17 @@ rlx_status rlx_graph_op(struct rlx_graph *g, enum rlx_op op, int n_inputs, const
     g->nodes[g->n_nodes] = n;
     *out_id = g->n_nodes++;
     return RLX_OK;
+}
+
+rlx_status rlx_graph_op(struct rlx_graph *g, enum rlx_op op, int n_inputs, const int *inputs,
+                        const struct rlx_attrs *attrs, int *out_id)
+{
+    return add_op(g, op, n_inputs, inputs, attrs, out_id, false);
+}
+
+rlx_status rlx_graph_cache_write(struct rlx_graph *g, int state, int rows, int pos, int *out_id)
+{
+    return add_op(g, RLX_OP_CACHE_WRITE, 3, (int[]){state, rows, pos}, NULL, out_id, true);
 }
 
 rlx_status rlx_graph_output(struct rlx_graph *g, int id, const char *name)

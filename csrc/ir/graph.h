@@ -18,7 +18,7 @@ struct rlx_node {
     int ndim;
     struct rlx_dim shape[RLX_MAX_DIMS];
     struct rlx_attrs attrs;
-    char name[RLX_NAME_MAX];         /* INPUT / PARAM name; "" otherwise */
+    char name[RLX_NAME_MAX];         /* INPUT / PARAM / STATE name; "" otherwise */
     int companion;                   /* ADD_RMSNORM: id of its FUSED_OUT node; -1 otherwise */
     bool dead;                       /* removed by a pass */
 };
@@ -41,7 +41,14 @@ struct rlx_op_info {
     /* Sets n's dtype and shape from its inputs, or fails naming the node and the shapes. */
     rlx_status (*infer)(const struct rlx_graph *g, int id, struct rlx_node *n);
 };
-extern const struct rlx_op_info rlx_op_table[RLX_OP_COUNT];
+extern const struct rlx_op_info rlx_op_table[]; /* RLX_OP_COUNT rows */
+
+/* Builder calls for the internal ops (not addable with rlx_graph_op): a STATE leaf (a named tensor
+ * bound per run by its owner, e.g. one layer's K cache; dims may be symbolic), and a CACHE_WRITE
+ * of rows at positions pos into a state (see rlx.h). */
+rlx_status rlx_graph_state(struct rlx_graph *g, const char *name, enum rlx_dtype dt, int ndim,
+                           const struct rlx_dim *shape, int *out_id);
+rlx_status rlx_graph_cache_write(struct rlx_graph *g, int state, int rows, int pos, int *out_id);
 
 /* Runs the op's shape rule on node id (checks arity too). */
 rlx_status rlx_infer_node(const struct rlx_graph *g, int id, struct rlx_node *n);
@@ -49,7 +56,7 @@ rlx_status rlx_infer_node(const struct rlx_graph *g, int id, struct rlx_node *n)
 /* Dim helpers. */
 struct rlx_dim rlx_dim_add(const struct rlx_dim *a, const struct rlx_dim *b);
 /* Value of d with symbol values vals; bound[s] false for an unbound symbol used by d -> returns
- * false. */
+ * false. A value that overflows int64 evaluates to INT64_MAX (which every size check refuses). */
 bool rlx_dim_eval(const struct rlx_dim *d, const int64_t *vals, const bool *bound, int64_t *out);
 /* "(SEQ, 8, 64)" */
 void rlx_shape_format(const struct rlx_graph *g, int ndim, const struct rlx_dim *shape, char *buf, size_t cap);

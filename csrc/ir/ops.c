@@ -65,13 +65,34 @@ static rlx_status infer_leaf(const struct rlx_graph *g, int id, struct rlx_node 
 
 static bool is_lowp(enum rlx_dtype dt) { return dt == RLX_BF16 || dt == RLX_F16; }
 
+/* A weight of a matmul or an embedding: any real-valued dtype (f32, 16-bit, the block types).
+ * Other than f32 it must be stored (N, K) with constant K of whole blocks. */
+static bool weight_fits(const struct rlx_node *w, enum rlx_dtype *bad_block)
+{
+    const struct rlx_dtype_traits *t = rlx_dtype_traits(w->dtype);
+    int64_t k;
+    *bad_block = RLX_DTYPE_COUNT;
+    if (!t || !t->is_float) return false;
+    if (t->block_size > 1 && (w->ndim != 2 || !const_dim(&w->shape[1], &k) || k % t->block_size)) {
+        *bad_block = w->dtype;
+        return false;
+    }
+    return true;
+}
+
+/* Shape ops move whole elements: block types stay out of them. */
+static bool elementwise_dtype(enum rlx_dtype dt) { return rlx_dtype_traits(dt)->block_size == 1; }
+
 static rlx_status infer_matmul(const struct rlx_graph *g, int id, struct rlx_node *n)
 {
     const struct rlx_node *a = IN(0), *b = IN(1);
-    if (a->dtype != RLX_F32 || (b->dtype != RLX_F32 && !is_lowp(b->dtype)))
-        return fail(g, id, n, RLX_ERR_DTYPE, "matmul takes f32 a and an f32, bf16 or f16 b");
-    if (is_lowp(b->dtype) && !n->attrs.trans_b)
-        return fail(g, id, n, RLX_ERR_DTYPE, "a bf16 / f16 b must be stored (N, K) and read with trans_b");
+    enum rlx_dtype bad;
+    if (a->dtype != RLX_F32 || !weight_fits(b, &bad))
+        return fail(g, id, n, RLX_ERR_DTYPE, bad != RLX_DTYPE_COUNT
+                                                 ? "a block-type b must be (N, K) with K a whole number of blocks"
+                                                 : "matmul takes f32 a and a real-valued b (f32, f16, bf16, q8_0)");
+    if (b->dtype != RLX_F32 && !n->attrs.trans_b)
+        return fail(g, id, n, RLX_ERR_DTYPE, "a b other than f32 must be stored (N, K) and read with trans_b");
     if (a->ndim < 1 || b->ndim != 2) return fail(g, id, n, RLX_ERR_SHAPE, "a must have rank >= 1 and b rank 2");
     const struct rlx_dim *kb = n->attrs.trans_b ? &b->shape[1] : &b->shape[0];
     const struct rlx_dim *nb = n->attrs.trans_b ? &b->shape[0] : &b->shape[1];
@@ -88,8 +109,9 @@ static rlx_status infer_matmul(const struct rlx_graph *g, int id, struct rlx_nod
 static rlx_status infer_embedding(const struct rlx_graph *g, int id, struct rlx_node *n)
 {
     const struct rlx_node *t = IN(0), *ids = IN(1);
-    if ((t->dtype != RLX_F32 && !is_lowp(t->dtype)) || ids->dtype != RLX_I32)
-        return fail(g, id, n, RLX_ERR_DTYPE, "embedding takes an f32, bf16 or f16 table and i32 ids");
+    enum rlx_dtype bad;
+    if (!weight_fits(t, &bad) || ids->dtype != RLX_I32)
+        return fail(g, id, n, RLX_ERR_DTYPE, "embedding takes a real-valued table (rows of whole blocks) and i32 ids");
     if (t->ndim != 2 || ids->ndim < 1 || ids->ndim > RLX_MAX_DIMS - 1)
         return fail(g, id, n, RLX_ERR_SHAPE, "table must be (V, D) and ids of rank 1..3");
     struct rlx_dim shape[RLX_MAX_DIMS];
@@ -162,35 +184,28 @@ static rlx_status infer_silu_mul(const struct rlx_graph *g, int id, struct rlx_n
     return RLX_OK;
 }
 
-/* Inputs: q, k, v [, k_past, v_past] [, mask]: 3 = none, 4 = mask, 5 = past, 6 = past + mask. */
+static bool is_kv_dtype(enum rlx_dtype dt) { return dt == RLX_F32 || is_lowp(dt); }
+
+/* Inputs: q, k, v [, mask]. */
 static rlx_status infer_attention(const struct rlx_graph *g, int id, struct rlx_node *n)
 {
-    if (n->n_in < 3 || n->n_in > 6)
-        return fail(g, id, n, RLX_ERR_INVALID, "takes q, k, v [, k_past, v_past] [, mask]");
-    bool has_past = n->n_in >= 5, has_mask = n->n_in == 4 || n->n_in == 6;
-    int n_f32 = has_past ? 5 : 3;
-    if (!all_f32(g, n, n_f32)) return fail(g, id, n, RLX_ERR_DTYPE, "q, k, v and past k/v must be f32");
     const struct rlx_node *q = IN(0), *k = IN(1), *v = IN(2);
+    if (q->dtype != RLX_F32 || !is_kv_dtype(k->dtype) || v->dtype != k->dtype)
+        return fail(g, id, n, RLX_ERR_DTYPE, "q must be f32, k and v f32, f16 or bf16 (the same dtype)");
     int64_t hq, hkv, d;
     if (q->ndim != 3 || !same_shape(k, v) || k->ndim != 3 || !const_dim(&q->shape[1], &hq) ||
-        !const_dim(&k->shape[1], &hkv) || !const_dim(&q->shape[2], &d) || !rlx_dim_equal(&k->shape[2], &q->shape[2]) ||
-        !rlx_dim_equal(&k->shape[0], &q->shape[0]))
-        return fail(g, id, n, RLX_ERR_SHAPE, "q must be (S, Hq, D), k and v (S, Hkv, D) with constant heads and D");
+        !const_dim(&k->shape[1], &hkv) || !const_dim(&q->shape[2], &d) || !rlx_dim_equal(&k->shape[2], &q->shape[2]))
+        return fail(g, id, n, RLX_ERR_SHAPE, "q must be (S, Hq, D), k and v (T, Hkv, D) with constant heads and D");
     if (hkv < 1 || hq % hkv) return fail(g, id, n, RLX_ERR_SHAPE, "query heads must be a multiple of kv heads");
-    struct rlx_dim total = q->shape[0];
-    if (has_past) {
-        const struct rlx_node *kp = IN(3), *vp = IN(4);
-        if (!same_shape(kp, vp) || kp->ndim != 3 || !rlx_dim_equal(&kp->shape[1], &k->shape[1]) ||
-            !rlx_dim_equal(&kp->shape[2], &k->shape[2]))
-            return fail(g, id, n, RLX_ERR_SHAPE, "k_past and v_past must be (P, Hkv, D)");
-        total = rlx_dim_add(&kp->shape[0], &q->shape[0]);
-    }
-    if (has_mask) {
-        const struct rlx_node *m = IN(n->n_in - 1);
+    int64_t s, t;
+    if (const_dim(&q->shape[0], &s) && const_dim(&k->shape[0], &t) && t < s)
+        return fail(g, id, n, RLX_ERR_SHAPE, "fewer keys than queries (T < S): the queries are the last T positions");
+    if (n->n_in == 4) {
+        const struct rlx_node *m = IN(3);
         if (m->dtype != RLX_F32 && m->dtype != RLX_U8)
             return fail(g, id, n, RLX_ERR_DTYPE, "mask must be f32 (additive) or u8 (1 = attend)");
-        if (m->ndim != 2 || !rlx_dim_equal(&m->shape[0], &q->shape[0]) || !rlx_dim_equal(&m->shape[1], &total))
-            return fail(g, id, n, RLX_ERR_SHAPE, "mask must be (S, P+S)");
+        if (m->ndim != 2 || !rlx_dim_equal(&m->shape[0], &q->shape[0]) || !rlx_dim_equal(&m->shape[1], &k->shape[0]))
+            return fail(g, id, n, RLX_ERR_SHAPE, "mask must be (S, T)");
     }
     if (n->attrs.window < 0) return fail(g, id, n, RLX_ERR_INVALID, "window must be >= 0");
     if (!(n->attrs.scale > 0.0f)) return fail(g, id, n, RLX_ERR_INVALID, "scale must be > 0");
@@ -198,9 +213,36 @@ static rlx_status infer_attention(const struct rlx_graph *g, int id, struct rlx_
     return RLX_OK;
 }
 
+/* Inputs: state (T, ...), rows f32 (S, ...), pos i32 (S). The state must be a STATE leaf or an
+ * earlier write to one: the write lands in the state's own memory. */
+static rlx_status infer_cache_write(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *st = IN(0), *rows = IN(1), *pos = IN(2);
+    if (st->op != RLX_OP_STATE && st->op != RLX_OP_CACHE_WRITE)
+        return fail(g, id, n, RLX_ERR_INVALID, "the first input must be a state (or a write to one)");
+    if (!is_kv_dtype(st->dtype) || rows->dtype != RLX_F32 || pos->dtype != RLX_I32)
+        return fail(g, id, n, RLX_ERR_DTYPE, "takes an f32, f16 or bf16 state, f32 rows and i32 positions");
+    bool ok = st->ndim >= 1 && rows->ndim == st->ndim && pos->ndim == 1 && rlx_dim_equal(&pos->shape[0], &rows->shape[0]);
+    for (int i = 1; ok && i < st->ndim; i++) ok = rlx_dim_equal(&st->shape[i], &rows->shape[i]);
+    if (!ok) return fail(g, id, n, RLX_ERR_SHAPE, "rows must be (S, ...) with the state's trailing dims, pos (S)");
+    set_out(n, st->dtype, st->ndim, st->shape);
+    return RLX_OK;
+}
+
+static rlx_status infer_convert(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *x = IN(0);
+    if (x->dtype != RLX_F32 || !is_kv_dtype((enum rlx_dtype)n->attrs.dtype))
+        return fail(g, id, n, RLX_ERR_DTYPE, "converts f32 to f32, f16 or bf16 (attrs.dtype)");
+    if (x->ndim < 1) return fail(g, id, n, RLX_ERR_SHAPE, "needs rank >= 1");
+    set_out(n, (enum rlx_dtype)n->attrs.dtype, x->ndim, x->shape);
+    return RLX_OK;
+}
+
 static rlx_status infer_gather_last(const struct rlx_graph *g, int id, struct rlx_node *n)
 {
     const struct rlx_node *x = IN(0);
+    if (!elementwise_dtype(x->dtype)) return fail(g, id, n, RLX_ERR_DTYPE, "takes no block types");
     if (x->ndim < 1) return fail(g, id, n, RLX_ERR_SHAPE, "needs rank >= 1");
     struct rlx_dim shape[RLX_MAX_DIMS];
     memcpy(shape, x->shape, sizeof shape);
@@ -218,7 +260,8 @@ static bool norm_axis(int ndim, int32_t *axis)
 static rlx_status infer_concat(const struct rlx_graph *g, int id, struct rlx_node *n)
 {
     const struct rlx_node *a = IN(0), *b = IN(1);
-    if (a->dtype != b->dtype) return fail(g, id, n, RLX_ERR_DTYPE, "operands must share a dtype");
+    if (a->dtype != b->dtype || !elementwise_dtype(a->dtype))
+        return fail(g, id, n, RLX_ERR_DTYPE, "operands must share a dtype (not a block type)");
     if (a->ndim != b->ndim || !norm_axis(a->ndim, &n->attrs.axis))
         return fail(g, id, n, RLX_ERR_SHAPE, "operands must share a rank and the axis must be inside it");
     for (int i = 0; i < a->ndim; i++)
@@ -234,6 +277,7 @@ static rlx_status infer_concat(const struct rlx_graph *g, int id, struct rlx_nod
 static rlx_status infer_slice(const struct rlx_graph *g, int id, struct rlx_node *n)
 {
     const struct rlx_node *x = IN(0);
+    if (!elementwise_dtype(x->dtype)) return fail(g, id, n, RLX_ERR_DTYPE, "takes no block types");
     if (x->ndim < 1 || !norm_axis(x->ndim, &n->attrs.axis))
         return fail(g, id, n, RLX_ERR_SHAPE, "the axis must be inside x's rank");
     if (n->attrs.len < 1) return fail(g, id, n, RLX_ERR_INVALID, "len must be >= 1");
@@ -253,6 +297,7 @@ static rlx_status infer_slice(const struct rlx_graph *g, int id, struct rlx_node
 static rlx_status infer_reshape(const struct rlx_graph *g, int id, struct rlx_node *n)
 {
     const struct rlx_node *x = IN(0);
+    if (!elementwise_dtype(x->dtype)) return fail(g, id, n, RLX_ERR_DTYPE, "takes no block types");
     if (n->attrs.ndim < 1 || n->attrs.ndim > RLX_MAX_DIMS)
         return fail(g, id, n, RLX_ERR_SHAPE, "target rank must be 1..4");
     for (int i = 0; i < n->attrs.ndim; i++)
@@ -277,27 +322,39 @@ static rlx_status infer_fused_out(const struct rlx_graph *g, int id, struct rlx_
     return RLX_OK;
 }
 
-const struct rlx_op_info rlx_op_table[RLX_OP_COUNT] = {
-    [RLX_OP_INPUT] = {.name = "input", .min_in = 0, .max_in = 0, .user = false, .infer = infer_leaf},
-    [RLX_OP_PARAM] = {.name = "param", .min_in = 0, .max_in = 0, .user = false, .infer = infer_leaf},
-    [RLX_OP_MATMUL] = {.name = "matmul", .min_in = 2, .max_in = 2, .user = true, .infer = infer_matmul},
-    [RLX_OP_EMBEDDING] = {.name = "embedding", .min_in = 2, .max_in = 2, .user = true, .infer = infer_embedding},
-    [RLX_OP_RMSNORM] = {.name = "rmsnorm", .min_in = 2, .max_in = 2, .user = true, .infer = infer_rmsnorm},
-    [RLX_OP_ROPE] = {.name = "rope", .min_in = 3, .max_in = 3, .user = true, .infer = infer_rope},
-    [RLX_OP_SOFTMAX] = {.name = "softmax", .min_in = 1, .max_in = 1, .user = true, .infer = infer_unary},
-    [RLX_OP_SILU] = {.name = "silu", .min_in = 1, .max_in = 1, .user = true, .infer = infer_unary},
-    [RLX_OP_ADD] = {.name = "add", .min_in = 2, .max_in = 2, .user = true, .infer = infer_binary},
-    [RLX_OP_MUL] = {.name = "mul", .min_in = 2, .max_in = 2, .user = true, .infer = infer_binary},
-    [RLX_OP_ATTENTION] = {.name = "attention", .min_in = 3, .max_in = 6, .user = true, .infer = infer_attention},
-    [RLX_OP_GATHER_LAST] = {.name = "gather_last", .min_in = 1, .max_in = 1, .user = true, .infer = infer_gather_last},
-    [RLX_OP_CONCAT] = {.name = "concat", .min_in = 2, .max_in = 2, .user = true, .infer = infer_concat},
-    [RLX_OP_SLICE] = {.name = "slice", .min_in = 1, .max_in = 1, .user = true, .infer = infer_slice},
-    [RLX_OP_RESHAPE] = {.name = "reshape", .min_in = 1, .max_in = 1, .user = true, .infer = infer_reshape},
-    [RLX_OP_SILU_MUL] = {.name = "silu_mul", .min_in = 2, .max_in = 2, .user = false, .infer = infer_silu_mul},
-    [RLX_OP_ADD_RMSNORM] = {.name = "add_rmsnorm", .min_in = 3, .max_in = 3, .user = false, .infer = infer_add_rmsnorm},
-    [RLX_OP_FUSED_OUT] = {.name = "fused_out", .min_in = 1, .max_in = 1, .user = false, .infer = infer_fused_out},
-};
-static_assert(sizeof rlx_op_table / sizeof rlx_op_table[0] == RLX_OP_COUNT, "op table out of date");
+/* The rows, listed once: X(op, name, min inputs, max inputs, user-visible, shape rule). The table
+ * and a count of the rows are both made from this list; the static assertions below lock them to
+ * the enum (exactly RLX_OP_COUNT rows, none past it), and -Woverride-init (an error here) refuses
+ * an op listed twice, so every op has exactly one row. */
+#define OP_ROWS(X)                                                                                 \
+    X(RLX_OP_INPUT, "input", 0, 0, false, infer_leaf)                                              \
+    X(RLX_OP_PARAM, "param", 0, 0, false, infer_leaf)                                              \
+    X(RLX_OP_MATMUL, "matmul", 2, 2, true, infer_matmul)                                           \
+    X(RLX_OP_EMBEDDING, "embedding", 2, 2, true, infer_embedding)                                  \
+    X(RLX_OP_RMSNORM, "rmsnorm", 2, 2, true, infer_rmsnorm)                                        \
+    X(RLX_OP_ROPE, "rope", 3, 3, true, infer_rope)                                                 \
+    X(RLX_OP_SOFTMAX, "softmax", 1, 1, true, infer_unary)                                          \
+    X(RLX_OP_SILU, "silu", 1, 1, true, infer_unary)                                                \
+    X(RLX_OP_ADD, "add", 2, 2, true, infer_binary)                                                 \
+    X(RLX_OP_MUL, "mul", 2, 2, true, infer_binary)                                                 \
+    X(RLX_OP_ATTENTION, "attention", 3, 4, true, infer_attention)                                  \
+    X(RLX_OP_GATHER_LAST, "gather_last", 1, 1, true, infer_gather_last)                            \
+    X(RLX_OP_CONCAT, "concat", 2, 2, true, infer_concat)                                           \
+    X(RLX_OP_SLICE, "slice", 1, 1, true, infer_slice)                                              \
+    X(RLX_OP_RESHAPE, "reshape", 1, 1, true, infer_reshape)                                        \
+    X(RLX_OP_SILU_MUL, "silu_mul", 2, 2, false, infer_silu_mul)                                    \
+    X(RLX_OP_ADD_RMSNORM, "add_rmsnorm", 3, 3, false, infer_add_rmsnorm)                           \
+    X(RLX_OP_FUSED_OUT, "fused_out", 1, 1, false, infer_fused_out)                                 \
+    X(RLX_OP_STATE, "state", 0, 0, false, infer_leaf)                                              \
+    X(RLX_OP_CACHE_WRITE, "cache_write", 3, 3, false, infer_cache_write)                           \
+    X(RLX_OP_CONVERT, "convert", 1, 1, true, infer_convert)
+
+#define AS_ROW(op, nm, lo, hi, usr, fn) [op] = {.name = nm, .min_in = lo, .max_in = hi, .user = usr, .infer = fn},
+#define PLUS_ONE(...) +1
+
+const struct rlx_op_info rlx_op_table[] = {OP_ROWS(AS_ROW)};
+static_assert(0 OP_ROWS(PLUS_ONE) == RLX_OP_COUNT, "op table: one row per op");
+static_assert(sizeof rlx_op_table / sizeof rlx_op_table[0] == RLX_OP_COUNT, "op table: a row past the enum");
 
 rlx_status rlx_infer_node(const struct rlx_graph *g, int id, struct rlx_node *n)
 {

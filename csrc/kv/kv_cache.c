@@ -1,117 +1,116 @@
 /*
- * kv_cache.c - the per-stream key/value cache (contract: rlx/kv.h). It reserves the address space
- * for the full capacity of every layer in one anonymous MAP_NORESERVE mapping at creation, so the
- * kernel commits pages only as rows are written, nothing is ever reallocated per step, and every
- * pointer handed out stays put until rlx_kv_cache_free. It must never remap, move or shrink the
- * mapping while the cache lives (callers hold NumPy views into it), and never print or exit.
- *
- * Layout: one mapping of n_layers * 2 blocks of (capacity, row) f32, in the order
- * K[0], V[0], K[1], V[1], ...; block b starts at base + b * capacity * row floats.
+ * kv_cache.c - the per-sequence key/value cache (contract: rlx/kv.h), in device memory. Each layer
+ * has a K and a V buffer of (capacity, row) elements; plans bind them as states and write new rows
+ * in place, so the host never sees them per step. Capacity starts at nothing and grows
+ * geometrically (at least 256 positions, doubling, capped at the maximum), copying the filled
+ * rows on the device; on host devices the buffers are lazily committed mappings, so a cache costs
+ * the pages its rows touch. Never prints or exits; every size is computed with checked arithmetic.
  */
 #include "rlx/kv.h"
 
 #include <stdlib.h>
-#include <sys/mman.h>
 
+#include "backends/backend.h"
 #include "core/core.h"
 
+#define MIN_CAPACITY 256
+
 struct rlx_kv_cache {
+    struct rlx_device *dev;     /* borrowed */
     int64_t n_layers;
-    int64_t row;       /* floats per cached position: n_kv_heads * head_dim */
-    int64_t capacity;  /* positions reserved per layer */
-    int64_t len;       /* positions filled, in [0, capacity] */
-    float *base;       /* (n_layers, 2, capacity, row): K then V of each layer */
-    size_t bytes;      /* size of the mapping at base */
+    int64_t row;                /* elements per cached position: n_kv_heads * head_dim */
+    int64_t capacity;           /* positions allocated per layer */
+    int64_t max_capacity;
+    int64_t len;                /* positions filled, in [0, capacity] */
+    enum rlx_dtype dtype;
+    size_t row_bytes;           /* bytes of one position of one layer's K (or V) */
+    struct rlx_buffer **buf;    /* (n_layers, 2): K then V of each layer, (capacity, row) each */
 };
 
-rlx_status rlx_kv_cache_create(int64_t n_layers, int64_t row, int64_t capacity, struct rlx_kv_cache **out) {
-    if (!out)
-        return rlx_set_error(RLX_ERR_INVALID, "kv cache: out is NULL");
-    if (n_layers < 1 || row < 1 || capacity < 1)
+rlx_status rlx_kv_cache_create(struct rlx_device *dev, int64_t n_layers, int64_t row, int64_t max_capacity,
+                               enum rlx_dtype dtype, struct rlx_kv_cache **out)
+{
+    if (!dev || !out) return rlx_set_error(RLX_ERR_INVALID, "kv cache: no device");
+    if (n_layers < 1 || row < 1 || max_capacity < 1)
         return rlx_set_error(RLX_ERR_INVALID, "kv cache: n_layers, row and capacity must be >= 1, got %lld, %lld, %lld",
-                             (long long)n_layers, (long long)row, (long long)capacity);
-    /* floats = n_layers * 2 * capacity * row, and bytes = floats * 4, must both fit. */
-    const uint64_t limit = (uint64_t)(SIZE_MAX < INT64_MAX ? SIZE_MAX : INT64_MAX) / sizeof(float);
-    uint64_t floats = (uint64_t)capacity;
-    if (floats > limit / (uint64_t)row || (floats *= (uint64_t)row) > limit / 2 ||
-        (floats *= 2) > limit / (uint64_t)n_layers)
-        return rlx_set_error(RLX_ERR_INVALID, "kv cache: %lld layers x 2 x %lld positions x %lld floats overflows",
-                             (long long)n_layers, (long long)capacity, (long long)row);
-    floats *= (uint64_t)n_layers;
-    size_t bytes = (size_t)floats * sizeof(float);
-
+                             (long long)n_layers, (long long)row, (long long)max_capacity);
+    if (dtype != RLX_F32 && dtype != RLX_F16 && dtype != RLX_BF16)
+        return rlx_set_error(RLX_ERR_INVALID, "kv cache: dtype must be f32, f16 or bf16, got %s", rlx_dtype_name(dtype));
+    size_t row_bytes, layer_bytes, total;
+    if (rlx_dtype_bytes(dtype, row, &row_bytes) != RLX_OK || !rlx_size_mul(row_bytes, (size_t)max_capacity, &layer_bytes) ||
+        !rlx_size_mul(layer_bytes, (size_t)n_layers * 2, &total))
+        return rlx_set_error(RLX_ERR_RANGE, "kv cache: %lld layers x 2 x %lld positions x %lld %s overflows",
+                             (long long)n_layers, (long long)max_capacity, (long long)row, rlx_dtype_name(dtype));
     struct rlx_kv_cache *kv = rlx_calloc(1, sizeof *kv);
-    if (!kv)
-        return RLX_ERR_NOMEM;
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) {
+    if (!kv) return RLX_ERR_NOMEM;
+    kv->buf = rlx_calloc((size_t)n_layers * 2, sizeof *kv->buf);
+    if (!kv->buf) {
         free(kv);
-        return rlx_set_error(RLX_ERR_NOMEM, "kv cache: cannot reserve %zu bytes (%lld layers x 2 x %lld x %lld f32)",
-                             bytes, (long long)n_layers, (long long)capacity, (long long)row);
+        return RLX_ERR_NOMEM;
     }
+    kv->dev = dev;
     kv->n_layers = n_layers;
     kv->row = row;
-    kv->capacity = capacity;
-    kv->len = 0;
-    kv->base = p;
-    kv->bytes = bytes;
+    kv->max_capacity = max_capacity;
+    kv->dtype = dtype;
+    kv->row_bytes = row_bytes;
     *out = kv;
     return RLX_OK;
 }
 
-void rlx_kv_cache_free(struct rlx_kv_cache *kv) {
-    if (!kv)
-        return;
-    munmap(kv->base, kv->bytes);
+void rlx_kv_cache_free(struct rlx_kv_cache *kv)
+{
+    if (!kv) return;
+    for (int64_t b = 0; b < kv->n_layers * 2; b++) rlx_dev_free(kv->dev, kv->buf[b]);
+    free(kv->buf);
     free(kv);
 }
 
 int64_t rlx_kv_cache_len(const struct rlx_kv_cache *kv) { return kv ? kv->len : 0; }
 int64_t rlx_kv_cache_capacity(const struct rlx_kv_cache *kv) { return kv ? kv->capacity : 0; }
+int64_t rlx_kv_cache_max_capacity(const struct rlx_kv_cache *kv) { return kv ? kv->max_capacity : 0; }
 int64_t rlx_kv_cache_row(const struct rlx_kv_cache *kv) { return kv ? kv->row : 0; }
 int64_t rlx_kv_cache_layers(const struct rlx_kv_cache *kv) { return kv ? kv->n_layers : 0; }
+enum rlx_dtype rlx_kv_cache_dtype(const struct rlx_kv_cache *kv) { return kv ? kv->dtype : RLX_F32; }
 
-/* Block b of the layout: (capacity, row). */
-static float *block(struct rlx_kv_cache *kv, int64_t b) {
-    return kv->base + (size_t)b * (size_t)kv->capacity * (size_t)kv->row;
+size_t rlx_kv_cache_bytes(const struct rlx_kv_cache *kv)
+{
+    /* fits: capacity <= max_capacity, whose total was checked at creation */
+    return kv ? kv->row_bytes * (size_t)kv->capacity * (size_t)kv->n_layers * 2 : 0;
 }
 
-float *rlx_kv_cache_k(struct rlx_kv_cache *kv, int64_t layer) {
-    if (!kv || layer < 0 || layer >= kv->n_layers)
-        return NULL;
-    return block(kv, 2 * layer);
-}
-
-float *rlx_kv_cache_v(struct rlx_kv_cache *kv, int64_t layer) {
-    if (!kv || layer < 0 || layer >= kv->n_layers)
-        return NULL;
-    return block(kv, 2 * layer + 1);
-}
-
-rlx_status rlx_kv_cache_slot(struct rlx_kv_cache *kv, int64_t layer, int64_t n, float **k_out, float **v_out) {
-    if (!kv)
-        return rlx_set_error(RLX_ERR_INVALID, "kv cache: cache is NULL");
-    if (layer < 0 || layer >= kv->n_layers)
-        return rlx_set_error(RLX_ERR_INVALID, "kv cache: layer %lld is outside [0, %lld)",
-                             (long long)layer, (long long)kv->n_layers);
-    if (n < 0)
-        return rlx_set_error(RLX_ERR_INVALID, "kv cache: slot of %lld rows (must be >= 0)", (long long)n);
-    if (n > kv->capacity - kv->len)
-        return rlx_set_error(RLX_ERR_RANGE, "kv cache: %lld new rows after %lld exceed the capacity %lld",
-                             (long long)n, (long long)kv->len, (long long)kv->capacity);
-    size_t off = (size_t)kv->len * (size_t)kv->row;
-    if (k_out)
-        *k_out = block(kv, 2 * layer) + off;
-    if (v_out)
-        *v_out = block(kv, 2 * layer + 1) + off;
+rlx_status rlx_kv_cache_reserve(struct rlx_kv_cache *kv, int64_t n)
+{
+    if (n <= kv->capacity) return RLX_OK;
+    if (n > kv->max_capacity)
+        return rlx_set_error(RLX_ERR_RANGE, "kv cache: %lld positions exceed its maximum of %lld", (long long)n,
+                             (long long)kv->max_capacity);
+    int64_t cap = kv->capacity * 2 > MIN_CAPACITY ? kv->capacity * 2 : MIN_CAPACITY;
+    cap = cap < n ? n : cap;
+    cap = cap > kv->max_capacity ? kv->max_capacity : cap;
+    const int64_t nb = kv->n_layers * 2;
+    struct rlx_buffer **fresh = rlx_calloc((size_t)nb, sizeof *fresh);
+    if (!fresh) return RLX_ERR_NOMEM;
+    rlx_status s = RLX_OK;
+    for (int64_t b = 0; b < nb && s == RLX_OK; b++) {
+        s = rlx_dev_alloc(kv->dev, kv->row_bytes * (size_t)cap, &fresh[b]);
+        if (s == RLX_OK && kv->buf[b]) s = rlx_dev_copy(kv->dev, fresh[b], 0, kv->buf[b], 0, kv->row_bytes * (size_t)kv->len);
+    }
+    if (s != RLX_OK) {
+        for (int64_t b = 0; b < nb; b++) rlx_dev_free(kv->dev, fresh[b]);
+        free(fresh);
+        return rlx_error_context(s, "kv cache: growing to %lld positions", (long long)cap);
+    }
+    for (int64_t b = 0; b < nb; b++) rlx_dev_free(kv->dev, kv->buf[b]);
+    free(kv->buf);
+    kv->buf = fresh;
+    kv->capacity = cap;
     return RLX_OK;
 }
 
-rlx_status rlx_kv_cache_advance(struct rlx_kv_cache *kv, int64_t n) {
-    if (!kv)
-        return rlx_set_error(RLX_ERR_INVALID, "kv cache: cache is NULL");
-    if (n < 0)
-        return rlx_set_error(RLX_ERR_INVALID, "kv cache: advance by %lld rows (must be >= 0)", (long long)n);
+rlx_status rlx_kv_cache_advance(struct rlx_kv_cache *kv, int64_t n)
+{
+    if (n < 0) return rlx_set_error(RLX_ERR_INVALID, "kv cache: advance by %lld rows (must be >= 0)", (long long)n);
     if (n > kv->capacity - kv->len)
         return rlx_set_error(RLX_ERR_RANGE, "kv cache: advancing %lld rows after %lld exceeds the capacity %lld",
                              (long long)n, (long long)kv->len, (long long)kv->capacity);
@@ -119,12 +118,59 @@ rlx_status rlx_kv_cache_advance(struct rlx_kv_cache *kv, int64_t n) {
     return RLX_OK;
 }
 
-rlx_status rlx_kv_cache_truncate(struct rlx_kv_cache *kv, int64_t n) {
-    if (!kv)
-        return rlx_set_error(RLX_ERR_INVALID, "kv cache: cache is NULL");
-    if (n < 0)
-        return rlx_set_error(RLX_ERR_INVALID, "kv cache: truncate to %lld rows (must be >= 0)", (long long)n);
-    if (n < kv->len)
-        kv->len = n;
+rlx_status rlx_kv_cache_truncate(struct rlx_kv_cache *kv, int64_t n)
+{
+    if (n < 0) return rlx_set_error(RLX_ERR_INVALID, "kv cache: truncate to %lld rows (must be >= 0)", (long long)n);
+    if (n < kv->len) kv->len = n;
+    return RLX_OK;
+}
+
+struct rlx_buffer *rlx_kv_cache_buffer(struct rlx_kv_cache *kv, int64_t layer, int which)
+{
+    if (!kv || layer < 0 || layer >= kv->n_layers || (which != 0 && which != 1)) return NULL;
+    return kv->buf[layer * 2 + which];
+}
+
+/* Checks a row range of one buffer and the host byte count; returns the byte offset. */
+static rlx_status rows_at(const struct rlx_kv_cache *kv, int64_t layer, int which, int64_t row0, int64_t n,
+                          int64_t limit, size_t bytes, size_t *offset)
+{
+    if (layer < 0 || layer >= kv->n_layers || (which != 0 && which != 1))
+        return rlx_set_error(RLX_ERR_INVALID, "kv cache: layer %lld / which %d outside [0, %lld) / {0, 1}",
+                             (long long)layer, which, (long long)kv->n_layers);
+    if (row0 < 0 || n < 0 || n > limit - row0)
+        return rlx_set_error(RLX_ERR_RANGE, "kv cache: rows [%lld, %lld) outside [0, %lld)", (long long)row0,
+                             (long long)(row0 + n), (long long)limit);
+    if (bytes != kv->row_bytes * (size_t)n)
+        return rlx_set_error(RLX_ERR_SHAPE, "kv cache: %lld rows hold %zu bytes, got %zu", (long long)n,
+                             kv->row_bytes * (size_t)n, bytes);
+    *offset = kv->row_bytes * (size_t)row0;
+    return RLX_OK;
+}
+
+rlx_status rlx_kv_cache_read(const struct rlx_kv_cache *kv, int64_t layer, int which, int64_t row0, int64_t n,
+                             void *dst, size_t bytes)
+{
+    size_t off;
+    RLX_TRY(rows_at(kv, layer, which, row0, n, kv->len, bytes, &off));
+    return n ? rlx_dev_download(kv->dev, kv->buf[layer * 2 + which], off, dst, bytes) : RLX_OK;
+}
+
+rlx_status rlx_kv_cache_write(struct rlx_kv_cache *kv, int64_t layer, int which, int64_t row0, int64_t n,
+                              const void *src, size_t bytes)
+{
+    size_t off;
+    RLX_TRY(rows_at(kv, layer, which, row0, n, kv->capacity, bytes, &off));
+    return n ? rlx_dev_upload(kv->dev, kv->buf[layer * 2 + which], off, src, bytes) : RLX_OK;
+}
+
+rlx_status rlx_kv_cache_copy(struct rlx_kv_cache *dst, const struct rlx_kv_cache *src)
+{
+    if (dst->dev != src->dev || dst->n_layers != src->n_layers || dst->row != src->row || dst->dtype != src->dtype)
+        return rlx_set_error(RLX_ERR_INVALID, "kv cache: copying between caches of different devices or shapes");
+    RLX_TRY(rlx_kv_cache_reserve(dst, src->len));
+    for (int64_t b = 0; b < src->n_layers * 2 && src->len; b++)
+        RLX_TRY(rlx_dev_copy(dst->dev, dst->buf[b], 0, src->buf[b], 0, src->row_bytes * (size_t)src->len));
+    dst->len = src->len;
     return RLX_OK;
 }

@@ -4,10 +4,16 @@
  * tied embeddings, head_dim independent of hidden / heads. RoPE's inverse frequencies come in as
  * the param "rope.inv_freq", so Llama 3 scaling is data. A block of layers [begin, end) is built
  * with optional ends (embedding, LM head), so the whole model and a pipeline stage are the same
- * code. Builds graphs only: never runs, never allocates tensors.
+ * code. With the KV cache (RLX_BLOCK_CACHE) each layer writes its new K/V rows into its cache
+ * state and attends over the cache; without it, K/V are rounded to the cache dtype so that both
+ * compute the same function. Each matrix param takes its dtype from the weight store (a GGUF file
+ * mixes them per tensor). The Hugging Face tensor names are made here and nowhere else:
+ * rlx_decoder_params lists them by building a block and reading its params back. Builds graphs
+ * only: never runs, never allocates tensors.
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
@@ -34,10 +40,8 @@ rlx_status rlx_model_config_check(const struct rlx_model_config *c)
         return rlx_set_error(RLX_ERR_INVALID, "model config: n_heads %lld is not a multiple of n_kv_heads %lld",
                              (long long)c->n_heads, (long long)c->n_kv_heads);
     if (c->head_dim % 2) return rlx_set_error(RLX_ERR_INVALID, "model config: head_dim %lld is odd", (long long)c->head_dim);
-    if (!(c->rms_norm_eps >= 0.0f)) return rlx_set_error(RLX_ERR_INVALID, "model config: rms_norm_eps must be >= 0");
-    if (c->weight_dtype != RLX_F32 && c->weight_dtype != RLX_BF16 && c->weight_dtype != RLX_F16)
-        return rlx_set_error(RLX_ERR_INVALID, "model config: weight_dtype must be f32, bf16 or f16, got %s",
-                             rlx_dtype_name(c->weight_dtype));
+    if (!(c->rms_norm_eps >= 0.0f) || !isfinite(c->rms_norm_eps))
+        return rlx_set_error(RLX_ERR_INVALID, "model config: rms_norm_eps must be a finite number >= 0");
     for (int64_t l = 0; l < c->n_layers; l++)
         if (c->layer_window[l] < 0)
             return rlx_set_error(RLX_ERR_INVALID, "model config: layer %lld has a negative window", (long long)l);
@@ -49,6 +53,7 @@ rlx_status rlx_model_config_check(const struct rlx_model_config *c)
 struct bld {
     struct rlx_graph *g;
     rlx_status s;
+    const struct rlx_weights *w;   /* dtypes of matrix params; NULL: f32 */
 };
 
 static int op(struct bld *b, enum rlx_op o, int n_in, const int *in, const struct rlx_attrs *a)
@@ -58,10 +63,16 @@ static int op(struct bld *b, enum rlx_op o, int n_in, const int *in, const struc
     return b->s == RLX_OK ? id : -1;
 }
 
-static int param(struct bld *b, enum rlx_dtype dt, int ndim, const int64_t *shape, const char *fmt, long long layer)
+/* The param named fmt % layer: made once (a tied LM head finds the embedding's). A matrix takes
+ * the store's dtype, anything else is f32. */
+static int param(struct bld *b, bool matrix, int ndim, const int64_t *shape, const char *fmt, long long layer)
 {
     char name[RLX_NAME_MAX];
     snprintf(name, sizeof name, fmt, layer);
+    for (int id = 0; b->s == RLX_OK && id < b->g->n_nodes; id++)
+        if (b->g->nodes[id].op == RLX_OP_PARAM && strcmp(b->g->nodes[id].name, name) == 0) return id;
+    enum rlx_dtype dt = RLX_F32;
+    if (b->s == RLX_OK && matrix && b->w) b->s = rlx_weights_info(b->w, name, &dt, NULL, NULL);
     struct rlx_dim dims[RLX_MAX_DIMS];
     for (int i = 0; i < ndim; i++) dims[i] = rlx_dim_const(shape[i]);
     int id = -1;
@@ -76,30 +87,45 @@ static int input(struct bld *b, const char *name, enum rlx_dtype dt, int ndim, c
     return b->s == RLX_OK ? id : -1;
 }
 
-static void output(struct bld *b, int id, const char *fmt, long long layer)
+static int state(struct bld *b, const char *fmt, long long layer, enum rlx_dtype dt, int ndim, const struct rlx_dim *dims)
 {
     char name[RLX_NAME_MAX];
     snprintf(name, sizeof name, fmt, layer);
-    if (b->s == RLX_OK) b->s = rlx_graph_output(b->g, id, name);
+    int id = -1;
+    if (b->s == RLX_OK) b->s = rlx_graph_state(b->g, name, dt, ndim, dims, &id);
+    return b->s == RLX_OK ? id : -1;
 }
 
-/* y (.., out) = x (.., in) @ W^T [+ bias], W = "<prefix>.weight" (out, in) of the weight dtype */
-static int linear(struct bld *b, const struct rlx_model_config *c, int x, int64_t in, int64_t out, bool bias,
-                  const char *prefix, long long layer)
+static int cache_write(struct bld *b, int st, int rows, int pos)
+{
+    int id = -1;
+    if (b->s == RLX_OK) b->s = rlx_graph_cache_write(b->g, st, rows, pos, &id);
+    return b->s == RLX_OK ? id : -1;
+}
+
+/* Marks id as an output; returns its output index. */
+static int output(struct bld *b, int id, const char *name)
+{
+    if (b->s == RLX_OK) b->s = rlx_graph_output(b->g, id, name);
+    return b->s == RLX_OK ? b->g->n_outputs - 1 : -1;
+}
+
+/* y (.., out) = x (.., in) @ W^T [+ bias], W = "<prefix>.weight" (out, in) */
+static int linear(struct bld *b, int x, int64_t in, int64_t out, bool bias, const char *prefix, long long layer)
 {
     char fmt[RLX_NAME_MAX];
     snprintf(fmt, sizeof fmt, "%s.weight", prefix);
     struct rlx_attrs tb = {.trans_b = 1};
-    int y = op(b, RLX_OP_MATMUL, 2, (int[]){x, param(b, c->weight_dtype, 2, (int64_t[]){out, in}, fmt, layer)}, &tb);
+    int y = op(b, RLX_OP_MATMUL, 2, (int[]){x, param(b, true, 2, (int64_t[]){out, in}, fmt, layer)}, &tb);
     if (!bias) return y;
     snprintf(fmt, sizeof fmt, "%s.bias", prefix);
-    return op(b, RLX_OP_ADD, 2, (int[]){y, param(b, RLX_F32, 1, (int64_t[]){out}, fmt, layer)}, NULL);
+    return op(b, RLX_OP_ADD, 2, (int[]){y, param(b, false, 1, (int64_t[]){out}, fmt, layer)}, NULL);
 }
 
 static int rmsnorm(struct bld *b, const struct rlx_model_config *c, int x, int64_t d, const char *name, long long layer)
 {
     struct rlx_attrs a = {.eps = c->rms_norm_eps};
-    return op(b, RLX_OP_RMSNORM, 2, (int[]){x, param(b, RLX_F32, 1, (int64_t[]){d}, name, layer)}, &a);
+    return op(b, RLX_OP_RMSNORM, 2, (int[]){x, param(b, false, 1, (int64_t[]){d}, name, layer)}, &a);
 }
 
 static int reshape(struct bld *b, int x, int ndim, const struct rlx_dim *shape)
@@ -109,34 +135,41 @@ static int reshape(struct bld *b, int x, int ndim, const struct rlx_dim *shape)
     return op(b, RLX_OP_RESHAPE, 1, (int[]){x}, &a);
 }
 
-struct block_io {
-    int pos, inv_freq;
-    struct rlx_dim seq, past;
-};
-
-/* The mask input for a layer with window w ("mask" or "mask_w<w>"), made on first use. */
-static int mask_input(struct bld *b, const struct rlx_block_spec *spec, int64_t w)
+/* The mask input for layers with window w, made on first use and recorded in io. */
+static int mask_input(struct bld *b, const struct rlx_block_spec *spec, struct rlx_block_io *io, int64_t w)
 {
+    for (int i = 0; i < io->n_masks; i++)
+        if (io->mask_window[i] == w) return io->mask[i];
+    if (b->s != RLX_OK) return -1;
+    if (io->n_masks == RLX_MAX_WINDOWS) {
+        b->s = rlx_set_error(RLX_ERR_UNSUPPORTED, "a masked block takes at most %d distinct layer windows",
+                             RLX_MAX_WINDOWS);
+        return -1;
+    }
     char name[RLX_NAME_MAX];
     if (w) snprintf(name, sizeof name, "mask_w%lld", (long long)w);
     else snprintf(name, sizeof name, "mask");
-    for (int id = 0; b->s == RLX_OK && id < b->g->n_nodes; id++)
-        if (b->g->nodes[id].op == RLX_OP_INPUT && strcmp(b->g->nodes[id].name, name) == 0) return id;
-    struct rlx_dim total = (spec->flags & RLX_BLOCK_PAST) ? rlx_dim_add(&spec->past, &spec->seq) : spec->seq;
-    return input(b, name, RLX_F32, 2, (struct rlx_dim[]){spec->seq, total});
+    int id = input(b, name, RLX_F32, 2, (struct rlx_dim[]){spec->seq, spec->kv_rows});
+    io->mask_window[io->n_masks] = w;
+    io->mask[io->n_masks++] = id;
+    return id;
 }
 
-/* One decoder layer: x (SEQ, H) -> x (SEQ, H). */
+struct inv {
+    int pos, inv_freq;
+};
+
+/* One decoder layer: x (SEQ, H) -> x (SEQ, H). l: global layer index, li: local. */
 static int layer(struct bld *b, const struct rlx_model_config *c, const struct rlx_block_spec *spec,
-                 const struct block_io *io, int x, long long l)
+                 struct rlx_block_io *io, const struct inv *in, int x, long long l, int li)
 {
     const int64_t H = c->hidden_size, Hq = c->n_heads, Hkv = c->n_kv_heads, D = c->head_dim;
-    const struct rlx_dim S = io->seq;
+    const struct rlx_dim S = spec->seq;
     /* attention */
     int h = rmsnorm(b, c, x, H, "model.layers.%lld.input_layernorm.weight", l);
-    int q = linear(b, c, h, H, Hq * D, c->attention_bias, "model.layers.%lld.self_attn.q_proj", l);
-    int k = linear(b, c, h, H, Hkv * D, c->attention_bias, "model.layers.%lld.self_attn.k_proj", l);
-    int v = linear(b, c, h, H, Hkv * D, c->attention_bias, "model.layers.%lld.self_attn.v_proj", l);
+    int q = linear(b, h, H, Hq * D, c->attention_bias, "model.layers.%lld.self_attn.q_proj", l);
+    int k = linear(b, h, H, Hkv * D, c->attention_bias, "model.layers.%lld.self_attn.k_proj", l);
+    int v = linear(b, h, H, Hkv * D, c->attention_bias, "model.layers.%lld.self_attn.v_proj", l);
     q = reshape(b, q, 3, (struct rlx_dim[]){S, rlx_dim_const(Hq), rlx_dim_const(D)});     /* (SEQ, Hq, D) */
     k = reshape(b, k, 3, (struct rlx_dim[]){S, rlx_dim_const(Hkv), rlx_dim_const(D)});    /* (SEQ, Hkv, D) */
     v = reshape(b, v, 3, (struct rlx_dim[]){S, rlx_dim_const(Hkv), rlx_dim_const(D)});    /* (SEQ, Hkv, D) */
@@ -144,79 +177,121 @@ static int layer(struct bld *b, const struct rlx_model_config *c, const struct r
         q = rmsnorm(b, c, q, D, "model.layers.%lld.self_attn.q_norm.weight", l);
         k = rmsnorm(b, c, k, D, "model.layers.%lld.self_attn.k_norm.weight", l);
     }
-    q = op(b, RLX_OP_ROPE, 3, (int[]){q, io->pos, io->inv_freq}, NULL);
-    k = op(b, RLX_OP_ROPE, 3, (int[]){k, io->pos, io->inv_freq}, NULL);
-    if (spec->flags & RLX_BLOCK_KV_OUT) {
-        output(b, k, "k.%lld", l);
-        output(b, v, "v.%lld", l);
+    q = op(b, RLX_OP_ROPE, 3, (int[]){q, in->pos, in->inv_freq}, NULL);
+    k = op(b, RLX_OP_ROPE, 3, (int[]){k, in->pos, in->inv_freq}, NULL);
+    const bool cached = spec->flags & RLX_BLOCK_CACHE, masked = cached && (spec->flags & RLX_BLOCK_MASK);
+    if (cached) { /* the new rows into the cache, then attend over the cache's kv_rows */
+        const struct rlx_dim cshape[3] = {spec->kv_rows, rlx_dim_const(Hkv), rlx_dim_const(D)};
+        io->k_cache[li] = state(b, "k_cache.%lld", l, spec->kv_dtype, 3, cshape);   /* (kv_rows, Hkv, D) */
+        io->v_cache[li] = state(b, "v_cache.%lld", l, spec->kv_dtype, 3, cshape);
+        k = cache_write(b, io->k_cache[li], k, in->pos);
+        v = cache_write(b, io->v_cache[li], v, in->pos);
+    } else if (spec->kv_dtype != RLX_F32) { /* the precision a cached run reads back */
+        struct rlx_attrs cv = {.dtype = spec->kv_dtype};
+        k = op(b, RLX_OP_CONVERT, 1, (int[]){k}, &cv);
+        v = op(b, RLX_OP_CONVERT, 1, (int[]){v}, &cv);
     }
-    int in[6] = {q, k, v}, n_in = 3;
-    if (spec->flags & RLX_BLOCK_PAST) {
-        struct rlx_dim pshape[3] = {io->past, rlx_dim_const(Hkv), rlx_dim_const(D)};
-        char name[RLX_NAME_MAX];
-        snprintf(name, sizeof name, "past_k.%lld", l);
-        in[n_in++] = input(b, name, RLX_F32, 3, pshape);
-        snprintf(name, sizeof name, "past_v.%lld", l);
-        in[n_in++] = input(b, name, RLX_F32, 3, pshape);
-    }
-    bool masked = spec->flags & RLX_BLOCK_MASK;
-    if (masked) in[n_in++] = mask_input(b, spec, c->layer_window[l]);
-    struct rlx_attrs aa = {.scale = (float)(1.0 / sqrt((double)D)), .causal = 1,
+    int ain[4] = {q, k, v}, n_in = 3;
+    if (masked) ain[n_in++] = mask_input(b, spec, io, c->layer_window[l]);
+    struct rlx_attrs aa = {.scale = (float)(1.0 / sqrt((double)D)), .causal = !masked,
                            .window = masked ? 0 : c->layer_window[l]};
-    int a = op(b, RLX_OP_ATTENTION, n_in, in, &aa);                                       /* (SEQ, Hq, D) */
+    int a = op(b, RLX_OP_ATTENTION, n_in, ain, &aa);                                      /* (SEQ, Hq, D) */
     a = reshape(b, a, 2, (struct rlx_dim[]){S, rlx_dim_const(Hq * D)});                  /* (SEQ, Hq*D) */
-    int o = linear(b, c, a, Hq * D, H, c->attention_bias, "model.layers.%lld.self_attn.o_proj", l);
+    int o = linear(b, a, Hq * D, H, c->attention_bias, "model.layers.%lld.self_attn.o_proj", l);
     x = op(b, RLX_OP_ADD, 2, (int[]){x, o}, NULL);
     /* SwiGLU MLP */
     h = rmsnorm(b, c, x, H, "model.layers.%lld.post_attention_layernorm.weight", l);
-    int gate = linear(b, c, h, H, c->intermediate_size, c->mlp_bias, "model.layers.%lld.mlp.gate_proj", l);
-    int up = linear(b, c, h, H, c->intermediate_size, c->mlp_bias, "model.layers.%lld.mlp.up_proj", l);
+    int gate = linear(b, h, H, c->intermediate_size, c->mlp_bias, "model.layers.%lld.mlp.gate_proj", l);
+    int up = linear(b, h, H, c->intermediate_size, c->mlp_bias, "model.layers.%lld.mlp.up_proj", l);
     int m = op(b, RLX_OP_MUL, 2, (int[]){op(b, RLX_OP_SILU, 1, (int[]){gate}, NULL), up}, NULL);
-    int down = linear(b, c, m, c->intermediate_size, H, c->mlp_bias, "model.layers.%lld.mlp.down_proj", l);
+    int down = linear(b, m, c->intermediate_size, H, c->mlp_bias, "model.layers.%lld.mlp.down_proj", l);
     return op(b, RLX_OP_ADD, 2, (int[]){x, down}, NULL);
 }
 
-rlx_status rlx_decoder_build(const struct rlx_model_config *c, const struct rlx_block_spec *spec, struct rlx_graph **out)
+rlx_status rlx_decoder_build(const struct rlx_model_config *c, const struct rlx_block_spec *spec,
+                             const struct rlx_weights *weights, struct rlx_graph **out, struct rlx_block_io *io_out)
 {
     RLX_TRY(rlx_model_config_check(c));
     if (spec->layer_begin < 0 || spec->layer_end > c->n_layers || spec->layer_begin > spec->layer_end)
         return rlx_set_error(RLX_ERR_INVALID, "decoder block: layers [%lld, %lld) outside [0, %lld)",
                              (long long)spec->layer_begin, (long long)spec->layer_end, (long long)c->n_layers);
-    struct bld b = {0};
+    if (spec->kv_dtype != RLX_F32 && spec->kv_dtype != RLX_F16 && spec->kv_dtype != RLX_BF16)
+        return rlx_set_error(RLX_ERR_INVALID, "decoder block: the KV dtype must be f32, f16 or bf16, got %s",
+                             rlx_dtype_name(spec->kv_dtype));
+    struct bld b = {.w = weights};
     RLX_TRY(rlx_graph_create(&b.g));
+    struct rlx_block_io io;
+    memset(&io, 0, sizeof io);
+    io.n_layers = (int)(spec->layer_end - spec->layer_begin);
     const int64_t H = c->hidden_size;
-    struct block_io io = {.seq = spec->seq, .past = spec->past};
     struct rlx_dim s1[1] = {spec->seq};
     int x;
     if (spec->flags & RLX_BLOCK_EMBED) {
-        int ids = input(&b, "ids", RLX_I32, 1, s1);
-        int table = param(&b, c->weight_dtype, 2, (int64_t[]){c->vocab_size, H}, "model.embed_tokens.weight", 0);
-        x = op(&b, RLX_OP_EMBEDDING, 2, (int[]){table, ids}, NULL);                     /* (SEQ, H) */
+        io.x = input(&b, "ids", RLX_I32, 1, s1);
+        int table = param(&b, true, 2, (int64_t[]){c->vocab_size, H}, "model.embed_tokens.weight", 0);
+        x = op(&b, RLX_OP_EMBEDDING, 2, (int[]){table, io.x}, NULL);                    /* (SEQ, H) */
     } else {
-        x = input(&b, "hidden", RLX_F32, 2, (struct rlx_dim[]){spec->seq, rlx_dim_const(H)});
+        io.x = x = input(&b, "hidden", RLX_F32, 2, (struct rlx_dim[]){spec->seq, rlx_dim_const(H)});
     }
-    io.pos = input(&b, "pos", RLX_I32, 1, s1);
-    io.inv_freq = param(&b, RLX_F32, 1, (int64_t[]){c->head_dim / 2}, "rope.inv_freq", 0);
-    for (int64_t l = spec->layer_begin; l < spec->layer_end; l++) x = layer(&b, c, spec, &io, x, (long long)l);
+    struct inv in = {.pos = input(&b, "pos", RLX_I32, 1, s1)};
+    io.pos = in.pos;
+    in.inv_freq = param(&b, false, 1, (int64_t[]){c->head_dim / 2}, "rope.inv_freq", 0);
+    for (int64_t l = spec->layer_begin; l < spec->layer_end; l++)
+        x = layer(&b, c, spec, &io, &in, x, (long long)l, (int)(l - spec->layer_begin));
     if (spec->flags & RLX_BLOCK_HEAD) {
         if (!(spec->flags & RLX_BLOCK_ALL_LOGITS)) x = op(&b, RLX_OP_GATHER_LAST, 1, (int[]){x}, NULL); /* (1, H) */
         x = rmsnorm(&b, c, x, H, "model.norm.weight", 0);
         const char *head = c->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-        int w = -1;
-        if (b.s == RLX_OK && c->tie_word_embeddings && (spec->flags & RLX_BLOCK_EMBED)) {
-            for (int id = 0; id < b.g->n_nodes; id++) /* reuse the embedding param */
-                if (b.g->nodes[id].op == RLX_OP_PARAM && strcmp(b.g->nodes[id].name, head) == 0) w = id;
-        }
-        if (w < 0) w = param(&b, c->weight_dtype, 2, (int64_t[]){c->vocab_size, H}, head, 0);
+        int w = param(&b, true, 2, (int64_t[]){c->vocab_size, H}, head, 0);
         struct rlx_attrs tb = {.trans_b = 1};
-        output(&b, op(&b, RLX_OP_MATMUL, 2, (int[]){x, w}, &tb), "logits", 0);            /* (1 or SEQ, V) */
+        io.y = output(&b, op(&b, RLX_OP_MATMUL, 2, (int[]){x, w}, &tb), "logits");     /* (1 or SEQ, V) */
     } else {
-        output(&b, x, "hidden", 0);
+        io.y = output(&b, x, "hidden");
     }
     if (b.s != RLX_OK) {
         rlx_graph_free(b.g);
         return b.s;
     }
     *out = b.g;
+    if (io_out) *io_out = io;
     return RLX_OK;
 }
+
+rlx_status rlx_decoder_params(const struct rlx_model_config *c, int64_t layer_begin, int64_t layer_end,
+                              unsigned ends, struct rlx_param_info **out, int *n)
+{
+    if (ends & ~(unsigned)(RLX_BLOCK_EMBED | RLX_BLOCK_HEAD))
+        return rlx_set_error(RLX_ERR_INVALID, "decoder params: ends may only be RLX_BLOCK_EMBED | RLX_BLOCK_HEAD");
+    struct rlx_block_spec spec = {.layer_begin = layer_begin, .layer_end = layer_end, .flags = ends,
+                                  .seq = rlx_dim_const(1), .kv_rows = rlx_dim_const(1), .kv_dtype = RLX_F32};
+    struct rlx_graph *g;
+    RLX_TRY(rlx_decoder_build(c, &spec, NULL, &g, NULL));
+    int count = 0;
+    for (int id = 0; id < g->n_nodes; id++) count += g->nodes[id].op == RLX_OP_PARAM;
+    struct rlx_param_info *p = rlx_calloc((size_t)count, sizeof *p);
+    if (!p) {
+        rlx_graph_free(g);
+        return RLX_ERR_NOMEM;
+    }
+    int k = 0;
+    for (int id = 0; id < g->n_nodes; id++) {
+        const struct rlx_node *nd = &g->nodes[id];
+        if (nd->op != RLX_OP_PARAM) continue;
+        struct rlx_param_info *pi = &p[k++];
+        strcpy(pi->name, nd->name);
+        pi->ndim = nd->ndim;
+        for (int d = 0; d < nd->ndim; d++) pi->shape[d] = nd->shape[d].c;
+        pi->kind = strcmp(nd->name, "rope.inv_freq") == 0 ? RLX_PARAM_DERIVED : RLX_PARAM_VECTOR;
+        for (int u = id + 1; u < g->n_nodes; u++) { /* a matmul's b or an embedding's table */
+            const struct rlx_node *un = &g->nodes[u];
+            if ((un->op == RLX_OP_MATMUL && un->in[1] == id) || (un->op == RLX_OP_EMBEDDING && un->in[0] == id))
+                pi->kind = RLX_PARAM_MATRIX;
+        }
+    }
+    rlx_graph_free(g);
+    *out = p;
+    *n = count;
+    return RLX_OK;
+}
+
+void rlx_decoder_params_free(struct rlx_param_info *p) { free(p); }

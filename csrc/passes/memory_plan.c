@@ -2,7 +2,8 @@
  * memory_plan.c - liveness and the arena plan. Time is the node id (ids are an execution order).
  * A value lives from the step that writes it to the last step that reads it (or to the end, for
  * outputs); two values share arena bytes only if their lifetimes do not overlap, so a kernel's
- * output never aliases its own inputs. Placement is greedy: largest first, lowest offset that
+ * output never aliases its own inputs. Sums of sizes are checked: a plan whose arena would not
+ * fit a size_t is refused (RLX_ERR_RANGE), never wrapped. Placement is greedy: largest first, lowest offset that
  * fits. The plan is recomputed by the runtime whenever the symbol binding grows.
  */
 #include <limits.h>
@@ -27,10 +28,12 @@ rlx_status rlx_liveness_compute(const struct rlx_graph *g, struct rlx_liveness *
     }
     for (int id = 0; id < n; id++) {
         const struct rlx_node *nd = &g->nodes[id];
-        lv->root[id] = (nd->op == RLX_OP_RESHAPE && !nd->dead) ? lv->root[nd->in[0]] : id;
+        const bool alias = nd->op == RLX_OP_RESHAPE || nd->op == RLX_OP_CACHE_WRITE; /* the input's memory */
+        lv->root[id] = (alias && !nd->dead) ? lv->root[nd->in[0]] : id;
         lv->first[id] = nd->op == RLX_OP_FUSED_OUT ? nd->in[0] : id;
         lv->last[id] = lv->first[id];
-        lv->in_arena[id] = !nd->dead && nd->op != RLX_OP_INPUT && nd->op != RLX_OP_PARAM && nd->op != RLX_OP_RESHAPE;
+        lv->in_arena[id] = !nd->dead && !alias && nd->op != RLX_OP_INPUT && nd->op != RLX_OP_PARAM &&
+                           nd->op != RLX_OP_STATE;
     }
     for (int id = 0; id < n; id++) {
         const struct rlx_node *nd = &g->nodes[id];
@@ -39,8 +42,8 @@ rlx_status rlx_liveness_compute(const struct rlx_graph *g, struct rlx_liveness *
             int r = lv->root[nd->in[k]];
             if (lv->last[r] < id) lv->last[r] = id;
         }
-        /* a reshape keeps its root alive at least until the reshape itself */
-        if (nd->op == RLX_OP_RESHAPE && lv->last[lv->root[id]] < id) lv->last[lv->root[id]] = id;
+        /* an alias keeps its root alive at least until the alias itself */
+        if (lv->root[id] != id && lv->last[lv->root[id]] < id) lv->last[lv->root[id]] = id;
     }
     for (int i = 0; i < g->n_outputs; i++) lv->last[lv->root[g->outputs[i]]] = INT_MAX;
     return RLX_OK;
@@ -74,7 +77,9 @@ rlx_status rlx_memory_plan(const struct rlx_liveness *lv, const size_t *sizes, s
     for (int id = 0; id < lv->n_nodes; id++)
         if (lv->in_arena[id]) {
             order[n_order++] = id;
-            total += rlx_align_up(sizes[id]);
+            if (sizes[id] > SIZE_MAX - RLX_ALIGN || !rlx_size_add(total, rlx_align_up(sizes[id]), &total))
+                return rlx_set_error(RLX_ERR_RANGE, "the intermediates of this plan sum to more than the address "
+                                     "space holds");
         }
     tl_sizes = sizes;
     qsort(order, (size_t)n_order, sizeof *order, by_size_desc);

@@ -20,12 +20,12 @@ rlx_status rlx_pass_fuse(struct rlx_graph *g);
 /* Re-runs every live node's shape rule (validates the rewritten graph). */
 rlx_status rlx_pass_shape_infer(struct rlx_graph *g);
 
-/* Fails with RLX_ERR_UNSUPPORTED naming the first live node the backend cannot run. */
-rlx_status rlx_pass_assign(const struct rlx_graph *g, const struct rlx_backend *be);
+/* Fails with RLX_ERR_UNSUPPORTED naming the first live node the device's backend cannot run. */
+rlx_status rlx_pass_assign(const struct rlx_graph *g, const struct rlx_device *dev);
 
 /* Liveness of every value, in steps of the execution order (the live nodes in id order).
- * Storage: RESHAPE aliases its input, so values share a storage root; only roots that are
- * intermediates (not INPUT / PARAM) get arena space. */
+ * Storage: RESHAPE and CACHE_WRITE alias their (first) input, so values share a storage root;
+ * only roots that are intermediates (not INPUT / PARAM / STATE) get arena space. */
 struct rlx_liveness {
     int n_nodes;
     int *root;        /* (n_nodes) storage root of each node (itself unless it aliases) */

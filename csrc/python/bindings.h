@@ -31,9 +31,11 @@
 /* Per-module state. Every field is a strong reference owned by the module. */
 struct rlx_py_state {
     PyObject *error;             /* rlx.Error, a subclass of RuntimeError */
+    PyTypeObject *device_type;   /* _C.Device (device_type.c) */
     PyTypeObject *graph_type;    /* _C.Graph (graph_type.c) */
     PyTypeObject *plan_type;     /* _C.Plan (plan_type.c) */
-    PyObject *generator_type;    /* _C.Generator (filled by the generator's add_type; NULL until then) */
+    PyTypeObject *model_type;    /* _C.Model (model_type.c) */
+    PyTypeObject *seq_type;      /* _C.Sequence (seq_type.c) */
 };
 
 /* The module definition (module.c); heap types are created with PyType_FromModuleAndSpec so that
@@ -43,6 +45,8 @@ extern PyModuleDef rlx_py_module_def;
 /* The module state for an object whose type (or a base of it) was created by this module;
  * NULL with TypeError set otherwise. */
 struct rlx_py_state *rlx_py_state_of(PyObject *obj);
+/* The same for a type (a constructor's `type` argument, possibly a subclass). */
+struct rlx_py_state *rlx_py_state_of_type(PyTypeObject *type);
 /* The module state of the module object itself (module functions get it as `self`). */
 struct rlx_py_state *rlx_py_state_of_module(PyObject *module);
 
@@ -65,17 +69,30 @@ void rlx_py_errors_clear(PyObject *error);
 
 /* Whether an array of descriptor d may be handed to the core as dtype dt without conversion:
  * f32 <- float32, f16 <- float16, i32 <- int32, u8 <- uint8 or bool, bf16 <- uint16 (raw bits) or
- * a dtype named "bfloat16" (ml_dtypes); native byte order only. */
+ * a dtype named "bfloat16" (ml_dtypes); native byte order only. Block types take no array dtype
+ * of their own (see rlx_py_host_tensor_from). */
 int rlx_py_dtype_matches(PyArray_Descr *d, enum rlx_dtype dt);
 /* The NumPy type number used for outputs of dtype dt (bf16 outputs come back as uint16 bits). */
 int rlx_py_dtype_to_npy(enum rlx_dtype dt);
 
 /* The module's types: each adds itself to the module and stores its type in the state.
  * Returns 0, or -1 with an exception set. */
+int rlx_py_add_device_type(PyObject *module, struct rlx_py_state *st);
 int rlx_py_add_graph_type(PyObject *module, struct rlx_py_state *st);
 int rlx_py_add_plan_type(PyObject *module, struct rlx_py_state *st);
-int rlx_py_add_generator_type(PyObject *module, struct rlx_py_state *st);
+int rlx_py_add_model_type(PyObject *module, struct rlx_py_state *st);
+int rlx_py_add_seq_type(PyObject *module, struct rlx_py_state *st);
 int rlx_py_add_transport_type(PyObject *module, struct rlx_py_state *st);
+
+/* Devices (device_type.c). rlx_py_device_from: a new reference to a _C.Device for `obj`, a Device
+ * (returned as is) or a device name (opened now); NULL with an exception set. rlx_py_device_get:
+ * the core device of a _C.Device (borrowed; lives as long as the object). */
+PyObject *rlx_py_device_from(struct rlx_py_state *st, PyObject *obj);
+struct rlx_device *rlx_py_device_get(PyObject *device_obj);
+/* The core model of a _C.Model (model_type.c; borrowed, lives as long as the object). */
+struct rlx_model *rlx_py_model_get(PyObject *model_obj);
+/* "key=value" lines into a new dict of str; NULL with an exception set. */
+PyObject *rlx_py_key_values(const char *lines);
 
 /* An object's own lock over its core object (lock.c): waited for with the GIL released; a thread
  * that already holds it gets RuntimeError naming `what` instead of a deadlock. GIL held for all. */
@@ -92,8 +109,13 @@ void rlx_py_lock_release(struct rlx_py_lock *l);
 /* Conversions for the generator binding (convert.c); -1 / NULL with an exception set on failure. */
 struct rlx_model_config;
 struct rlx_sample_opts;
-/* The C config from the dict rlx.Generator builds (HF field names + qk_norm, layer_windows, weight_dtype). */
+/* The C config from the dict rlx.Generator builds (HF field names + qk_norm, layer_windows). */
 int rlx_py_config_from_dict(PyObject *d, struct rlx_model_config *c);
+/* A weight for the core: an ndarray (C-contiguous, aligned, of a dtype rlx_py_dtype_matches maps)
+ * or a tuple (raw: a C-contiguous uint8 array, dtype name, logical shape) for block types. *keep:
+ * a new reference to the object whose memory t->data points into (the caller keeps it alive as
+ * long as the core reads it). Returns 0, or -1 with an exception naming `name`. */
+int rlx_py_host_tensor_from(PyObject *obj, const char *name, struct rlx_host_tensor *t, PyObject **keep);
 /* SampleOpts-like object (attributes temperature, top_k, top_p, min_p, repetition_penalty, seed) or
  * None (greedy), checked by rlx_sample_opts_check. */
 int rlx_py_sample_opts_from(PyObject *o, struct rlx_sample_opts *out);
@@ -117,5 +139,7 @@ PyObject *rlx_py_dump_graph(const struct rlx_graph *g);
 /* Module functions that live with their types (their docs are in the method table). */
 PyObject *rlx_py_compile(PyObject *module, PyObject *args, PyObject *kwargs);
 extern const char rlx_py_compile_doc[];
+PyObject *rlx_py_decoder_params(PyObject *module, PyObject *args, PyObject *kwargs);
+extern const char rlx_py_decoder_params_doc[];
 
 #endif

@@ -1,7 +1,8 @@
 /*
- * convert.c - Python values into the core's structs for the generator binding: the model config
- * dict, SampleOpts-like objects, token id sequences. Each returns 0 / a pointer, or -1 / NULL with
- * an exception set; nothing here keeps a reference to its input.
+ * convert.c - Python values into the core's structs for the model and sequence bindings: the model
+ * config dict, weights (arrays, or raw blocks with their dtype), SampleOpts-like objects, token id
+ * sequences. Each returns 0 / a pointer, or -1 / NULL with an exception set; nothing here keeps a
+ * reference to its input unless it says so.
  */
 #define NO_IMPORT_ARRAY
 #include "bindings.h"
@@ -64,16 +65,6 @@ int rlx_py_config_from_dict(PyObject *d, struct rlx_model_config *c)
         PyErr_Format(PyExc_ValueError, "model config: num_hidden_layers must be in 1..%d", RLX_MAX_LAYERS);
         return -1;
     }
-    PyObject *wdt = PyDict_GetItemString(d, "weight_dtype");
-    c->weight_dtype = RLX_F32;
-    if (wdt != NULL) {
-        const char *name = PyUnicode_Check(wdt) ? PyUnicode_AsUTF8(wdt) : NULL;
-        if (name == NULL) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "weight_dtype must be a str");
-            return -1;
-        }
-        if (rlx_py_raise(rlx_dtype_parse(name, &c->weight_dtype))) return -1;
-    }
     PyObject *win = PyDict_GetItemString(d, "layer_windows");
     if (win != NULL && win != Py_None) {
         PyObject *seq = PySequence_Fast(win, "layer_windows must be a sequence of ints");
@@ -93,6 +84,62 @@ int rlx_py_config_from_dict(PyObject *d, struct rlx_model_config *c)
         }
         Py_DECREF(seq);
     }
+    return 0;
+}
+
+int rlx_py_host_tensor_from(PyObject *obj, const char *name, struct rlx_host_tensor *t, PyObject **keep)
+{
+    memset(t, 0, sizeof *t);
+    *keep = NULL;
+    if (PyTuple_Check(obj)) { /* (raw uint8 blocks, dtype name, logical shape) */
+        PyObject *raw, *shape;
+        const char *dtn;
+        if (!PyArg_ParseTuple(obj, "OsO:weight", &raw, &dtn, &shape)) return -1;
+        if (rlx_py_raise(rlx_dtype_parse(dtn, &t->dtype))) return -1;
+        PyArrayObject *a = PyArray_Check(raw) ? (PyArrayObject *)raw : NULL;
+        if (!a || PyArray_TYPE(a) != NPY_UINT8 || !PyArray_ISCARRAY_RO(a)) {
+            PyErr_Format(PyExc_ValueError, "weight '%s': raw blocks must be a C-contiguous uint8 array", name);
+            return -1;
+        }
+        PyObject *seq = PySequence_Fast(shape, "a weight's logical shape must be a sequence of ints");
+        if (!seq) return -1;
+        t->ndim = (int)PySequence_Fast_GET_SIZE(seq);
+        int bad = t->ndim < 1 || t->ndim > RLX_MAX_DIMS;
+        for (int i = 0; !bad && i < t->ndim; i++) {
+            long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+            if (v == -1 && PyErr_Occurred()) bad = 1;
+            t->shape[i] = (int64_t)v;
+        }
+        Py_DECREF(seq);
+        if (bad) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "weight '%s': rank must be 1..%d", name, RLX_MAX_DIMS);
+            return -1;
+        }
+        size_t bytes;
+        if (rlx_py_raise(rlx_shape_bytes(t->dtype, t->ndim, t->shape, &bytes))) return -1;
+        if ((size_t)PyArray_NBYTES(a) != bytes) {
+            PyErr_Format(PyExc_ValueError, "weight '%s': %s of this shape holds %zu bytes, the raw array %zd", name,
+                         dtn, bytes, (Py_ssize_t)PyArray_NBYTES(a));
+            return -1;
+        }
+        t->data = PyArray_DATA(a);
+        *keep = Py_NewRef(raw);
+        return 0;
+    }
+    PyArrayObject *a = PyArray_Check(obj) ? (PyArrayObject *)obj : NULL;
+    int dt = -1;
+    for (int i = 0; a && i < RLX_DTYPE_COUNT && dt < 0; i++)
+        if (rlx_py_dtype_matches(PyArray_DESCR(a), (enum rlx_dtype)i)) dt = i;
+    if (!a || dt < 0 || !PyArray_ISCARRAY_RO(a) || PyArray_NDIM(a) > RLX_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "weight '%s' must be a C-contiguous array of rank <= %d (float32, float16 or "
+                     "bfloat16), or (raw uint8 blocks, dtype, shape)", name, RLX_MAX_DIMS);
+        return -1;
+    }
+    t->data = PyArray_DATA(a);
+    t->dtype = (enum rlx_dtype)dt;
+    t->ndim = PyArray_NDIM(a);
+    for (int i = 0; i < t->ndim; i++) t->shape[i] = (int64_t)PyArray_DIM(a, i);
+    *keep = Py_NewRef(obj);
     return 0;
 }
 

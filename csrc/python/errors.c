@@ -49,15 +49,17 @@ int rlx_py_raise(rlx_status s)
     return -1;
 }
 
-struct rlx_py_state *rlx_py_state_of(PyObject *obj)
+struct rlx_py_state *rlx_py_state_of(PyObject *obj) { return rlx_py_state_of_type(Py_TYPE(obj)); }
+
+struct rlx_py_state *rlx_py_state_of_type(PyTypeObject *type)
 {
 #if PY_VERSION_HEX >= 0x030B0000
-    PyObject *module = PyType_GetModuleByDef(Py_TYPE(obj), &rlx_py_module_def);
+    PyObject *module = PyType_GetModuleByDef(type, &rlx_py_module_def);
 #else
     /* Python 3.10: walk the MRO for the heap type this module created (what 3.11's
      * PyType_GetModuleByDef does). */
     PyObject *module = NULL;
-    PyObject *mro = Py_TYPE(obj)->tp_mro;
+    PyObject *mro = type->tp_mro;
     for (Py_ssize_t i = 0; mro != NULL && i < PyTuple_GET_SIZE(mro) && module == NULL; i++) {
         PyTypeObject *t = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
         if (!PyType_HasFeature(t, Py_TPFLAGS_HEAPTYPE))
@@ -67,7 +69,7 @@ struct rlx_py_state *rlx_py_state_of(PyObject *obj)
             module = m;
     }
     if (module == NULL)
-        PyErr_Format(PyExc_TypeError, "%.200s is not a type of rlx._C", Py_TYPE(obj)->tp_name);
+        PyErr_Format(PyExc_TypeError, "%.200s is not a type of rlx._C", type->tp_name);
 #endif
     if (module == NULL)
         return NULL;

@@ -6,7 +6,7 @@
  *     dim   := int                                  a constant
  *            | (c: int, terms: [(symbol: str, coef: int), ...])   c + sum coef * symbol
  * Symbols are looked up (and created) by name in the graph. Attributes come as a dict whose keys
- * are the fields of struct rlx_attrs (eps, scale, trans_b, causal, window, axis, start, len,
+ * are the fields of struct rlx_attrs (eps, scale, trans_b, causal, window, axis, start, len, dtype,
  * shape); an unknown key is a ValueError naming it.
  *
  * Every method runs with the GIL held and is cheap (shape inference only); the GIL is what keeps
@@ -203,10 +203,16 @@ static int parse_attrs(struct rlx_graph *g, const char *op_name, PyObject *dict,
             if (parse_dims(g, val, &ndim, a->shape) < 0)
                 return -1;
             a->ndim = ndim;
+        } else if (strcmp(k, "dtype") == 0) {
+            const char *name = as_utf8(val, "attribute 'dtype'");
+            enum rlx_dtype dt;
+            if (name == NULL || rlx_py_raise(rlx_dtype_parse(name, &dt)))
+                return -1;
+            a->dtype = (int32_t)dt;
         } else {
             PyErr_Format(PyExc_ValueError,
                          "unknown attribute '%s' for op '%s' (known: eps, scale, trans_b, causal, window, "
-                         "axis, start, len, shape)", k, op_name);
+                         "axis, start, len, shape, dtype)", k, op_name);
             return -1;
         }
     }

@@ -1,6 +1,6 @@
 /*
  * lock.c - the one way a binding object serialises threads over its core object (a plan, a
- * generator, a transport): a PyThread lock waited for with the GIL released, and the holder's
+ * sequence, a transport): a PyThread lock waited for with the GIL released, and the holder's
  * thread ident, so that a thread re-entering an object it already holds (a callback, a finalizer
  * during a run) gets a RuntimeError instead of a deadlock. Call every function with the GIL held.
  */

@@ -14,9 +14,11 @@
 
 /* One per type file, called in order by module_exec. */
 static int (*const add_types[])(PyObject *module, struct rlx_py_state *st) = {
+    rlx_py_add_device_type,
     rlx_py_add_graph_type,
     rlx_py_add_plan_type,
-    rlx_py_add_generator_type,
+    rlx_py_add_model_type,
+    rlx_py_add_seq_type,
     rlx_py_add_transport_type,
 };
 
@@ -24,46 +26,34 @@ static int (*const add_types[])(PyObject *module, struct rlx_py_state *st) = {
  * Module functions
  * ------------------------------------------------------------------------------------------- */
 
-/* Splits rlx_build_info()'s "key=value" lines into a dict of str, then adds num_threads. */
+/* rlx_build_info()'s "key=value" lines as a dict of str, plus num_threads. */
 static PyObject *build_info(PyObject *module, PyObject *unused)
 {
     (void)module;
     (void)unused;
-    PyObject *info = PyDict_New();
-    PyObject *value = NULL;
-    if (info == NULL)
-        goto error;
-    const char *p = rlx_build_info();
-    while (p != NULL && *p != '\0') {
-        const char *eol = strchr(p, '\n');
-        size_t line_len = eol != NULL ? (size_t)(eol - p) : strlen(p);
-        const char *eq = memchr(p, '=', line_len);
-        if (eq != NULL) {
-            PyObject *key = PyUnicode_DecodeUTF8(p, (Py_ssize_t)(eq - p), "replace");
-            if (key == NULL)
-                goto error;
-            value = PyUnicode_DecodeUTF8(eq + 1, (Py_ssize_t)(line_len - (size_t)(eq - p) - 1), "replace");
-            if (value == NULL) {
-                Py_DECREF(key);
-                goto error;
-            }
-            int rc = PyDict_SetItem(info, key, value);
-            Py_DECREF(key);
-            Py_CLEAR(value);
-            if (rc < 0)
-                goto error;
-        }
-        p = eol != NULL ? eol + 1 : p + line_len;
-    }
-    value = PyLong_FromLong(rlx_get_num_threads());
-    if (value == NULL || PyDict_SetItemString(info, "num_threads", value) < 0)
-        goto error;
-    Py_DECREF(value);
-    return info;
-error:
+    PyObject *info = rlx_py_key_values(rlx_build_info());
+    PyObject *value = info ? PyLong_FromLong(rlx_get_num_threads()) : NULL;
+    if (value == NULL || PyDict_SetItemString(info, "num_threads", value) < 0) Py_CLEAR(info);
     Py_XDECREF(value);
-    Py_XDECREF(info);
-    return NULL;
+    return info;
+}
+
+/* The dtype traits table: a tuple of dicts (id, name, block_size, type_size, is_float) in enum
+ * order, from which rlx.dtypes builds the Python side's tables. */
+static PyObject *dtypes(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    PyObject *out = PyTuple_New(RLX_DTYPE_COUNT);
+    for (int dt = 0; out && dt < RLX_DTYPE_COUNT; dt++) {
+        const struct rlx_dtype_traits *t = rlx_dtype_traits((enum rlx_dtype)dt);
+        PyObject *row = Py_BuildValue("{s:i,s:s,s:L,s:n,s:O}", "id", dt, "name", t->name, "block_size",
+                                      (long long)t->block_size, "type_size", (Py_ssize_t)t->type_size, "is_float",
+                                      t->is_float ? Py_True : Py_False);
+        if (row == NULL) Py_CLEAR(out);
+        else PyTuple_SET_ITEM(out, dt, row);
+    }
+    return out;
 }
 
 static PyObject *set_num_threads(PyObject *module, PyObject *arg)
@@ -127,7 +117,12 @@ static PyMethodDef module_methods[] = {
      "restores the default (online CPUs)."},
     {"get_num_threads", get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
     {"backends", backends, METH_NOARGS, "backends() -> list[str]\n\nThe backends compiled in."},
+    {"dtypes", dtypes, METH_NOARGS,
+     "dtypes() -> tuple[dict, ...]\n\nThe core's dtype traits (id, name, block_size, type_size, is_float), in id "
+     "order."},
     {"compile", (PyCFunction)(void (*)(void))rlx_py_compile, METH_VARARGS | METH_KEYWORDS, rlx_py_compile_doc},
+    {"decoder_params", (PyCFunction)(void (*)(void))rlx_py_decoder_params, METH_VARARGS | METH_KEYWORDS,
+     rlx_py_decoder_params_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -165,9 +160,11 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     if (st == NULL)
         return 0;
     Py_VISIT(st->error);
+    Py_VISIT(st->device_type);
     Py_VISIT(st->graph_type);
     Py_VISIT(st->plan_type);
-    Py_VISIT(st->generator_type);
+    Py_VISIT(st->model_type);
+    Py_VISIT(st->seq_type);
     return 0;
 }
 
@@ -179,9 +176,11 @@ static int module_clear(PyObject *module)
     if (st->error != NULL)
         rlx_py_errors_clear(st->error);
     Py_CLEAR(st->error);
+    Py_CLEAR(st->device_type);
     Py_CLEAR(st->graph_type);
     Py_CLEAR(st->plan_type);
-    Py_CLEAR(st->generator_type);
+    Py_CLEAR(st->model_type);
+    Py_CLEAR(st->seq_type);
     return 0;
 }
 

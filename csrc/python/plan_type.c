@@ -33,7 +33,7 @@ struct plan_object {
     PyObject *input_names;       /* tuple of str, in plan input order */
     PyObject *param_names;       /* tuple of str, in plan param order */
     PyObject *output_names;      /* tuple of str, in output order */
-    PyObject *device;            /* str */
+    PyObject *device;            /* _C.Device: outlives the plan */
     int *input_dtypes;           /* (n_inputs) enum rlx_dtype, -1 when unknown (the core checks) */
     int *param_dtypes;           /* (n_params) as above */
 };
@@ -89,7 +89,7 @@ static const char *npy_name(int dt)
         [RLX_F32] = "float32", [RLX_F16] = "float16", [RLX_BF16] = "bfloat16 or uint16",
         [RLX_I32] = "int32", [RLX_U8] = "uint8",
     };
-    return dt >= 0 && dt < RLX_DTYPE_COUNT ? names[dt] : "?";
+    return dt >= 0 && dt < RLX_DTYPE_COUNT && names[dt] ? names[dt] : "raw blocks (no array dtype)";
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ static Py_ssize_t find_name(PyObject *names, PyObject *name)
 static void plan_dealloc(struct plan_object *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
-    /* The plan goes before the arrays it points into. */
+    /* The plan goes before the arrays it points into and the device it lives on. */
     rlx_plan_free(self->plan);
     Py_XDECREF(self->params);
     Py_XDECREF(self->input_names);
@@ -220,24 +220,32 @@ static int parse_caps(const struct rlx_graph *g, PyObject *caps, struct rlx_comp
 }
 
 const char rlx_py_compile_doc[] =
-    "compile(graph: Graph, device: str = 'cpu', fuse: bool = True, caps: dict[str, int] | None = None) -> Plan\n\n"
-    "Compiles a copy of graph for a backend ('cpu', 'ref'). caps bounds symbols (e.g. {'SEQ': 512}) for\n"
-    "capacity planning. The graph is not modified.";
+    "compile(graph: Graph, device: str | Device = 'cpu', fuse: bool = True, caps: dict[str, int] | None = None) -> "
+    "Plan\n\nCompiles a copy of graph for a device (a name such as 'cpu' or 'ref' opens one for this plan).\n"
+    "caps bounds symbols (e.g. {'SEQ': 512}) for capacity planning. The graph is not modified.";
 
 PyObject *rlx_py_compile(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"graph", "device", "fuse", "caps", NULL};
-    PyObject *graph_obj;
-    const char *device = "cpu";
+    PyObject *graph_obj, *device_arg = NULL, *device = NULL;
     int fuse = 1;
     PyObject *caps = Py_None;
     struct rlx_graph *copy = NULL;
     struct rlx_plan *plan = NULL;
     struct plan_object *self = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|spO:compile", kwlist, &graph_obj, &device, &fuse, &caps))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OpO:compile", kwlist, &graph_obj, &device_arg, &fuse, &caps))
         return NULL;
     struct rlx_py_state *st = rlx_py_state_of_module(module);
     if (st == NULL)
+        goto error;
+    if (device_arg == NULL) {
+        PyObject *cpu = PyUnicode_FromString("cpu");
+        device = cpu ? rlx_py_device_from(st, cpu) : NULL;
+        Py_XDECREF(cpu);
+    } else {
+        device = rlx_py_device_from(st, device_arg);
+    }
+    if (device == NULL)
         goto error;
     struct rlx_graph *g = rlx_py_graph_get(st, graph_obj);
     if (g == NULL)
@@ -250,8 +258,9 @@ PyObject *rlx_py_compile(PyObject *module, PyObject *args, PyObject *kwargs)
     if (parse_caps(copy, caps, &opts) < 0)
         goto error;
     rlx_status s;
+    struct rlx_device *dev = rlx_py_device_get(device);
     Py_BEGIN_ALLOW_THREADS
-    s = rlx_compile(copy, device, &opts, &plan);
+    s = rlx_compile(copy, dev, &opts, &plan);
     Py_END_ALLOW_THREADS
     if (rlx_py_raise(s))
         goto error;
@@ -270,7 +279,8 @@ PyObject *rlx_py_compile(PyObject *module, PyObject *args, PyObject *kwargs)
     self->input_names = names_tuple(plan, rlx_plan_input_count(plan), rlx_plan_input_name);
     self->param_names = names_tuple(plan, rlx_plan_param_count(plan), rlx_plan_param_name);
     self->output_names = names_tuple(plan, rlx_plan_output_count(plan), rlx_plan_output_name);
-    self->device = PyUnicode_FromString(rlx_plan_device(plan));
+    self->device = device;
+    device = NULL;
     if (self->params == NULL || self->input_names == NULL || self->param_names == NULL ||
         self->output_names == NULL || self->device == NULL)
         goto error;
@@ -281,6 +291,7 @@ PyObject *rlx_py_compile(PyObject *module, PyObject *args, PyObject *kwargs)
 error:
     rlx_graph_free(copy);
     Py_XDECREF(self);
+    Py_XDECREF(device);
     return NULL;
 }
 
@@ -653,13 +664,14 @@ static PyObject *plan_get_outputs(struct plan_object *self, void *closure)
 static PyObject *plan_get_device(struct plan_object *self, void *closure)
 {
     (void)closure;
-    return Py_NewRef(self->device);
+    return PyUnicode_FromString(rlx_device_name(rlx_py_device_get(self->device)));
 }
 
 static PyObject *plan_repr(struct plan_object *self)
 {
-    return PyUnicode_FromFormat("<rlx.Plan device=%R inputs=%R params=%zd outputs=%R>", self->device,
-                                self->input_names, PyTuple_GET_SIZE(self->param_names), self->output_names);
+    return PyUnicode_FromFormat("<rlx.Plan device='%s' inputs=%R params=%zd outputs=%R>",
+                                rlx_device_name(rlx_py_device_get(self->device)), self->input_names,
+                                PyTuple_GET_SIZE(self->param_names), self->output_names);
 }
 
 static PyMethodDef plan_methods[] = {
@@ -688,7 +700,7 @@ static PyGetSetDef plan_getset[] = {
     {"inputs", (getter)plan_get_inputs, NULL, "Input names, in order.", NULL},
     {"params", (getter)plan_get_params, NULL, "Param names, in order.", NULL},
     {"outputs", (getter)plan_get_outputs, NULL, "Output names, in the order run() returns them.", NULL},
-    {"device", (getter)plan_get_device, NULL, "The backend this plan runs on.", NULL},
+    {"device", (getter)plan_get_device, NULL, "The name of the device this plan runs on.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -1,8 +1,11 @@
 /*
- * run.c - binding and running a plan: params (kept, zero-copy where the backend can), inputs
- * (kept until the run returns), symbol inference from input shapes, the memory plan for the
- * binding (remade only when the binding outgrows the last one), placement of every value, and
- * reading outputs back. Every failure leaves the plan usable for the next run.
+ * run.c - binding and running a plan: params (bound to a weight store's memory, or set for this
+ * plan alone: used in place where the device reads host memory), inputs (kept until the run
+ * returns), states (device memory bound per run: the KV caches), symbol inference from input
+ * shapes, the memory plan for the binding (remade only when the binding outgrows the last one),
+ * placement of every value, and reading outputs back. Every size is computed with checked
+ * arithmetic (rlx_shape_bytes): a binding whose sizes would overflow is refused, never wrapped.
+ * Every failure leaves the plan usable for the next run.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,13 +13,6 @@
 
 #include "core/core.h"
 #include "runtime/plan.h"
-
-static size_t host_bytes(const struct rlx_host_tensor *t)
-{
-    size_t n = rlx_dtype_size(t->dtype);
-    for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
-    return n;
-}
 
 static void format_host_shape(const struct rlx_host_tensor *t, char *buf, size_t cap)
 {
@@ -26,56 +22,81 @@ static void format_host_shape(const struct rlx_host_tensor *t, char *buf, size_t
     if (len < cap) snprintf(buf + len, cap - len, ")");
 }
 
-static rlx_status check_host_tensor(const struct rlx_host_tensor *t, const char *kind, const char *name)
+/* Checks a host tensor's description and returns its size in bytes. */
+static rlx_status check_host_tensor(const struct rlx_host_tensor *t, const char *kind, const char *name, size_t *bytes)
 {
     if (!t || (unsigned)t->dtype >= RLX_DTYPE_COUNT || t->ndim < 0 || t->ndim > RLX_MAX_DIMS)
         return rlx_set_error(RLX_ERR_INVALID, "%s '%s': bad tensor description", kind, name);
-    for (int i = 0; i < t->ndim; i++)
-        if (t->shape[i] < 0) return rlx_set_error(RLX_ERR_SHAPE, "%s '%s': negative dim %d", kind, name, i);
-    if (!t->data && host_bytes(t)) return rlx_set_error(RLX_ERR_INVALID, "%s '%s': no data", kind, name);
+    rlx_status s = rlx_shape_bytes(t->dtype, t->ndim, t->shape, bytes);
+    if (s != RLX_OK) return rlx_error_context(s, "%s '%s'", kind, name);
+    if (!t->data && *bytes) return rlx_set_error(RLX_ERR_INVALID, "%s '%s': no data", kind, name);
     return RLX_OK;
 }
 
-/* Puts host data into *buf: a zero-copy wrapper when the backend allows, else an owned buffer of
- * at least `bytes` (grown, never shrunk) filled by upload. */
-static rlx_status place_host(const struct rlx_plan *p, const void *data, size_t bytes, struct rlx_buffer **buf,
-                             size_t *cap)
+/* Bytes of node id's value under symbol values vals. */
+static rlx_status node_bytes(const struct rlx_plan *p, int id, const int64_t *vals, size_t *bytes)
 {
-    if (p->be->buffer_wrap) return p->be->buffer_wrap(data, bytes, buf);
-    if (!*buf || *cap < bytes) {
-        struct rlx_buffer *nb;
-        RLX_TRY(p->be->buffer_alloc(bytes, &nb));
-        p->be->buffer_free(*buf);
-        *buf = nb;
-        *cap = bytes;
+    const struct rlx_node *n = &p->g->nodes[id];
+    int64_t shape[RLX_MAX_DIMS];
+    rlx_plan_eval_shape(p, id, vals, shape);
+    for (int d = 0; d < n->ndim; d++)
+        if (shape[d] < 0) shape[d] = 0; /* a negative extent is reported by place_values */
+    rlx_status s = rlx_shape_bytes(n->dtype, n->ndim, shape, bytes);
+    return s == RLX_OK ? s : rlx_error_context(s, "node %d (%s)", id, rlx_op_name(n->op));
+}
+
+static rlx_status check_param_fit(const struct rlx_plan *p, int index, enum rlx_dtype dt, int ndim,
+                                  const int64_t *shape)
+{
+    const struct rlx_node *n = &p->g->nodes[p->params[index]];
+    if (dt != n->dtype)
+        return rlx_set_error(RLX_ERR_DTYPE, "param '%s' is %s, got %s", n->name, rlx_dtype_name(n->dtype),
+                             rlx_dtype_name(dt));
+    bool ok = ndim == n->ndim;
+    for (int i = 0; ok && i < n->ndim; i++) ok = shape[i] == n->shape[i].c;
+    if (!ok) {
+        char want[160], got[160];
+        struct rlx_host_tensor t = {.ndim = ndim};
+        memcpy(t.shape, shape, sizeof(int64_t) * (size_t)ndim);
+        rlx_shape_format(p->g, n->ndim, n->shape, want, sizeof want);
+        format_host_shape(&t, got, sizeof got);
+        return rlx_set_error(RLX_ERR_SHAPE, "param '%s' has shape %s, got %s", n->name, want, got);
     }
-    return p->be->upload(*buf, 0, data, bytes);
+    return RLX_OK;
+}
+
+static void unbind_param(struct rlx_plan *p, int index)
+{
+    if (p->param[index].owned) rlx_dev_free(p->dev, p->param[index].buf);
+    p->param[index] = (struct rlx_binding){0};
 }
 
 rlx_status rlx_plan_set_param(struct rlx_plan *p, int index, const struct rlx_host_tensor *t)
 {
     if (index < 0 || index >= p->n_params) return rlx_set_error(RLX_ERR_INVALID, "param index %d out of range", index);
     const struct rlx_node *n = &p->g->nodes[p->params[index]];
-    RLX_TRY(check_host_tensor(t, "param", n->name));
-    if (t->dtype != n->dtype)
-        return rlx_set_error(RLX_ERR_DTYPE, "param '%s' is %s, got %s", n->name, rlx_dtype_name(n->dtype),
-                             rlx_dtype_name(t->dtype));
-    bool ok = t->ndim == n->ndim;
-    for (int i = 0; ok && i < n->ndim; i++) ok = t->shape[i] == n->shape[i].c;
-    if (!ok) {
-        char want[160], got[160];
-        rlx_shape_format(p->g, n->ndim, n->shape, want, sizeof want);
-        format_host_shape(t, got, sizeof got);
-        return rlx_set_error(RLX_ERR_SHAPE, "param '%s' has shape %s, got %s", n->name, want, got);
+    size_t bytes;
+    RLX_TRY(check_host_tensor(t, "param", n->name, &bytes));
+    RLX_TRY(check_param_fit(p, index, t->dtype, t->ndim, t->shape));
+    unbind_param(p, index); /* a param buffer is replaced, not grown: it may be a wrapper */
+    struct rlx_buffer *b = NULL;
+    size_t cap = 0;
+    rlx_status s = rlx_dev_place(p->dev, t->data, bytes, &b, &cap);
+    if (s != RLX_OK) {
+        rlx_dev_free(p->dev, b);
+        return s;
     }
-    size_t cap = 0; /* a param buffer is replaced, not grown: it may be a wrapper */
-    if (!p->be->buffer_wrap && p->param_buf[index]) {
-        p->be->buffer_free(p->param_buf[index]);
-        p->param_buf[index] = NULL;
-    }
-    p->param_set[index] = false;
-    RLX_TRY(place_host(p, t->data, host_bytes(t), &p->param_buf[index], &cap));
-    p->param_set[index] = true;
+    p->param[index] = (struct rlx_binding){.buf = b, .offset = 0, .owned = true};
+    return RLX_OK;
+}
+
+/* Called by rlx_plan_bind_weights (weights.c) for each param. */
+rlx_status rlx_plan_bind_param_buffer(struct rlx_plan *p, int index, enum rlx_dtype dt, int ndim, const int64_t *shape,
+                                      struct rlx_buffer *buf)
+{
+    RLX_TRY(check_param_fit(p, index, dt, ndim, shape));
+    unbind_param(p, index);
+    p->param[index] = (struct rlx_binding){.buf = buf, .offset = 0, .owned = false};
     return RLX_OK;
 }
 
@@ -83,7 +104,8 @@ rlx_status rlx_plan_set_input(struct rlx_plan *p, int index, const struct rlx_ho
 {
     if (index < 0 || index >= p->n_inputs) return rlx_set_error(RLX_ERR_INVALID, "input index %d out of range", index);
     const struct rlx_node *n = &p->g->nodes[p->inputs[index]];
-    RLX_TRY(check_host_tensor(t, "input", n->name));
+    size_t bytes;
+    RLX_TRY(check_host_tensor(t, "input", n->name, &bytes));
     if (t->dtype != n->dtype)
         return rlx_set_error(RLX_ERR_DTYPE, "input '%s' is %s, got %s", n->name, rlx_dtype_name(n->dtype),
                              rlx_dtype_name(t->dtype));
@@ -95,6 +117,15 @@ rlx_status rlx_plan_set_input(struct rlx_plan *p, int index, const struct rlx_ho
     }
     p->in_host[index] = *t;
     p->in_set[index] = true;
+    return RLX_OK;
+}
+
+rlx_status rlx_plan_bind_state(struct rlx_plan *p, int index, struct rlx_buffer *buf, size_t offset)
+{
+    if (index < 0 || index >= p->n_states) return rlx_set_error(RLX_ERR_INVALID, "state index %d out of range", index);
+    if (!buf || offset > buf->size)
+        return rlx_set_error(RLX_ERR_INVALID, "state '%s': no memory to bind", p->g->nodes[p->states[index]].name);
+    p->state[index] = (struct rlx_binding){.buf = buf, .offset = offset};
     return RLX_OK;
 }
 
@@ -140,14 +171,18 @@ static rlx_status infer_symbols(struct rlx_plan *p)
             for (int d = 0; p->in_set[i] && d < n->ndim; d++) {
                 const struct rlx_dim *e = &n->shape[d];
                 int unknown = -1, n_unknown = 0;
-                int64_t rest = p->in_host[i].shape[d] - e->c;
+                int64_t rest = p->in_host[i].shape[d] - e->c, term;
+                bool overflow = false;
                 for (int s = 0; s < RLX_MAX_SYMS; s++) {
                     if (!e->coef[s]) continue;
-                    if (p->sym_bound[s]) rest -= (int64_t)e->coef[s] * p->sym[s];
-                    else unknown = s, n_unknown++;
+                    if (p->sym_bound[s])
+                        overflow |= __builtin_mul_overflow((int64_t)e->coef[s], p->sym[s], &term) ||
+                                    __builtin_sub_overflow(rest, term, &rest);
+                    else
+                        unknown = s, n_unknown++;
                 }
                 if (n_unknown != 1) continue;
-                if (rest < 0 || rest % e->coef[unknown])
+                if (overflow || rest < 0 || rest % e->coef[unknown])
                     return input_dim_error(p, i, d, "no value of its symbol fits");
                 p->sym[unknown] = rest / e->coef[unknown];
                 p->sym_bound[unknown] = true;
@@ -189,11 +224,7 @@ static rlx_status plan_into(const struct rlx_plan *p, const int64_t *vals, size_
     for (int id = 0; id < p->g->n_nodes; id++) {
         sizes[id] = 0;
         if (!p->lv.in_arena[id] || p->external[id]) continue;
-        int64_t shape[RLX_MAX_DIMS];
-        rlx_plan_eval_shape(p, id, vals, shape);
-        size_t bytes = rlx_dtype_size(p->g->nodes[id].dtype);
-        for (int i = 0; i < p->g->nodes[id].ndim; i++) bytes *= (size_t)(shape[i] > 0 ? shape[i] : 0);
-        sizes[id] = bytes;
+        RLX_TRY(node_bytes(p, id, vals, &sizes[id]));
     }
     return rlx_memory_plan(&p->lv, sizes, offsets, scratch, arena, unshared);
 }
@@ -212,11 +243,12 @@ static rlx_status plan_temp(const struct rlx_plan *p, const int64_t *vals, size_
     return s;
 }
 
+/* The smallest power of two >= v (v itself past 2^62, where doubling would overflow). */
 static int64_t round_up_pow2(int64_t v)
 {
     int64_t r = 1;
-    while (r < v) r *= 2;
-    return r;
+    while (r < v && r <= INT64_MAX / 2) r *= 2;
+    return r < v ? v : r;
 }
 
 /* Makes sure the memory plan covers the current binding. Without caps the binding is rounded up
@@ -246,8 +278,8 @@ static rlx_status ensure_memory(struct rlx_plan *p)
                              p->opts.budget_hint[0] ? "; " : "", p->opts.budget_hint);
     if (!p->arena || p->arena_cap < arena) {
         struct rlx_buffer *b;
-        RLX_TRY(p->be->buffer_alloc(arena, &b));
-        p->be->buffer_free(p->arena);
+        RLX_TRY(rlx_dev_alloc(p->dev, arena, &b));
+        rlx_dev_free(p->dev, p->arena);
         p->arena = b;
         p->arena_cap = arena;
     }
@@ -268,13 +300,19 @@ static rlx_status place_values(struct rlx_plan *p)
     for (int i = 0; i < p->n_inputs; i++) {
         const struct rlx_host_tensor *t = &p->in_host[i];
         if (!p->in_set[i]) continue;
-        RLX_TRY(place_host(p, t->data, host_bytes(t), &p->in_buf[i], &p->in_buf_cap[i]));
+        size_t bytes;
+        RLX_TRY(check_host_tensor(t, "input", g->nodes[p->inputs[i]].name, &bytes));
+        RLX_TRY(rlx_dev_place(p->dev, t->data, bytes, &p->in_buf[i], &p->in_buf_cap[i]));
         p->values[p->inputs[i]].buf = p->in_buf[i];
         p->values[p->inputs[i]].offset = 0;
     }
     for (int i = 0; i < p->n_params; i++) {
-        p->values[p->params[i]].buf = p->param_buf[i];
-        p->values[p->params[i]].offset = 0;
+        p->values[p->params[i]].buf = p->param[i].buf;
+        p->values[p->params[i]].offset = p->param[i].offset;
+    }
+    for (int i = 0; i < p->n_states; i++) {
+        p->values[p->states[i]].buf = p->state[i].buf;
+        p->values[p->states[i]].offset = p->state[i].offset;
     }
     for (int id = 0; id < g->n_nodes; id++) {
         const struct rlx_node *n = &g->nodes[id];
@@ -286,12 +324,12 @@ static rlx_status place_values(struct rlx_plan *p)
             if (v->shape[d] < 0 && !n->dead)
                 return rlx_set_error(RLX_ERR_SHAPE, "node %d (%s): dim %d evaluates to %lld for this binding", id,
                                      rlx_op_name(n->op), d, (long long)v->shape[d]);
-        if (n->op == RLX_OP_INPUT || n->op == RLX_OP_PARAM || n->dead) continue;
+        if (n->op == RLX_OP_INPUT || n->op == RLX_OP_PARAM || n->op == RLX_OP_STATE || n->dead) continue;
         int r = p->lv.root[id];
         if (r == id && p->external[id]) {
             for (int i = 0; i < g->n_outputs; i++)
                 if (p->out_dst[i] && p->lv.root[g->outputs[i]] == id) {
-                    RLX_TRY(p->be->buffer_wrap(p->out_dst[i], p->out_dst_bytes[i], &p->out_buf[i]));
+                    RLX_TRY(rlx_dev_wrap(p->dev, p->out_dst[i], p->out_dst_bytes[i], &p->out_buf[i]));
                     v->buf = p->out_buf[i];
                     break;
                 }
@@ -303,6 +341,23 @@ static rlx_status place_values(struct rlx_plan *p)
             v->buf = p->values[r].buf;
             v->offset = p->values[r].offset;
         }
+    }
+    return RLX_OK;
+}
+
+/* Each used state is bound, and its bytes for this binding fit its memory. */
+static rlx_status check_states(const struct rlx_plan *p)
+{
+    for (int i = 0; i < p->n_states; i++) {
+        const int id = p->states[i];
+        if (!p->used[id]) continue;
+        const struct rlx_node *n = &p->g->nodes[id];
+        if (!p->state[i].buf) return rlx_set_error(RLX_ERR_INVALID, "state '%s' is not bound", n->name);
+        size_t need;
+        RLX_TRY(node_bytes(p, id, p->sym, &need));
+        if (need > p->state[i].buf->size - p->state[i].offset)
+            return rlx_set_error(RLX_ERR_RANGE, "state '%s' needs %zu bytes for this run; %zu are bound", n->name, need,
+                                 p->state[i].buf->size - p->state[i].offset);
     }
     return RLX_OK;
 }
@@ -325,8 +380,9 @@ static rlx_status check_slices(const struct rlx_plan *p)
 }
 
 /* Checks each bound output's size for this binding and marks the roots that are written straight
- * into their bound memory: intermediates (not inputs, params or their aliases), one bound output
- * per root, on a backend that wraps host memory. Other bound outputs are copied after the run. */
+ * into their bound memory: intermediates (not inputs, params, states or their aliases), one bound
+ * output per root, on a device that wraps host memory. Other bound outputs are copied after the
+ * run. */
 static rlx_status choose_external(struct rlx_plan *p)
 {
     const struct rlx_graph *g = p->g;
@@ -334,14 +390,12 @@ static rlx_status choose_external(struct rlx_plan *p)
     for (int i = 0; i < g->n_outputs; i++) {
         if (!p->out_dst[i]) continue;
         const int id = g->outputs[i], r = p->lv.root[id];
-        int64_t shape[RLX_MAX_DIMS];
-        rlx_plan_eval_shape(p, id, p->sym, shape);
-        size_t need = rlx_dtype_size(g->nodes[id].dtype);
-        for (int d = 0; d < g->nodes[id].ndim; d++) need *= (size_t)(shape[d] > 0 ? shape[d] : 0);
+        size_t need;
+        RLX_TRY(node_bytes(p, id, p->sym, &need));
         if (need != p->out_dst_bytes[i])
             return rlx_set_error(RLX_ERR_SHAPE, "output '%s' holds %zu bytes for this run, %zu bytes were bound",
                                  g->output_names[i], need, p->out_dst_bytes[i]);
-        if (p->be->buffer_wrap && p->lv.in_arena[r] && need) p->external[r] = true;
+        if (rlx_dev_can_wrap(p->dev) && p->lv.in_arena[r] && need) p->external[r] = true;
     }
     return RLX_OK;
 }
@@ -349,10 +403,11 @@ static rlx_status choose_external(struct rlx_plan *p)
 static rlx_status run_checked(struct rlx_plan *p)
 {
     for (int i = 0; i < p->n_params; i++)
-        if (!p->param_set[i] && p->used[p->params[i]])
+        if (!p->param[i].buf && p->used[p->params[i]])
             return rlx_set_error(RLX_ERR_INVALID, "param '%s' is not set", p->g->nodes[p->params[i]].name);
     for (int i = 0; i < p->n_inputs; i++)
-        if (!p->in_set[i] && p->used[p->inputs[i]]) return rlx_set_error(RLX_ERR_INVALID, "input '%s' is not set", p->g->nodes[p->inputs[i]].name);
+        if (!p->in_set[i] && p->used[p->inputs[i]])
+            return rlx_set_error(RLX_ERR_INVALID, "input '%s' is not set", p->g->nodes[p->inputs[i]].name);
     RLX_TRY(infer_symbols(p));
     for (int id = 0; id < p->g->n_nodes; id++) {
         const struct rlx_node *n = &p->g->nodes[id];
@@ -362,18 +417,20 @@ static rlx_status run_checked(struct rlx_plan *p)
                     return rlx_set_error(RLX_ERR_INVALID, "symbol %s is used by node %d but not bound by any input; "
                                          "bind it explicitly", p->g->sym_names[s], id);
     }
+    RLX_TRY(check_states(p));
     RLX_TRY(check_slices(p));
     RLX_TRY(choose_external(p));
     RLX_TRY(ensure_memory(p));
     RLX_TRY(place_values(p));
     if (p->node_seconds) memset(p->node_seconds, 0, sizeof(double) * (size_t)p->g->n_nodes);
-    RLX_TRY(p->be->plan_run(p->be_state, p->g, p->values, p->node_seconds));
+    struct rlx_device *d = p->dev;
+    RLX_TRY(d->be->plan_run(d->ctx, p->be_state, p->g, p->values, p->node_seconds));
     /* bound outputs the kernels did not write in place */
     for (int i = 0; i < p->g->n_outputs; i++) {
         const int r = p->lv.root[p->g->outputs[i]];
         if (!p->out_dst[i] || (p->external[r] && p->values[r].buf == p->out_buf[i])) continue;
         const struct rlx_tensor *v = &p->values[p->g->outputs[i]];
-        RLX_TRY(p->be->download(v->buf, v->offset, p->out_dst[i], p->out_dst_bytes[i]));
+        RLX_TRY(rlx_dev_download(d, v->buf, v->offset, p->out_dst[i], p->out_dst_bytes[i]));
     }
     return RLX_OK;
 }
@@ -385,6 +442,7 @@ rlx_status rlx_plan_run(struct rlx_plan *p)
     rlx_status s = run_checked(p);
     /* the binding is for one run only: caller memory is not kept past the return */
     for (int i = 0; i < p->n_inputs; i++) p->in_set[i] = false;
+    for (int i = 0; i < p->n_states; i++) p->state[i] = (struct rlx_binding){0};
     for (int i = 0; i < p->g->n_outputs; i++) p->out_dst[i] = NULL;
     for (int k = 0; k < RLX_MAX_SYMS; k++) p->sym_explicit[k] = false;
     p->ran = s == RLX_OK;
@@ -408,11 +466,12 @@ rlx_status rlx_plan_read_output(const struct rlx_plan *p, int i, void *dst, size
     if (i < 0 || i >= p->g->n_outputs) return rlx_set_error(RLX_ERR_INVALID, "output index %d out of range", i);
     if (!p->ran) return rlx_set_error(RLX_ERR_STATE, "the plan has no results: run it first");
     const struct rlx_tensor *v = &p->values[p->g->outputs[i]];
-    size_t need = (size_t)rlx_tensor_numel(v) * rlx_dtype_size(v->dtype);
+    size_t need;
+    RLX_TRY(rlx_shape_bytes(v->dtype, v->ndim, v->shape, &need));
     if (bytes != need)
         return rlx_set_error(RLX_ERR_SHAPE, "output '%s' holds %zu bytes, asked for %zu", p->g->output_names[i], need,
                              bytes);
-    return p->be->download(v->buf, v->offset, dst, bytes);
+    return rlx_dev_download(p->dev, v->buf, v->offset, dst, bytes);
 }
 
 /* Symbol values at the compile caps, or false if a symbol in use has no cap. */
@@ -424,6 +483,15 @@ static bool cap_values(const struct rlx_plan *p, int64_t *vals)
             for (int s = 0; s < RLX_MAX_SYMS; s++)
                 if (p->g->nodes[id].shape[d].coef[s] && p->opts.sym_cap[s] <= 0) return false;
     return true;
+}
+
+rlx_status rlx_plan_check_caps(const struct rlx_plan *p)
+{
+    int64_t vals[RLX_MAX_SYMS];
+    size_t arena, unshared;
+    if (!cap_values(p, vals)) return RLX_OK;
+    rlx_status s = plan_temp(p, vals, &arena, &unshared);
+    return s == RLX_OK ? s : rlx_error_context(s, "at the compile caps");
 }
 
 size_t rlx_plan_planned_bytes(const struct rlx_plan *p)
@@ -446,17 +514,16 @@ size_t rlx_plan_unshared_bytes(const struct rlx_plan *p)
 
 rlx_status rlx_plan_estimate_bytes(const struct rlx_plan *p, const int64_t sym_values[RLX_MAX_SYMS], size_t *out)
 {
-    size_t arena, unshared;
+    size_t arena, unshared, total;
     RLX_TRY(plan_temp(p, sym_values, &arena, &unshared));
-    size_t inputs = 0;
+    total = arena;
     for (int i = 0; i < p->n_inputs; i++) {
-        int64_t shape[RLX_MAX_DIMS];
-        rlx_plan_eval_shape(p, p->inputs[i], sym_values, shape);
-        size_t b = rlx_dtype_size(p->g->nodes[p->inputs[i]].dtype);
-        for (int d = 0; d < p->g->nodes[p->inputs[i]].ndim; d++) b *= (size_t)(shape[d] > 0 ? shape[d] : 0);
-        inputs += b;
+        size_t b;
+        RLX_TRY(node_bytes(p, p->inputs[i], sym_values, &b));
+        if (!rlx_size_add(total, b, &total))
+            return rlx_set_error(RLX_ERR_RANGE, "the estimate for these symbol values overflows");
     }
-    *out = arena + inputs;
+    *out = total;
     return RLX_OK;
 }
 

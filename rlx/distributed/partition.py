@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import re
 
 from rlx.config import ModelConfig
 
@@ -68,18 +67,10 @@ class BlockSpec:
         return range(self.layer_begin, self.layer_end)
 
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
-
-
 def block_weight_filter(name: str, cfg: ModelConfig, spec: BlockSpec) -> bool:
     """Whether the tensor `name` belongs to the block: its layers; the embedding for the embedding
     block and, when embeddings are tied, for the block with the head; the final norm and lm_head for
-    the block with the head only."""
-    m = _LAYER.match(name)
-    if m:
-        return spec.layer_begin <= int(m.group(1)) < spec.layer_end
-    if name == "model.embed_tokens.weight":
-        return spec.embed or (spec.head and cfg.tie_word_embeddings)
-    if name in ("model.norm.weight", "lm_head.weight"):
-        return spec.head
-    return False
+    the block with the head only. The names come from the C decoder builder (block_params)."""
+    from rlx.weights import expected_weights  # rlx.weights imports rlx._C; keep this module light
+
+    return name in expected_weights(cfg, spec)

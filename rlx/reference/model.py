@@ -29,10 +29,12 @@ def _linear(w: dict, name: str, x: np.ndarray) -> np.ndarray:
     return y if bias is None else ops.add(y, bias)
 
 
-def forward(cfg, weights: dict, ids) -> np.ndarray:
-    """Logits (S, V) float32 for token ids (S,) at positions 0..S-1. weights are checked with
-    rlx.weights.check_weights first (WeightsError on missing / extra / mis-shaped tensors)."""
-    w = check_weights(cfg, weights)
+def forward(cfg, weights: dict, ids, kv_dtype: str = "f32") -> np.ndarray:
+    """Logits (S, V) float32 for token ids (S,) at positions 0..S-1, with K and V rounded to
+    kv_dtype ("f32", "f16", "bf16") before attention, as rlx's KV cache stores them. weights are
+    checked with rlx.weights.check_weights first (WeightsError on missing / extra / mis-shaped
+    tensors) and used as float64 (f32 math)."""
+    w = check_weights(cfg, weights, dtype="f32")
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     S, D = ids.shape[0], cfg.head_dim
     Hq, Hkv, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.rms_norm_eps
@@ -50,7 +52,8 @@ def forward(cfg, weights: dict, ids) -> np.ndarray:
             q = ops.rmsnorm(q, w[p + "self_attn.q_norm.weight"], eps)
             k = ops.rmsnorm(k, w[p + "self_attn.k_norm.weight"], eps)
         q = ops.rope(q, pos, inv_freq)
-        k = ops.rope(k, pos, inv_freq)
+        k = ops.convert(ops.rope(k, pos, inv_freq), kv_dtype)
+        v = ops.convert(v, kv_dtype)
         a = ops.attention(q, k, v, causal=True, window=cfg.layer_window(layer))
         x = ops.add(x, _linear(w, p + "self_attn.o_proj", a.reshape(S, Hq * D)))
 

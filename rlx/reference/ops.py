@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 
 __all__ = ["matmul", "embedding", "rmsnorm", "add_rmsnorm", "rope", "softmax", "silu", "silu_mul",
-           "add", "mul", "attention", "gather_last", "concat", "slice", "reshape"]
+           "add", "mul", "attention", "convert", "gather_last", "concat", "slice", "reshape"]
 
 
 def _f64(x) -> np.ndarray:
@@ -116,26 +116,22 @@ def mul(a, b) -> np.ndarray:
     return (_f64(a) * _f64(b)).astype(np.float32)
 
 
-def attention(q, k, v, k_past=None, v_past=None, mask=None, scale: float | None = None,
-              causal: bool = True, window: int = 0) -> np.ndarray:
+def attention(q, k, v, mask=None, scale: float | None = None, causal: bool = True, window: int = 0) -> np.ndarray:
     """Grouped-query attention -> (S, Hq, D).
 
-    q (S, Hq, D); k, v (S, Hkv, D) for the S new positions; k_past, v_past (P, Hkv, D) or None.
-    Keys are the past first, then the new ones: key j in 0..P+S-1. Query head h uses kv head
+    q (S, Hq, D); k, v (T, Hkv, D), T >= S: the keys of positions 0..T-1, the queries at positions
+    P + i with P = T - S (a cache: the past, then the new rows). Query head h uses kv head
     h // (Hq // Hkv). scores = scale * q.k (scale defaults to 1/sqrt(D)). Key j is visible to
     query i when: causal -> j <= P + i; window > 0 -> also j > P + i - window (i.e. the query's
-    position minus the key's position is < window); a bool/uint8 mask (S, P+S) -> mask[i, j]
-    nonzero; a float mask (S, P+S) is added to the scores. A query row with no visible key (or
+    position minus the key's position is < window); a bool/uint8 mask (S, T) -> mask[i, j]
+    nonzero; a float mask (S, T) is added to the scores. A query row with no visible key (or
     all scores -inf) produces zeros."""
     q, k, v = _f64(q), _f64(k), _f64(v)
     S, Hq, D = q.shape
-    Hkv = k.shape[1]
-    if k.shape != (S, Hkv, D) or v.shape != k.shape or Hq % Hkv:
+    T, Hkv = k.shape[0], k.shape[1]
+    if k.shape != (T, Hkv, D) or v.shape != k.shape or Hq % Hkv or T < S:
         raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape} do not fit")
-    if k_past is not None:
-        k = np.concatenate([_f64(k_past), k], axis=0)
-        v = np.concatenate([_f64(v_past), v], axis=0)
-    P = k.shape[0] - S
+    P = T - S
     if scale is None:
         scale = 1.0 / np.sqrt(D)
     group = Hq // Hkv
@@ -166,6 +162,14 @@ def attention(q, k, v, k_past=None, v_past=None, mask=None, scale: float | None 
     p = e / np.where(denom == 0, 1.0, denom)
     out = np.einsum("hij,jhd->ihd", p, vv)
     return out.astype(np.float32)
+
+
+def convert(x, dtype: str) -> np.ndarray:
+    """x f32 -> "f32", "f16" or "bf16" (float32, float16, ml_dtypes.bfloat16 arrays), each value
+    rounded to nearest even (NumPy's and ml_dtypes' casts)."""
+    target = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}[dtype]
+    with np.errstate(over="ignore"):  # values past the largest finite one become inf, by definition
+        return np.asarray(x, dtype=np.float32).astype(target)
 
 
 def gather_last(x) -> np.ndarray:

@@ -1,15 +1,21 @@
 /*
- * test_graph.c - the graph builder, the passes and the runtime from C, on both host backends:
+ * test_graph.c - the graph builder, the passes and the runtime from C, on both host devices:
  * a transformer-like block (matmul, rmsnorm, residual add, silu * gate) compiled with and
  * without fusion must agree with a direct scalar computation; symbols are inferred from input
  * shapes; memory is reused; bad shapes, dtypes, ids and missing bindings fail with statuses and
- * leave the plan usable. Runs under valgrind in `make test`.
+ * leave the plan usable. A weight store shared by several plans is placed once (bytes counted on
+ * the ref device, which has memory of its own); a state written by cache_write keeps its rows
+ * across runs; sizes that overflow are refused at compile and at run. Runs under valgrind in
+ * `make test`.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/backend.h"
+#include "ir/graph.h"
+#include "runtime/plan.h"
 #include "rlx/rlx.h"
 
 #include "check.h"
@@ -103,13 +109,14 @@ static void test_bound_outputs(struct rlx_plan *p, const char *device, bool fuse
     CHECK(rlx_plan_set_input(p, 0, &t) == RLX_OK && rlx_plan_run(p) == RLX_OK, "usable after a bad binding");
 }
 
-static void test_block(const char *device, bool fuse)
+static void test_block(struct rlx_device *dev, bool fuse)
 {
+    const char *device = rlx_device_name(dev);
     struct rlx_graph *g = block_graph();
     struct rlx_compile_opts o = rlx_compile_opts_default();
     o.fuse = fuse;
     struct rlx_plan *p = NULL;
-    CHECK(rlx_compile(g, device, &o, &p) == RLX_OK, "compile %s fuse=%d", device, fuse);
+    CHECK(rlx_compile(g, dev, &o, &p) == RLX_OK, "compile %s fuse=%d", device, fuse);
     rlx_graph_free(g);
     if (!p) return;
     static float wg[F * D], wu[F * D], wd[D * F], w[D];
@@ -167,21 +174,21 @@ static void count_logs(enum rlx_log_level level, const char *msg, void *user)
 }
 
 /* The log callback hears about compiles and memory plans; none is installed by default. */
-static void test_log_callback(void)
+static void test_log_callback(struct rlx_device *cpu)
 {
     rlx_set_log_callback(count_logs, &log_count);
     struct rlx_graph *g = block_graph();
     struct rlx_plan *p = NULL;
-    CHECK(rlx_compile(g, "cpu", NULL, &p) == RLX_OK && log_count >= 1, "a compile is logged (%d)", log_count);
+    CHECK(rlx_compile(g, cpu, NULL, &p) == RLX_OK && log_count >= 1, "a compile is logged (%d)", log_count);
     rlx_set_log_callback(NULL, NULL);
     int before = log_count;
     rlx_plan_free(p);
-    CHECK(rlx_compile(g, "cpu", NULL, &p) == RLX_OK && log_count == before, "no callback, no calls");
+    CHECK(rlx_compile(g, cpu, NULL, &p) == RLX_OK && log_count == before, "no callback, no calls");
     rlx_plan_free(p);
     rlx_graph_free(g);
 }
 
-static void test_errors(void)
+static void test_errors(struct rlx_device *cpu)
 {
     struct rlx_graph *g;
     rlx_graph_create(&g);
@@ -199,8 +206,11 @@ static void test_errors(void)
     CHECK(rlx_graph_op(g, RLX_OP_EMBEDDING, 2, (int[]){tab, ids}, NULL, &e) == RLX_OK, "embedding");
     rlx_graph_output(g, e, "e");
     struct rlx_plan *p;
-    CHECK(rlx_compile(g, "nope", NULL, &p) == RLX_ERR_INVALID, "unknown device");
-    CHECK(rlx_compile(g, "cpu", NULL, &p) == RLX_OK, "compile");
+    struct rlx_device *nope = NULL;
+    CHECK(rlx_device_open("nope", &nope) == RLX_ERR_INVALID && nope == NULL && strstr(rlx_last_error(), "cpu,ref"),
+          "unknown device names the ones compiled in");
+    CHECK(rlx_compile(g, NULL, NULL, &p) == RLX_ERR_INVALID, "no device");
+    CHECK(rlx_compile(g, cpu, NULL, &p) == RLX_OK, "compile");
     float t[15] = {0};
     struct rlx_host_tensor tt = {.data = t, .dtype = RLX_F32, .ndim = 2, .shape = {5, 3}};
     int32_t idv[3] = {0, 5, 1};
@@ -216,14 +226,243 @@ static void test_errors(void)
     rlx_graph_free(g);
 }
 
+/* One weight store bound into two plans: on ref (memory of its own) each weight is uploaded once,
+ * however many plans read it; both plans compute with it. */
+static void test_weight_store(void)
+{
+    struct rlx_device *ref = NULL;
+    CHECK(rlx_device_open("ref", &ref) == RLX_OK, "open ref");
+    struct rlx_weights *ws = NULL;
+    CHECK(rlx_weights_create(ref, &ws) == RLX_OK, "create a store");
+    static float wg[F * D], wu[F * D], wd[D * F], w[D];
+    for (int i = 0; i < F * D; i++) wg[i] = frand(), wu[i] = frand(), wd[i] = frand();
+    for (int i = 0; i < D; i++) w[i] = 1 + frand();
+    struct rlx_device_stats st0, st1, st2;
+    rlx_device_stats(ref, &st0);
+    struct rlx_host_tensor tg = {.data = wg, .dtype = RLX_F32, .ndim = 2, .shape = {F, D}};
+    struct rlx_host_tensor tu = tg, td = {.data = wd, .dtype = RLX_F32, .ndim = 2, .shape = {D, F}};
+    struct rlx_host_tensor tw = {.data = w, .dtype = RLX_F32, .ndim = 1, .shape = {D}};
+    tu.data = wu;
+    CHECK(rlx_weights_set(ws, "wg", &tg) == RLX_OK && rlx_weights_set(ws, "wu", &tu) == RLX_OK &&
+              rlx_weights_set(ws, "wd", &td) == RLX_OK && rlx_weights_set(ws, "w", &tw) == RLX_OK,
+          "store the weights");
+    rlx_device_stats(ref, &st1);
+    const uint64_t wbytes = sizeof wg + sizeof wu + sizeof wd + sizeof w;
+    CHECK(st1.upload_bytes - st0.upload_bytes == wbytes && rlx_weights_bytes(ws) == wbytes && rlx_weights_count(ws) == 4,
+          "each weight uploaded once (%llu bytes)", (unsigned long long)(st1.upload_bytes - st0.upload_bytes));
+    struct rlx_graph *g = block_graph();
+    struct rlx_plan *p[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++)
+        CHECK(rlx_compile(g, ref, NULL, &p[i]) == RLX_OK && rlx_plan_bind_weights(p[i], ws) == RLX_OK, "plan %d", i);
+    rlx_device_stats(ref, &st2);
+    CHECK(st2.upload_bytes == st1.upload_bytes, "binding three plans uploads nothing");
+    float x[2 * D], y0[2 * D], y1[2 * D], ry[2 * D], rh[2 * D];
+    for (int i = 0; i < 2 * D; i++) x[i] = frand();
+    struct rlx_host_tensor tx = {.data = x, .dtype = RLX_F32, .ndim = 2, .shape = {2, D}};
+    for (int i = 0; i < 2; i++)
+        CHECK(rlx_plan_set_input(p[i], 0, &tx) == RLX_OK && rlx_plan_run(p[i]) == RLX_OK &&
+                  rlx_plan_read_output(p[i], 0, i ? y1 : y0, sizeof y0) == RLX_OK,
+              "run plan %d", i);
+    reference(2, x, wg, wu, wd, w, ry, rh);
+    double err = 0;
+    for (int i = 0; i < 2 * D; i++) err = fmax(err, fmax(fabs(y0[i] - ry[i]), fabs(y1[i] - ry[i])));
+    CHECK(err < 1e-4 && memcmp(y0, y1, sizeof y0) == 0, "both plans compute with the shared weights (err %g)", err);
+    /* a weight the store lacks, or of another shape, is named */
+    struct rlx_weights *partial = NULL;
+    rlx_weights_create(ref, &partial);
+    rlx_weights_set(partial, "wg", &tg);
+    CHECK(rlx_plan_bind_weights(p[2], partial) == RLX_ERR_INVALID && strstr(rlx_last_error(), "'wu' is missing"),
+          "missing weight named (%s)", rlx_last_error());
+    rlx_weights_set(partial, "wu", &tw); /* a vector where a matrix belongs */
+    rlx_weights_set(partial, "wd", &td);
+    rlx_weights_set(partial, "w", &tw);
+    CHECK(rlx_plan_bind_weights(p[2], partial) == RLX_ERR_SHAPE && strstr(rlx_last_error(), "'wu'"),
+          "mis-shaped weight named (%s)", rlx_last_error());
+    CHECK(rlx_plan_set_input(p[2], 0, &tx) == RLX_OK && rlx_plan_run(p[2]) == RLX_OK, "the plan keeps its binding");
+    enum rlx_dtype dt;
+    CHECK(rlx_weights_info(ws, "nope", &dt, NULL, NULL) == RLX_ERR_INVALID, "info of a missing weight");
+    for (int i = 0; i < 3; i++) rlx_plan_free(p[i]);
+    rlx_weights_free(partial);
+    rlx_weights_free(ws);
+    rlx_graph_free(g);
+    struct rlx_device_stats end;
+    rlx_device_stats(ref, &end);
+    CHECK(end.allocated_bytes == 0, "everything freed (%zu bytes left)", end.allocated_bytes);
+    rlx_device_free(ref);
+}
+
+/* A state (a small "cache" of rows) bound per run: cache_write puts each run's rows at their
+ * positions, attention reads every row written so far; rows survive between runs, and a position
+ * outside the state is RLX_ERR_RANGE. */
+static void test_state(struct rlx_device *dev)
+{
+    enum { R = 6, H = 1, HD = 4 };
+    struct rlx_graph *g;
+    rlx_graph_create(&g);
+    struct rlx_dim seq = rlx_dim_sym(RLX_SYM_SEQ), past = rlx_dim_sym(RLX_SYM_PAST);
+    struct rlx_dim rows = rlx_dim_add(&past, &seq);
+    struct rlx_dim qs[3] = {seq, rlx_dim_const(H), rlx_dim_const(HD)}, cs[3] = {rows, rlx_dim_const(H), rlx_dim_const(HD)};
+    struct rlx_dim ps[1] = {seq};
+    int q, pos, kc, vc, kw, vw, a;
+    rlx_graph_input(g, "q", RLX_F32, 3, qs, &q);
+    rlx_graph_input(g, "pos", RLX_I32, 1, ps, &pos);
+    CHECK(rlx_graph_state(g, "kc", RLX_F16, 3, cs, &kc) == RLX_OK && rlx_graph_state(g, "vc", RLX_F16, 3, cs, &vc) == RLX_OK,
+          "states");
+    CHECK(rlx_graph_cache_write(g, q, q, pos, &kw) == RLX_ERR_INVALID, "cache_write into a non-state refused");
+    CHECK(rlx_graph_cache_write(g, kc, q, pos, &kw) == RLX_OK && rlx_graph_cache_write(g, vc, q, pos, &vw) == RLX_OK,
+          "cache writes");
+    int bad;
+    CHECK(rlx_graph_op(g, RLX_OP_CACHE_WRITE, 3, (int[]){kc, q, pos}, NULL, &bad) == RLX_ERR_INVALID,
+          "cache_write is not a user op");
+    struct rlx_attrs aa = {.scale = 0.5f, .causal = 1};
+    CHECK(rlx_graph_op(g, RLX_OP_ATTENTION, 3, (int[]){q, kw, vw}, &aa, &a) == RLX_OK, "attention over the states");
+    rlx_graph_output(g, a, "a");
+    struct rlx_plan *p = NULL;
+    CHECK(rlx_compile(g, dev, NULL, &p) == RLX_OK, "compile");
+    rlx_graph_free(g);
+    if (!p) return;
+    struct rlx_buffer *kb = NULL, *vb = NULL;
+    CHECK(rlx_dev_alloc(rlx_plan_device(p), R * H * HD * 2, &kb) == RLX_OK &&
+              rlx_dev_alloc(rlx_plan_device(p), R * H * HD * 2, &vb) == RLX_OK,
+          "state memory");
+    int iq, ipos, ik, iv;
+    rlx_plan_input_index(p, "q", &iq);
+    rlx_plan_input_index(p, "pos", &ipos);
+    CHECK(rlx_plan_state_of_node(p, kc, &ik) == RLX_OK && rlx_plan_state_of_node(p, vc, &iv) == RLX_OK, "state indices");
+    /* q = k = v = rows of one-hot-ish values at positions 0..4, in two runs (3 then 2 rows) */
+    float all[5 * HD];
+    for (int i = 0; i < 5 * HD; i++) all[i] = (float)(i % 7) * 0.25f;
+    float out[5 * HD];
+    int starts[2] = {0, 3}, lens[2] = {3, 2};
+    for (int r = 0; r < 2; r++) {
+        int32_t pv[3];
+        for (int i = 0; i < lens[r]; i++) pv[i] = starts[r] + i;
+        struct rlx_host_tensor tq = {.data = all + starts[r] * HD, .dtype = RLX_F32, .ndim = 3, .shape = {lens[r], H, HD}};
+        struct rlx_host_tensor tp = {.data = pv, .dtype = RLX_I32, .ndim = 1, .shape = {lens[r]}};
+        CHECK(rlx_plan_set_input(p, iq, &tq) == RLX_OK && rlx_plan_set_input(p, ipos, &tp) == RLX_OK &&
+                  rlx_plan_bind_symbol(p, RLX_SYM_PAST, starts[r]) == RLX_OK && rlx_plan_bind_state(p, ik, kb, 0) == RLX_OK &&
+                  rlx_plan_bind_state(p, iv, vb, 0) == RLX_OK && rlx_plan_run(p) == RLX_OK,
+              "run %d", r);
+        rlx_plan_read_output(p, 0, out + starts[r] * HD, sizeof(float) * (size_t)(lens[r] * HD));
+    }
+    /* reference: causal attention of each row over rows 0..i, K/V rounded to f16 (exact here:
+     * multiples of 0.25 below 2) */
+    double err = 0;
+    for (int i = 0; i < 5; i++) {
+        double sc[5], m = -1e30, sum = 0;
+        for (int j = 0; j <= i; j++) {
+            sc[j] = 0;
+            for (int e = 0; e < HD; e++) sc[j] += 0.5 * all[i * HD + e] * all[j * HD + e];
+            m = fmax(m, sc[j]);
+        }
+        for (int j = 0; j <= i; j++) sum += sc[j] = exp(sc[j] - m);
+        for (int e = 0; e < HD; e++) {
+            double o = 0;
+            for (int j = 0; j <= i; j++) o += sc[j] / sum * all[j * HD + e];
+            err = fmax(err, fabs(o - out[i * HD + e]));
+        }
+    }
+    CHECK(err < 1e-5, "%s: rows written by two runs read back by attention (err %g)", rlx_device_name(dev), err);
+    /* position 6 is outside a state of 6 rows: refused, plan usable */
+    int32_t pv[1] = {6};
+    struct rlx_host_tensor tq = {.data = all, .dtype = RLX_F32, .ndim = 3, .shape = {1, H, HD}};
+    struct rlx_host_tensor tp = {.data = pv, .dtype = RLX_I32, .ndim = 1, .shape = {1}};
+    rlx_plan_set_input(p, iq, &tq);
+    rlx_plan_set_input(p, ipos, &tp);
+    rlx_plan_bind_symbol(p, RLX_SYM_PAST, 5);
+    rlx_plan_bind_state(p, ik, kb, 0);
+    rlx_plan_bind_state(p, iv, vb, 0);
+    CHECK(rlx_plan_run(p) == RLX_ERR_RANGE, "a write outside the state refused (%s)", rlx_last_error());
+    rlx_plan_set_input(p, iq, &tq);
+    rlx_plan_set_input(p, ipos, &tp);
+    rlx_plan_bind_symbol(p, RLX_SYM_PAST, 6);
+    rlx_plan_bind_state(p, ik, kb, 0);
+    rlx_plan_bind_state(p, iv, vb, 0);
+    CHECK(rlx_plan_run(p) == RLX_ERR_RANGE && strstr(rlx_last_error(), "'kc' needs"), "a state too small refused (%s)",
+          rlx_last_error());
+    rlx_plan_set_input(p, iq, &tq);
+    rlx_plan_set_input(p, ipos, &tp);
+    rlx_plan_bind_symbol(p, RLX_SYM_PAST, 5);
+    CHECK(rlx_plan_run(p) == RLX_ERR_INVALID && strstr(rlx_last_error(), "not bound"), "an unbound state refused");
+    rlx_dev_free(rlx_plan_device(p), kb);
+    rlx_dev_free(rlx_plan_device(p), vb);
+    rlx_plan_free(p);
+}
+
+/* Sizes that do not fit: refused at compile (caps) and at run, never wrapped. */
+static void test_overflow(struct rlx_device *cpu)
+{
+    struct rlx_graph *g;
+    rlx_graph_create(&g);
+    struct rlx_dim ss[2] = {rlx_dim_sym(RLX_SYM_SEQ), rlx_dim_sym(RLX_SYM_SEQ)};
+    int x, y;
+    rlx_graph_input(g, "x", RLX_F32, 2, ss, &x);
+    rlx_graph_op(g, RLX_OP_SILU, 1, (int[]){x}, NULL, &y);
+    rlx_graph_output(g, y, "y");
+    struct rlx_compile_opts o = rlx_compile_opts_default();
+    o.sym_cap[RLX_SYM_SEQ] = (int64_t)1 << 31;
+    struct rlx_plan *p = NULL;
+    CHECK(rlx_compile(g, cpu, &o, &p) == RLX_ERR_RANGE && p == NULL, "caps of 2^31 on (SEQ, SEQ) f32 refused (%s)",
+          rlx_last_error());
+    o.sym_cap[RLX_SYM_SEQ] = (int64_t)1 << 33;
+    CHECK(rlx_compile(g, cpu, &o, &p) == RLX_ERR_RANGE, "caps of 2^33 refused");
+    CHECK(rlx_compile(g, cpu, NULL, &p) == RLX_OK, "no caps: compiles");
+    size_t est = 0;
+    int64_t vals[RLX_MAX_SYMS] = {0};
+    vals[RLX_SYM_SEQ] = (int64_t)1 << 32;
+    CHECK(rlx_plan_estimate_bytes(p, vals, &est) == RLX_ERR_RANGE, "an estimate that overflows refused");
+    size_t bytes;
+    int64_t shape[2] = {(int64_t)1 << 32, (int64_t)1 << 32};
+    CHECK(rlx_shape_bytes(RLX_F32, 2, shape, &bytes) == RLX_ERR_RANGE, "shape bytes overflow refused");
+    rlx_plan_free(p);
+    rlx_graph_free(g);
+}
+
+/* Dtype traits: sizes of whole blocks, refusals of partial ones. */
+static void test_dtypes(void)
+{
+    size_t b = 0;
+    CHECK(rlx_dtype_bytes(RLX_F32, 3, &b) == RLX_OK && b == 12, "f32 x3");
+    CHECK(rlx_dtype_bytes(RLX_Q8_0, 64, &b) == RLX_OK && b == 68, "q8_0 x64 = two blocks of 34 bytes");
+    CHECK(rlx_dtype_bytes(RLX_Q8_0, 48, &b) == RLX_ERR_INVALID && strstr(rlx_last_error(), "whole number of blocks"),
+          "q8_0 x48 refused");
+    CHECK(rlx_dtype_bytes(RLX_F32, -1, &b) == RLX_ERR_INVALID, "negative count refused");
+    CHECK(rlx_dtype_bytes((enum rlx_dtype)99, 1, &b) == RLX_ERR_DTYPE, "unknown dtype refused");
+    int64_t shape[2] = {3, 48};
+    CHECK(rlx_shape_bytes(RLX_Q8_0, 2, shape, &b) == RLX_ERR_SHAPE, "q8_0 rows of 48 refused");
+    int named = 0;
+    for (int dt = 0; dt < RLX_DTYPE_COUNT; dt++) {
+        const struct rlx_dtype_traits *t = rlx_dtype_traits((enum rlx_dtype)dt);
+        enum rlx_dtype back;
+        named += t && t->name && t->block_size >= 1 && t->type_size >= 1 && t->to_f32 &&
+                 rlx_dtype_parse(t->name, &back) == RLX_OK && back == (enum rlx_dtype)dt;
+    }
+    CHECK(named == RLX_DTYPE_COUNT && rlx_dtype_traits(RLX_DTYPE_COUNT) == NULL, "every dtype row filled and parsed");
+    /* q8_0 dequantisation: d = 0.5 (f16 0x3800), q = -3, 7 -> -1.5, 3.5 */
+    unsigned char blk[34] = {0x00, 0x38};
+    blk[2] = (unsigned char)(signed char)-3;
+    blk[3] = 7;
+    float f[32];
+    rlx_dtype_traits(RLX_Q8_0)->to_f32(f, blk, 32);
+    CHECK(f[0] == -1.5f && f[1] == 3.5f && f[2] == 0.0f, "q8_0 to f32 (%g %g)", f[0], f[1]);
+}
+
 int main(void)
 {
     srand(1);
-    const char *devices[] = {"cpu", "ref"};
-    for (int d = 0; d < 2; d++)
-        for (int f = 0; f < 2; f++) test_block(devices[d], f);
-    test_errors();
-    test_log_callback();
+    const char *names[] = {"cpu", "ref"};
+    struct rlx_device *devs[2] = {NULL, NULL};
+    for (int d = 0; d < 2; d++) {
+        CHECK(rlx_device_open(names[d], &devs[d]) == RLX_OK, "open %s", names[d]);
+        for (int f = 0; f < 2; f++) test_block(devs[d], f);
+        test_state(devs[d]);
+    }
+    test_errors(devs[0]);
+    test_log_callback(devs[0]);
+    test_weight_store();
+    test_overflow(devs[0]);
+    test_dtypes();
+    for (int d = 0; d < 2; d++) rlx_device_free(devs[d]);
     rlx_set_num_threads(1); /* joins the pool's workers */
     return check_summary();
 }

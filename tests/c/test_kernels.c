@@ -11,7 +11,8 @@
  */
 #include "backends/cpu/cpu.h"
 #include "backends/kernels.h"
-#include "core/pool.h"
+#include "backends/cpu/pool.h"
+#include "core/core.h"
 #include "rlx/rlx.h"
 
 #include <math.h>
@@ -608,18 +609,30 @@ static int under_valgrind(void) {
     return p && strstr(p, "vgpreload") != NULL;
 }
 
+/* K / V of T rows in kv_dtype: f32 values, or the same values rounded to f16 / bf16 halves. */
+static void *kv_buf(int64_t n, int kv_dtype) {
+    float *f = rand_buf(n, -1, 1);
+    if (kv_dtype == RLX_F32)
+        return f;
+    uint16_t *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
+    for (int64_t i = 0; i < n; i++)
+        h[i] = kv_dtype == RLX_F16 ? rlx_f32_to_f16(f[i]) : rlx_f32_to_bf16(f[i]);
+    free(f);
+    return h;
+}
+
 /* Masks: 0 none, 1 f32, 2 u8, 3 both. The f32 mask has random penalties and -inf entries; with
- * S > 1 its row 0 is all -inf. The u8 mask drops ~20% of keys; its last row is all zero. */
-static void attention_case(int64_t S, int64_t P, int64_t Hq, int64_t Hkv, int64_t D, int causal,
-                           int64_t window, int masks) {
-    const int64_t L = P + S;
+ * S > 1 its row 0 is all -inf. The u8 mask drops ~20% of keys; its last row is all zero. Keys
+ * and values: T = P + S rows (the queries are the last S positions). */
+static void attention_case_dt(int64_t S, int64_t P, int64_t Hq, int64_t Hkv, int64_t D, int causal, int64_t window,
+                              int masks, int kv_dtype) {
+    const int64_t T = P + S;
     struct rlx_attn_args a = {
         .q = rand_buf(S * Hq * D, -1, 1),
-        .k = rand_buf(S * Hkv * D, -1, 1),
-        .v = rand_buf(S * Hkv * D, -1, 1),
-        .k_past = P ? rand_buf(P * Hkv * D, -1, 1) : NULL,
-        .v_past = P ? rand_buf(P * Hkv * D, -1, 1) : NULL,
-        .S = S, .P = P, .Hq = Hq, .Hkv = Hkv, .D = D,
+        .k = kv_buf(T * Hkv * D, kv_dtype),
+        .v = kv_buf(T * Hkv * D, kv_dtype),
+        .kv_dtype = kv_dtype,
+        .S = S, .T = T, .Hq = Hq, .Hkv = Hkv, .D = D,
         .scale = 1.0f / sqrtf((float)D) * 2.0f,
         .causal = causal,
         .window = window,
@@ -628,27 +641,27 @@ static void attention_case(int64_t S, int64_t P, int64_t Hq, int64_t Hkv, int64_
     uint8_t *mu = NULL;
     int64_t zero_row = -1; /* a row that must come out all zero */
     if (masks & 1) {
-        mf = buf(S * L);
-        for (int64_t i = 0; i < S * L; i++)
+        mf = buf(S * T);
+        for (int64_t i = 0; i < S * T; i++)
             mf[i] = rng_u32() % 10 == 0 ? -INFINITY : rng_f(-2, 0);
         if (S > 1) {
-            for (int64_t j = 0; j < L; j++)
+            for (int64_t j = 0; j < T; j++)
                 mf[j] = -INFINITY;
             zero_row = 0;
         }
         a.mask_f32 = mf;
     }
     if (masks & 2) {
-        mu = malloc((size_t)(S * L));
-        for (int64_t i = 0; i < S * L; i++)
+        mu = malloc((size_t)(S * T));
+        for (int64_t i = 0; i < S * T; i++)
             mu[i] = rng_u32() % 5 != 0;
-        for (int64_t j = 0; j < L; j++)
-            mu[(S - 1) * L + j] = 0;
+        for (int64_t j = 0; j < T; j++)
+            mu[(S - 1) * T + j] = 0;
         zero_row = S - 1;
         a.mask_u8 = mu;
     }
     const int64_t n = S * Hq * D;
-    size_t sc_cpu = CPU->attention_scratch(S, P), sc_ref = REF->attention_scratch(S, P);
+    size_t sc_cpu = CPU->attention_scratch(&a), sc_ref = REF->attention_scratch(&a);
     float *scratch = buf((int64_t)(sc_cpu > sc_ref ? sc_cpu : sc_ref));
     for (size_t i = 0; i < (sc_cpu > sc_ref ? sc_cpu : sc_ref); i++)
         scratch[i] = 3.0e38f; /* garbage a kernel must not read before writing */
@@ -656,13 +669,13 @@ static void attention_case(int64_t S, int64_t P, int64_t Hq, int64_t Hkv, int64_
 
     a.out = o2;
     a.scratch = scratch;
-    REF->attention_f32(&a);
+    REF->attention(&a);
     a.out = o1;
-    CPU->attention_f32(&a);
+    CPU->attention(&a);
     int scratch_ok = guard_ok(scratch, (int64_t)sc_cpu > (int64_t)sc_ref ? (int64_t)sc_cpu : (int64_t)sc_ref);
-    compare(o1, o2, n, "attention S=%lld P=%lld Hq=%lld Hkv=%lld D=%lld causal=%d window=%lld masks=%d",
+    compare(o1, o2, n, "attention S=%lld P=%lld Hq=%lld Hkv=%lld D=%lld causal=%d window=%lld masks=%d kv=%s",
             (long long)S, (long long)P, (long long)Hq, (long long)Hkv, (long long)D, causal,
-            (long long)window, masks);
+            (long long)window, masks, rlx_dtype_name((enum rlx_dtype)kv_dtype));
     result(scratch_ok, "attention S=%lld P=%lld: wrote past its scratch", (long long)S, (long long)P);
     if (zero_row >= 0) {
         int zeros = 1;
@@ -671,8 +684,13 @@ static void attention_case(int64_t S, int64_t P, int64_t Hq, int64_t Hkv, int64_
         result(zeros, "attention S=%lld P=%lld masks=%d: fully masked row %lld not zero", (long long)S,
                (long long)P, masks, (long long)zero_row);
     }
-    free((void *)a.q), free((void *)a.k), free((void *)a.v), free((void *)a.k_past), free((void *)a.v_past);
+    free((void *)a.q), free((void *)a.k), free((void *)a.v);
     free(mf), free(mu), free(scratch), free(o1), free(o2);
+}
+
+static void attention_case(int64_t S, int64_t P, int64_t Hq, int64_t Hkv, int64_t D, int causal, int64_t window,
+                           int masks) {
+    attention_case_dt(S, P, Hq, Hkv, D, causal, window, masks, RLX_F32);
 }
 
 static void test_attention(void) {
@@ -686,6 +704,19 @@ static void test_attention(void) {
                             for (int masks = 0; masks < 4; masks++)
                                 attention_case(Ss[si], Ps[pi], Hs[hi][0], Hs[hi][1], Ds[di], causal, window,
                                                masks);
+    /* f16 / bf16 K and V on every path: decode split, per pair, blocked sgemm */
+    for (int dt = 0; dt < 2; dt++) {
+        const int kd = dt ? RLX_BF16 : RLX_F16;
+        for (int masks = 0; masks < 4; masks += 3) {
+            attention_case_dt(1, 0, 4, 2, 16, 1, 0, masks, kd);
+            attention_case_dt(1, 300, 8, 2, 64, 1, 0, masks, kd);
+            attention_case_dt(1, 1000, 6, 2, 33, 1, 700, masks, kd);
+            attention_case_dt(4, 16, 8, 2, 16, 1, 3, masks, kd);
+            attention_case_dt(17, 5, 16, 8, 8, 1, 0, masks, kd);
+            attention_case_dt(64, 100, 4, 1, 16, 1, 20, masks, kd);
+            attention_case_dt(33, 0, 6, 3, 40, 0, 0, masks, kd);
+        }
+    }
     /* big enough to split over threads */
     for (int masks = 0; masks < 4; masks++) {
         attention_case(64, 64, 8, 2, 16, 1, 0, masks);
@@ -697,8 +728,8 @@ static void test_attention(void) {
         attention_case(1, 1000, 6, 2, 33, 1, 700, masks);
         attention_case(1, 700, 4, 4, 16, 0, 0, masks);
     }
-    /* the blocked sgemm path (S >= 8): query blocks crossing block boundaries, past and new keys
-     * as two segments, GQA, window, masks with fully masked rows */
+    /* the blocked sgemm path (S >= 8): query blocks crossing block boundaries, a past, GQA,
+     * window, masks with fully masked rows */
     const int64_t Sg[] = {17, 64, 130}, Pg[] = {0, 5, 100}, Hg[][3] = {{16, 8, 8}, {4, 1, 16}};
     const int cfg[][3] = {{1, 0, 0}, {1, 20, 0}, {0, 0, 3}, {1, 0, 1}, {1, 0, 2}, {0, 7, 2}}; /* causal, window, masks */
     for (int si = 0; si < 3; si++)
@@ -707,13 +738,58 @@ static void test_attention(void) {
                 for (int ci = 0; ci < 6; ci++)
                     attention_case(Sg[si], Pg[pi], Hg[hi][0], Hg[hi][1], Hg[hi][2], cfg[ci][0], cfg[ci][1],
                                    cfg[ci][2]);
-    /* P + S long enough that the sgemm path takes fewer rows per block */
+    /* T long enough that the sgemm path takes fewer rows per block */
     attention_case(40, 20000, 2, 1, 4, 1, 0, 0);
     attention_case(40, 20000, 2, 1, 4, 1, 30, 2);
+    attention_case_dt(40, 5000, 2, 1, 4, 1, 30, 2, RLX_F16);
     if (!under_valgrind()) { /* the Qwen3-0.6B shape */
         attention_case(130, 100, 16, 8, 128, 1, 0, 0);
         attention_case(200, 0, 16, 8, 128, 1, 0, 0);
+        attention_case_dt(1, 2000, 16, 8, 128, 1, 0, 0, RLX_F16);
+        attention_case_dt(200, 50, 16, 8, 128, 1, 0, 0, RLX_BF16);
     }
+}
+
+/* convert_f32: the cpu table's narrowing (vcvtps2ph / the bf16 pack, scalar tails) gives the ref
+ * table's bits (rounding computed in double) for random values, every exponent range, ties,
+ * subnormals, overflow, infinities and NaNs; f32 is a copy. */
+static void test_convert(void) {
+    enum { N = 4099 };
+    float *src = buf(N);
+    for (int i = 0; i < N; i++) {
+        uint32_t u = rng_u32();
+        float f;
+        memcpy(&f, &u, 4);
+        src[i] = i % 3 == 0 ? f : rng_f(-70000, 70000) * powf(2.0f, (float)(i % 60) - 40.0f);
+    }
+    const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65519.0f, 65520.0f, 65536.0f,
+                              5.96e-8f, 2.98e-8f, 2.9802322e-8f, 6.1e-5f, 1.0f + 0x1p-11f, 1.0f + 0x1p-8f,
+                              3.3895314e38f, 1e-40f};
+    memcpy(src, specials, sizeof specials);
+    uint16_t *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
+    for (int dt = 0; dt < 2; dt++) {
+        const int kd = dt ? RLX_BF16 : RLX_F16;
+        for (int isa = RLX_CPU_ISA_SCALAR; isa <= rlx_cpu_isa(); isa++) {
+            const int prev = rlx_cpu_isa_cap(isa);
+            CPU->convert_f32(a, kd, src, N);
+            rlx_cpu_isa_cap(prev);
+            REF->convert_f32(b, kd, src, N);
+            int same = 1, first = -1;
+            for (int i = 0; i < N; i++) {
+                const int nan_a = (a[i] & 0x7fff) > (dt ? 0x7f80 : 0x7c00), nan_b = (b[i] & 0x7fff) > (dt ? 0x7f80 : 0x7c00);
+                const int ok = a[i] == b[i] || (nan_a && nan_b);
+                if (!ok && first < 0)
+                    first = i;
+                same &= ok;
+            }
+            result(same, "convert_f32 %s [isa=%d]: first mismatch at %d (%g: 0x%04x vs 0x%04x)", dt ? "bf16" : "f16",
+                   isa, first, first >= 0 ? src[first] : 0.0, first >= 0 ? a[first] : 0, first >= 0 ? b[first] : 0);
+        }
+    }
+    float *c = buf(N);
+    CPU->convert_f32(c, RLX_F32, src, N);
+    result(memcmp(c, src, N * sizeof *c) == 0, "convert_f32 to f32 is a copy");
+    free(src), free(a), free(b), free(c);
 }
 
 static void test_kernels(void) {
@@ -727,6 +803,7 @@ static void test_kernels(void) {
     test_softmax();
     test_pointwise();
     test_attention();
+    test_convert();
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -792,17 +869,17 @@ static void test_ref_by_hand(void) {
         result(close_to(out, want, 2), "ref silu by hand");
     }
     {
-        /* one query, two keys: scores 0 and ln 3 -> weights 1/4, 3/4 */
+        /* one query (position 1), two keys: scores 0 and ln 3 -> weights 1/4, 3/4 */
         const float q[] = {1, 0}, k[] = {0, 0, logf(3.0f), 0}, v[] = {4, 8, 0, 4}, want[] = {1, 5};
         float scratch[2];
-        struct rlx_attn_args a = {.out = out, .q = q, .k = k + 2, .v = v + 2, .k_past = k, .v_past = v,
-                                  .S = 1, .P = 1, .Hq = 1, .Hkv = 1, .D = 2, .scale = 1.0f,
+        struct rlx_attn_args a = {.out = out, .q = q, .k = k, .v = v, .kv_dtype = RLX_F32,
+                                  .S = 1, .T = 2, .Hq = 1, .Hkv = 1, .D = 2, .scale = 1.0f,
                                   .scratch = scratch};
-        REF->attention_f32(&a);
+        REF->attention(&a);
         result(close_to(out, want, 2), "ref attention by hand");
         a.causal = 1;
-        a.window = 1; /* only the new key is visible */
-        REF->attention_f32(&a);
+        a.window = 1; /* only the query's own key is visible */
+        REF->attention(&a);
         result(close_to(out, v + 2, 2), "ref attention window=1 sees only itself");
     }
 }

@@ -1,9 +1,10 @@
 /*
- * test_kv.c - standalone checks of the KV cache (rlx/kv.h): creation and its argument checks,
- * slots, advance, truncate, overflow past capacity, writing rows and reading them back, and
- * pointers that stay put for the cache's lifetime. It prints one line per failed check and ends
- * with "N passed, M failed"; it exits non-zero if anything failed. It must never depend on
- * anything but the public headers and the C library.
+ * test_kv.c - standalone checks of the KV cache (rlx/kv.h) on every device compiled in: creation
+ * and its argument checks, growth on demand (rows kept, copied on the device, nothing crossing to
+ * the host), writing rows and reading them back, advance and truncate, copying a cache, and the
+ * byte counts of f32 / f16 / bf16 caches. It prints one line per failed check and ends with
+ * "N passed, M failed"; it exits non-zero if anything failed. It depends on the public headers and
+ * the C library only.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -13,124 +14,132 @@
 
 #include "check.h"
 
-/* The value stored at (layer, position, column) of K (kv = 0) or V (kv = 1). */
-static float val(int64_t layer, int kv, int64_t pos, int64_t col) {
-    return (float)(layer * 100000 + kv * 50000 + pos * 100 + col);
+/* The value stored at (layer, which, position, column). */
+static float val(int64_t layer, int which, int64_t pos, int64_t col) {
+    return (float)(layer * 100000 + which * 50000 + pos * 100 + col);
 }
 
-static void test_create(void) {
+static void test_create(struct rlx_device *dev) {
     struct rlx_kv_cache *kv = (struct rlx_kv_cache *)&check_passed; /* must stay untouched on error */
     struct rlx_kv_cache *const sentinel = kv;
-    CHECK(rlx_kv_cache_create(0, 8, 16, &kv) == RLX_ERR_INVALID && kv == sentinel, "n_layers 0 rejected");
-    CHECK(rlx_kv_cache_create(2, 0, 16, &kv) == RLX_ERR_INVALID && kv == sentinel, "row 0 rejected");
-    CHECK(rlx_kv_cache_create(2, 8, -1, &kv) == RLX_ERR_INVALID && kv == sentinel, "capacity -1 rejected");
-    CHECK(rlx_kv_cache_create(2, INT64_MAX / 2, 4, &kv) == RLX_ERR_INVALID && kv == sentinel,
+    CHECK(rlx_kv_cache_create(dev, 0, 8, 16, RLX_F32, &kv) == RLX_ERR_INVALID && kv == sentinel, "n_layers 0 rejected");
+    CHECK(rlx_kv_cache_create(dev, 2, 0, 16, RLX_F32, &kv) == RLX_ERR_INVALID && kv == sentinel, "row 0 rejected");
+    CHECK(rlx_kv_cache_create(dev, 2, 8, -1, RLX_F32, &kv) == RLX_ERR_INVALID && kv == sentinel, "capacity -1 rejected");
+    CHECK(rlx_kv_cache_create(dev, 2, 8, 16, RLX_I32, &kv) == RLX_ERR_INVALID && kv == sentinel, "i32 rejected");
+    CHECK(rlx_kv_cache_create(dev, 2, INT64_MAX / 2, 4, RLX_F32, &kv) == RLX_ERR_RANGE && kv == sentinel,
           "capacity * row overflow rejected");
-    CHECK(rlx_kv_cache_create(INT64_MAX / 4, 1 << 20, 1 << 20, &kv) == RLX_ERR_INVALID && kv == sentinel,
+    CHECK(rlx_kv_cache_create(dev, INT64_MAX / 4, 1 << 20, 1 << 20, RLX_F16, &kv) == RLX_ERR_RANGE && kv == sentinel,
           "total size overflow rejected");
-    CHECK(rlx_kv_cache_create(1, 8, 8, NULL) == RLX_ERR_INVALID, "NULL out rejected");
-    /* 2^48 bytes: representable, but beyond a 47-bit user address space. */
-    rlx_status s = rlx_kv_cache_create(1, (int64_t)1 << 20, (int64_t)1 << 25, &kv);
-    CHECK(s == RLX_ERR_NOMEM && kv == sentinel && strstr(rlx_last_error(), "281474976710656") != NULL,
-          "an impossible reservation -> RLX_ERR_NOMEM with the byte count (%d: %s)", s, rlx_last_error());
-    if (s == RLX_OK)
-        rlx_kv_cache_free(kv);
+    CHECK(rlx_kv_cache_create(NULL, 1, 8, 8, RLX_F32, &kv) == RLX_ERR_INVALID, "NULL device rejected");
+    CHECK(rlx_kv_cache_create(dev, 1, 8, 8, RLX_F32, NULL) == RLX_ERR_INVALID, "NULL out rejected");
     rlx_kv_cache_free(NULL);
-    CHECK(rlx_kv_cache_len(NULL) == 0 && rlx_kv_cache_k(NULL, 0) == NULL, "NULL cache accessors");
+    CHECK(rlx_kv_cache_len(NULL) == 0 && rlx_kv_cache_buffer(NULL, 0, 0) == NULL, "NULL cache accessors");
 }
 
-static void test_use(void) {
-    const int64_t layers = 3, row = 8, cap = 10;
+static void test_use(struct rlx_device *dev) {
+    const int64_t layers = 3, row = 8, max = 600;
     struct rlx_kv_cache *kv = NULL;
-    CHECK(rlx_kv_cache_create(layers, row, cap, &kv) == RLX_OK && kv, "create");
+    CHECK(rlx_kv_cache_create(dev, layers, row, max, RLX_F32, &kv) == RLX_OK && kv, "create");
     if (!kv)
         return;
-    CHECK(rlx_kv_cache_len(kv) == 0 && rlx_kv_cache_capacity(kv) == cap && rlx_kv_cache_row(kv) == row &&
-              rlx_kv_cache_layers(kv) == layers, "accessors");
-    float *k0[3], *v0[3];
-    for (int64_t l = 0; l < layers; l++) {
-        k0[l] = rlx_kv_cache_k(kv, l);
-        v0[l] = rlx_kv_cache_v(kv, l);
-    }
-    CHECK(k0[0] && v0[0] && k0[0] != v0[0] && k0[1] != k0[0], "distinct buffers");
-    CHECK(rlx_kv_cache_k(kv, layers) == NULL && rlx_kv_cache_v(kv, -1) == NULL, "bad layer -> NULL");
+    CHECK(rlx_kv_cache_len(kv) == 0 && rlx_kv_cache_capacity(kv) == 0 && rlx_kv_cache_max_capacity(kv) == max &&
+              rlx_kv_cache_row(kv) == row && rlx_kv_cache_layers(kv) == layers && rlx_kv_cache_bytes(kv) == 0 &&
+              rlx_kv_cache_buffer(kv, 0, 0) == NULL,
+          "a new cache holds nothing");
+    CHECK(rlx_kv_cache_reserve(kv, 10) == RLX_OK && rlx_kv_cache_capacity(kv) == 256 &&
+              rlx_kv_cache_bytes(kv) == (size_t)(256 * row * 4 * layers * 2),
+          "the first reserve takes 256 positions (%lld)", (long long)rlx_kv_cache_capacity(kv));
+    CHECK(rlx_kv_cache_buffer(kv, 0, 0) != rlx_kv_cache_buffer(kv, 0, 1) && rlx_kv_cache_buffer(kv, 3, 0) == NULL &&
+              rlx_kv_cache_buffer(kv, 0, 2) == NULL,
+          "distinct buffers; bad layer / which -> NULL");
 
-    /* Prefill 4 rows, then decode 1 row at a time up to capacity. */
-    int64_t steps[] = {4, 1, 1, 1, 1, 1, 1};
-    int64_t pos = 0;
-    int ok_slot = 1;
-    for (size_t st = 0; st < sizeof steps / sizeof steps[0]; st++) {
-        int64_t n = steps[st];
-        for (int64_t l = 0; l < layers; l++) {
-            float *k = NULL, *v = NULL;
-            ok_slot &= rlx_kv_cache_slot(kv, l, n, &k, &v) == RLX_OK;
-            ok_slot &= k == k0[l] + pos * row && v == v0[l] + pos * row;
-            for (int64_t i = 0; i < n; i++)
-                for (int64_t c = 0; c < row; c++) {
-                    k[i * row + c] = val(l, 0, pos + i, c);
-                    v[i * row + c] = val(l, 1, pos + i, c);
-                }
+    /* rows [0, 200) of every layer written, then advanced */
+    float buf[200 * 8];
+    int ok = 1;
+    for (int64_t l = 0; l < layers; l++)
+        for (int which = 0; which < 2; which++) {
+            for (int64_t p = 0; p < 200; p++)
+                for (int64_t c = 0; c < row; c++) buf[p * row + c] = val(l, which, p, c);
+            ok &= rlx_kv_cache_write(kv, l, which, 0, 200, buf, sizeof buf) == RLX_OK;
         }
-        ok_slot &= rlx_kv_cache_len(kv) == pos; /* writing a slot does not advance */
-        ok_slot &= rlx_kv_cache_advance(kv, n) == RLX_OK;
-        pos += n;
-        ok_slot &= rlx_kv_cache_len(kv) == pos;
-    }
-    CHECK(ok_slot && pos == cap, "slots land at len and advance commits (pos %lld)", (long long)pos);
+    CHECK(ok && rlx_kv_cache_len(kv) == 0, "write does not change len");
+    CHECK(rlx_kv_cache_read(kv, 0, 0, 0, 1, buf, 8 * 4) == RLX_ERR_RANGE, "read past len refused");
+    CHECK(rlx_kv_cache_advance(kv, 200) == RLX_OK && rlx_kv_cache_len(kv) == 200, "advance 200");
 
+    /* growth keeps the rows and moves nothing across the host boundary */
+    struct rlx_device_stats before, after;
+    rlx_device_stats(dev, &before);
+    CHECK(rlx_kv_cache_reserve(kv, 300) == RLX_OK && rlx_kv_cache_capacity(kv) == 512, "grow to 512");
+    rlx_device_stats(dev, &after);
+    CHECK(after.upload_bytes == before.upload_bytes && after.download_bytes == before.download_bytes &&
+              after.copy_bytes - before.copy_bytes == (uint64_t)(200 * row * 4 * layers * 2),
+          "growth copies the 200 filled rows on the device (%llu bytes)",
+          (unsigned long long)(after.copy_bytes - before.copy_bytes));
+    CHECK(rlx_kv_cache_reserve(kv, 599) == RLX_OK && rlx_kv_cache_capacity(kv) == 600, "growth stops at the maximum");
+    CHECK(rlx_kv_cache_reserve(kv, 601) == RLX_ERR_RANGE && rlx_kv_cache_capacity(kv) == 600, "past the maximum refused");
     int same = 1;
-    for (int64_t l = 0; l < layers; l++) {
-        same &= rlx_kv_cache_k(kv, l) == k0[l] && rlx_kv_cache_v(kv, l) == v0[l];
-        for (int64_t p = 0; p < cap; p++)
-            for (int64_t c = 0; c < row; c++)
-                same &= k0[l][p * row + c] == val(l, 0, p, c) && v0[l][p * row + c] == val(l, 1, p, c);
-    }
-    CHECK(same, "read back every row; pointers stable");
+    for (int64_t l = 0; l < layers; l++)
+        for (int which = 0; which < 2; which++) {
+            same &= rlx_kv_cache_read(kv, l, which, 0, 200, buf, sizeof buf) == RLX_OK;
+            for (int64_t p = 0; p < 200; p++)
+                for (int64_t c = 0; c < row; c++) same &= buf[p * row + c] == val(l, which, p, c);
+        }
+    CHECK(same, "every row read back after two growths");
+    CHECK(rlx_kv_cache_read(kv, 0, 0, 0, 2, buf, 3) == RLX_ERR_SHAPE, "a wrong byte count refused");
+    CHECK(rlx_kv_cache_write(kv, 0, 0, 599, 2, buf, 2 * 8 * 4) == RLX_ERR_RANGE, "write past capacity refused");
 
-    /* Full: slot and advance refuse, state unchanged. */
-    float *k = (float *)&same, *v = (float *)&same;
-    CHECK(rlx_kv_cache_slot(kv, 0, 1, &k, &v) == RLX_ERR_RANGE && k == (float *)&same, "slot past capacity");
-    CHECK(rlx_kv_cache_slot(kv, 0, 0, &k, NULL) == RLX_OK && k == k0[0] + cap * row, "empty slot at the end");
-    CHECK(rlx_kv_cache_advance(kv, 1) == RLX_ERR_RANGE && rlx_kv_cache_len(kv) == cap, "advance past capacity");
-    CHECK(rlx_kv_cache_slot(kv, layers, 0, &k, &v) == RLX_ERR_INVALID, "slot bad layer");
-    CHECK(rlx_kv_cache_slot(kv, 0, -1, &k, &v) == RLX_ERR_INVALID, "slot n < 0");
+    /* advance / truncate */
+    CHECK(rlx_kv_cache_advance(kv, 401) == RLX_ERR_RANGE && rlx_kv_cache_len(kv) == 200, "advance past capacity");
     CHECK(rlx_kv_cache_advance(kv, -1) == RLX_ERR_INVALID, "advance n < 0");
-
-    /* Truncate: len = min(len, n); the kept rows are intact and new rows overwrite the rest. */
-    CHECK(rlx_kv_cache_truncate(kv, 20) == RLX_OK && rlx_kv_cache_len(kv) == cap, "truncate above len is a no-op");
-    CHECK(rlx_kv_cache_truncate(kv, -1) == RLX_ERR_INVALID && rlx_kv_cache_len(kv) == cap, "truncate n < 0");
+    CHECK(rlx_kv_cache_truncate(kv, 900) == RLX_OK && rlx_kv_cache_len(kv) == 200, "truncate above len is a no-op");
+    CHECK(rlx_kv_cache_truncate(kv, -1) == RLX_ERR_INVALID && rlx_kv_cache_len(kv) == 200, "truncate n < 0");
     CHECK(rlx_kv_cache_truncate(kv, 6) == RLX_OK && rlx_kv_cache_len(kv) == 6, "truncate to 6");
-    CHECK(rlx_kv_cache_slot(kv, 2, 4, &k, &v) == RLX_OK && k == k0[2] + 6 * row && v == v0[2] + 6 * row,
-          "slot after truncate");
-    CHECK(rlx_kv_cache_slot(kv, 2, 5, &k, &v) == RLX_ERR_RANGE, "slot after truncate respects capacity");
-    k[0] = -1.0f;
-    CHECK(rlx_kv_cache_advance(kv, 1) == RLX_OK && k0[2][6 * row] == -1.0f && k0[2][5 * row] == val(2, 0, 5, 0),
-          "overwrite after truncate");
-    CHECK(rlx_kv_cache_truncate(kv, 0) == RLX_OK && rlx_kv_cache_len(kv) == 0, "truncate to 0");
-    CHECK(rlx_kv_cache_k(kv, 1) == k0[1], "pointers stable after truncate");
+
+    /* copy: another cache of the same shape gets the filled rows */
+    struct rlx_kv_cache *dst = NULL, *other = NULL;
+    CHECK(rlx_kv_cache_create(dev, layers, row, max, RLX_F32, &dst) == RLX_OK, "create a copy target");
+    CHECK(rlx_kv_cache_copy(dst, kv) == RLX_OK && rlx_kv_cache_len(dst) == 6 && rlx_kv_cache_capacity(dst) == 256,
+          "copy: len and capacity");
+    same = rlx_kv_cache_read(dst, 2, 1, 0, 6, buf, 6 * 8 * 4) == RLX_OK;
+    for (int64_t p = 0; p < 6; p++) same &= buf[p * row + 3] == val(2, 1, p, 3);
+    CHECK(same, "copy: rows equal");
+    CHECK(rlx_kv_cache_create(dev, layers, row, max, RLX_F16, &other) == RLX_OK &&
+              rlx_kv_cache_copy(other, kv) == RLX_ERR_INVALID,
+          "copy between dtypes refused");
+    rlx_kv_cache_free(dst);
+    rlx_kv_cache_free(other);
     rlx_kv_cache_free(kv);
 }
 
-static void test_large_reserve(void) {
-    /* 32 layers x 2 x 32768 x 1024 f32 = 8 GiB reserved, only touched pages committed. */
-    struct rlx_kv_cache *kv = NULL;
-    rlx_status s = rlx_kv_cache_create(32, 1024, 32768, &kv);
-    CHECK(s == RLX_OK || s == RLX_ERR_NOMEM, "large reservation: status %d (%s)", s, s ? rlx_last_error() : "");
-    if (s != RLX_OK)
-        return;
-    float *k = NULL, *v = NULL;
-    CHECK(rlx_kv_cache_slot(kv, 31, 1, &k, &v) == RLX_OK, "slot in the last layer");
-    k[1023] = 1.0f;
-    v[1023] = 2.0f;
-    CHECK(rlx_kv_cache_advance(kv, 1) == RLX_OK && rlx_kv_cache_k(kv, 31)[1023] == 1.0f &&
-              rlx_kv_cache_v(kv, 31)[1023] == 2.0f && rlx_kv_cache_k(kv, 0)[0] == 0.0f,
-          "write at the far end; untouched memory reads zero");
-    rlx_kv_cache_free(kv);
+static void test_dtypes(struct rlx_device *dev) {
+    const enum rlx_dtype dts[3] = {RLX_F32, RLX_F16, RLX_BF16};
+    size_t bytes[3];
+    for (int i = 0; i < 3; i++) {
+        struct rlx_kv_cache *kv = NULL;
+        bytes[i] = 0;
+        if (rlx_kv_cache_create(dev, 4, 64, 1024, dts[i], &kv) == RLX_OK && rlx_kv_cache_reserve(kv, 1000) == RLX_OK)
+            bytes[i] = rlx_kv_cache_bytes(kv);
+        CHECK(rlx_kv_cache_dtype(kv) == dts[i], "dtype %s kept", rlx_dtype_name(dts[i]));
+        rlx_kv_cache_free(kv);
+    }
+    CHECK(bytes[0] == (size_t)1000 * 64 * 4 * 4 * 2 && bytes[1] * 2 == bytes[0] && bytes[2] * 2 == bytes[0],
+          "f16 / bf16 caches hold half the bytes of f32 (%zu %zu %zu)", bytes[0], bytes[1], bytes[2]);
+    struct rlx_device_stats st;
+    rlx_device_stats(dev, &st);
+    CHECK(st.allocated_bytes == 0, "every cache buffer freed (%zu bytes left)", st.allocated_bytes);
 }
 
 int main(void) {
-    test_create();
-    test_use();
-    test_large_reserve();
+    const char *names[] = {"cpu", "ref"};
+    for (int i = 0; i < 2; i++) {
+        struct rlx_device *dev = NULL;
+        CHECK(rlx_device_open(names[i], &dev) == RLX_OK, "open %s", names[i]);
+        if (!dev)
+            continue;
+        test_create(dev);
+        test_use(dev);
+        test_dtypes(dev);
+        rlx_device_free(dev);
+    }
     return check_summary();
 }

@@ -85,28 +85,30 @@ def _oneshot(path: str, prompt: list[int], steps: int, device: str = "cpu"):
                          indirect=["hf_model"])
 def test_bucketed_decode_matches_oneshot(hf_model, device):
     path, model = hf_model
-    prompt, steps = _prompt(model, 1), 45  # past 1..45: buckets 1, 2, 4, 8, 16, 32, 64
+    # cache positions read (past + the new one) 2..46: buckets 2, 4, 8, 16, 32, 64
+    prompt, steps = _prompt(model, 1), 45
     gen = _gen(path, device, decode=("bucketed", 64))
     got = _trace(gen, prompt, steps)
     _assert_same(got, _oneshot(path, prompt, steps, device), f"bucketed/{device}")
     st = gen.compile_stats()
-    assert st["decode_compiles"] == 7
+    assert st["decode_compiles"] == 6
     assert st["prefill_compiles"] == 1
     # the same through step_cached / generate_cached
     gen.prefill(prompt)
     assert gen.generate_cached(steps + 1, GREEDY) == got[0] + [int(np.argmax(got[1][-1]))]
-    assert gen.compile_stats()["decode_compiles"] == 7  # the buckets stay compiled across utterances
+    assert gen.compile_stats()["decode_compiles"] == 6  # the buckets stay compiled across utterances
 
 
 @pytest.mark.parametrize("hf_model", [QWEN3_SW], indirect=True)
 def test_bucketed_last_bucket_capped_at_max_past(hf_model):
-    """max_past 40 (not a power of two): pasts 33..40 share a plan of 40 rows; past 40 is the last."""
+    """max_past 40 (not a power of two): steps reading 33..40 cache positions share a plan of 40
+    rows; the last step reads exactly 40 (a past of 39 and its own row)."""
     path, model = hf_model
     prompt = _prompt(model, 5, seed=1)
-    steps = 40 - 5 + 1  # the last decode step runs over a past of exactly 40
+    steps = 40 - 5
     gen = _gen(path, decode=("bucketed", 40))
     _assert_same(_trace(gen, prompt, steps), _oneshot(path, prompt, steps), "bucketed max_past=40")
-    assert gen.kv_len == 41
+    assert gen.kv_len == 40
     assert gen.compile_stats()["decode_compiles"] == 4  # buckets 8, 16, 32 and 40 (not 64)
 
 
@@ -116,21 +118,21 @@ def test_bucketed_past_beyond_max_past_raises(hf_model):
     prompt = _prompt(model, 3, seed=2)
     gen = _gen(path, decode=("bucketed", 10))
     gen.prefill(prompt)
-    toks = gen.generate_cached(9, GREEDY)  # the last step ran over a past of exactly 10
-    assert gen.kv_len == 11 and len(gen.tokens) == 12
+    toks = gen.generate_cached(8, GREEDY)  # the last step read exactly 10 positions (a past of 9)
+    assert gen.kv_len == 10 and len(gen.tokens) == 11
     history = gen.tokens
-    with pytest.raises(ValueError, match=r"past of 11 positions exceeds max_past 10 of the bucketed decode cache"):
+    with pytest.raises(ValueError, match=r"11 cached positions after this step exceed max_past 10 of the bucketed"):
         gen.step_cached(GREEDY)
-    assert gen.tokens == history and gen.kv_len == 11  # unchanged by the refusal
+    assert gen.tokens == history and gen.kv_len == 10  # unchanged by the refusal
     with pytest.raises(ValueError, match="max_past 10"):
         gen.generate_cached(5, GREEDY)
     assert gen.tokens == history
     # a new utterance is fine, and matches one-shot
     gen.prefill(prompt)
-    assert gen.generate_cached(9, GREEDY) == toks
+    assert gen.generate_cached(8, GREEDY) == toks
     ref = _gen(path)
     ref.prefill(prompt)
-    assert ref.generate_cached(9, GREEDY) == toks
+    assert ref.generate_cached(8, GREEDY) == toks
 
 
 @pytest.mark.parametrize("hf_model", [LLAMA], indirect=True)
@@ -140,13 +142,13 @@ def test_decode_get_logits_refusal_leaves_history_unchanged(hf_model):
     prompt = _prompt(model, 3, seed=2)
     gen = _gen(path, decode=("bucketed", 10))
     gen.prefill(prompt)
-    toks = gen.generate_cached(9, GREEDY)
+    toks = gen.generate_cached(8, GREEDY)
     history, kv = gen.tokens, gen.kv_len
     with pytest.raises(ValueError, match="max_past 10"):
         gen.decode_get_logits(history[-1])
     assert gen.tokens == history and gen.kv_len == kv
     gen.prefill(prompt)
-    assert gen.generate_cached(9, GREEDY) == toks
+    assert gen.generate_cached(8, GREEDY) == toks
 
 
 @pytest.mark.parametrize("hf_model", [QWEN3_SW, LLAMA], indirect=True)
@@ -179,7 +181,7 @@ def test_bucketed_padding_never_reads_stale_rows(hf_model):
     cover them must stay hidden."""
     path, model = hf_model
     short, long = _prompt(model, 2, seed=4), _prompt(model, 90, seed=5)
-    gen = _gen(path, decode=("bucketed", 128))
+    gen = _gen(path, decode=("bucketed", 256))
     gen.prefill(long)
     gen.generate_cached(40, GREEDY)
     _assert_same(_trace(gen, short, 30), _oneshot(path, short, 30), "bucketed after a longer utterance")
@@ -322,34 +324,25 @@ SWITCHES = {
 
 @pytest.mark.parametrize("start", ["oneshot", "bucketed"])
 @pytest.mark.parametrize("hf_model", [QWEN3_SW], indirect=True)
-def test_policy_change_mid_utterance_raises(hf_model, start):
+def test_policy_change_mid_utterance_keeps_output(hf_model, start):
+    """Policies belong to the model and every plan reads the one KV cache layout, so a policy may
+    change between any two steps (its plans are dropped and rebuilt): the utterance goes on with
+    the one-shot path's tokens and logits."""
     path, model = hf_model
     prompt, steps = _prompt(model, 3, seed=7), 30
     want = _oneshot(path, prompt, steps)
     gen = _gen(path, decode=("bucketed", 64) if start == "bucketed" else None)
     rows = [gen.prefill_get_last_logits(prompt)]
     toks = []
+    names = list(SWITCHES)
     for i in range(steps):
         toks.append(int(np.argmax(rows[-1])))
         rows.append(gen.decode_get_logits(toks[-1]))
         if i in (0, 6, 20):  # after cached steps, across bucket edges
-            for name, switch in SWITCHES.items():
-                with pytest.raises(rlx.Error, match=r"cannot change mid-utterance.*call prefill\(\) first") as ei:
-                    switch(gen)
-                assert isinstance(ei.value, RuntimeError), name
-    # the refused switches changed nothing: same outputs, same policy's compile counts
-    _assert_same((toks, np.stack(rows)), want, f"{start} after refused switches")
-    st = gen.compile_stats()
-    assert st["prefill_compiles"] == 1
-    assert st["decode_compiles"] == (steps if start == "oneshot" else 4)  # buckets 4, 8, 16, 32 for pasts 3..32
-    # after prefill() the cache is empty: switching is allowed, and correct
-    gen.prefill(prompt)
-    gen.with_dynamic_decode_cache().with_prefill_cache(2)
-    assert gen.compile_stats()["plans_cached"] == 0  # a policy change drops the plans
-    _assert_same(_trace(gen, prompt, steps), want, "switched after prefill")
-    after = gen.compile_stats()  # counters accumulate over the generator's life
-    assert after["decode_compiles"] == st["decode_compiles"] + 1
-    assert after["prefill_compiles"] == st["prefill_compiles"] + 1
+            before = gen.compile_stats()["plans_cached"]
+            SWITCHES[names[(i // 6) % len(names)]](gen)
+            assert before >= 1 and gen.compile_stats()["plans_cached"] == 0  # a policy change drops the plans
+    _assert_same((toks, np.stack(rows)), want, f"{start} with switches mid-utterance")
 
 
 @pytest.mark.parametrize("hf_model", [QWEN3_SW], indirect=True)
@@ -479,10 +472,6 @@ def test_seq_cap_argument_checks(hf_model):
             gen.with_decode_cache(bad)
         with pytest.raises(ValueError, match="capacity"):
             gen.with_prefill_cache(bad)
-        with pytest.raises(ValueError, match="capacity"):
-            gen.with_dynamic_prefill_cache(bad)
-        with pytest.raises(ValueError, match="capacity"):
-            gen.with_dynamic_decode_cache(bad)
     # a refused argument changes nothing
     gen.prefill([1, 2, 3])
     gen.generate_cached(3, GREEDY)

@@ -3,7 +3,8 @@
 expected/greedy_once_upon_a_time.json holds what llama2.c's own run.c produces for the prompt
 "Once upon a time": the prompt ids, the 64 greedy ids, the text, and the first step's top-5
 logits. rlx must reproduce the ids exactly with `generate` and `generate_cached` on every
-device and plan policy, the top-5 within 1e-4, and the decoded text exactly.
+device, plan policy and KV cache dtype (f16 by default; f32 and bf16), the top-5 within 1e-4
+(with an f32 cache, as llama2.c keeps one), and the decoded text exactly.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ pytestmark = pytest.mark.skipif(
 TOL = 1e-4
 DEVICES = ["cpu", "ref"]
 POLICIES = ["oneshot", "dynamic_prefill", "dynamic_decode", "dynamic_both"]
+# the default f16 KV cache on every device and policy; f32 and bf16 on one of them
+GREEDY_CASES = [(d, p, "f16") for d in DEVICES for p in POLICIES] + [("cpu", "dynamic_both", kv)
+                                                                      for kv in ("f32", "bf16")]
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +43,8 @@ def expected():
     return exp
 
 
-def _generator(device: str, policy: str = "oneshot") -> rlx.Generator:
-    gen = rlx.Generator.from_pretrained(HF_DIR, device=device)
+def _generator(device: str, policy: str = "oneshot", kv_dtype: str | None = None) -> rlx.Generator:
+    gen = rlx.Generator.from_pretrained(HF_DIR, device=device, kv_dtype=kv_dtype)
     if policy in ("dynamic_prefill", "dynamic_both"):
         gen = gen.with_dynamic_prefill_cache()
     if policy in ("dynamic_decode", "dynamic_both"):
@@ -58,7 +62,7 @@ def test_config_is_the_expected_model():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_first_step_top5(expected, device):
-    gen = _generator(device)
+    gen = _generator(device, kv_dtype="f32")
     logits = gen.prefill_get_last_logits(expected["prompt_tokens"])
     assert logits.shape == (512,)
     want_ids = [i for i, _ in expected["first_step_logits_top5"]]
@@ -74,11 +78,10 @@ def test_first_step_top5(expected, device):
     assert np.abs(naive - logits).max() <= TOL
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("device", DEVICES)
-def test_greedy_64(expected, device, policy):
+@pytest.mark.parametrize("device,policy,kv_dtype", GREEDY_CASES)
+def test_greedy_64(expected, device, policy, kv_dtype):
     prompt, want = expected["prompt_tokens"], expected["new_tokens"]
-    gen = _generator(device, policy)
+    gen = _generator(device, policy, kv_dtype)
     gen.prefill(prompt)
     cached = gen.generate_cached(64, rlx.SampleOpts.greedy())
     assert cached == want

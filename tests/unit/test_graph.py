@@ -348,7 +348,11 @@ def test_unknown_attr_is_value_error_naming_it():
     lambda g: g._g.op("add_rmsnorm", [0, 0, 0]),
     lambda g: g._g.info(1234),
     lambda g: g.output(rlx.Value(g, 55), "z"),
-    lambda g: g.attention(rlx.Value(g, 0), rlx.Value(g, 0), rlx.Value(g, 0), k_past=rlx.Value(g, 0)),
+    lambda g: g.attention(rlx.Value(g, 0), rlx.Value(g, 0), rlx.Value(g, 0)),  # rank 2, not (S, H, D)
+    lambda g: g._g.op("state", []),            # internal ops: made by the decoder builder only
+    lambda g: g._g.op("cache_write", [0, 0, 0]),
+    lambda g: g.convert(rlx.Value(g, 0), "i32"),
+    lambda g: g.convert(rlx.Value(g, 0), "nope"),
 ])
 def test_builder_rejects_bad_arguments(bad):
     g = rlx.Graph()

@@ -196,24 +196,22 @@ def test_add_mul_suffix_broadcast(device, op, a_shape, b_shape):
 # attention
 # ---------------------------------------------------------------------------------------------
 
-def attention_case(device, S, P, Hq, Hkv, D, causal=True, window=0, mask=None, seed=10, scale=None):
+def attention_case(device, S, P, Hq, Hkv, D, causal=True, window=0, mask=None, seed=10, scale=None, kv="f32"):
+    """S queries (the last S of T = P + S positions) over T keys / values stored in kv dtype."""
     r = rng(seed)
-    q, k, v = randn(r, S, Hq, D), randn(r, S, Hkv, D), randn(r, S, Hkv, D)
+    T = P + S
+    q = randn(r, S, Hq, D)
+    k, v = ref.convert(randn(r, T, Hkv, D), kv), ref.convert(randn(r, T, Hkv, D), kv)
     g = rlx.Graph()
-    qv, kv, vv = g.input("q", (S, Hq, D)), g.input("k", (S, Hkv, D)), g.input("v", (S, Hkv, D))
+    qv, kv_, vv = g.input("q", (S, Hq, D)), g.input("k", (T, Hkv, D), kv), g.input("v", (T, Hkv, D), kv)
     inputs = {"q": q, "k": k, "v": v}
-    kp = vp = mv = None
-    k_past = v_past = None
-    if P > 0:
-        k_past, v_past = randn(r, P, Hkv, D), randn(r, P, Hkv, D)
-        kp, vp = g.input("k_past", (P, Hkv, D)), g.input("v_past", (P, Hkv, D))
-        inputs.update(k_past=k_past, v_past=v_past)
+    mv = None
     if mask is not None:
         mv = g.input("mask", mask.shape, "u8" if mask.dtype != np.float32 else "f32")
         inputs["mask"] = mask
-    g.output(g.attention(qv, kv, vv, kp, vp, mv, scale=scale, causal=causal, window=window), "o")
+    g.output(g.attention(qv, kv_, vv, mv, scale=scale, causal=causal, window=window), "o")
     (o,) = run(g, device, inputs)
-    expected = ref.attention(q, k, v, k_past, v_past, mask, scale=scale, causal=causal, window=window)
+    expected = ref.attention(q, k, v, mask, scale=scale, causal=causal, window=window)
     close(o, expected, atol=1e-5)
 
 
@@ -234,6 +232,14 @@ def test_attention_window(device, window):
 @pytest.mark.parametrize("S,P", [(1, 3), (4, 3), (1, 17), (3, 1)])
 def test_attention_past(device, S, P):
     attention_case(device, S=S, P=P, Hq=4, Hkv=2, D=16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kv", ["f16", "bf16"])
+@pytest.mark.parametrize("S,P", [(1, 40), (4, 3), (9, 20)])
+def test_attention_16bit_kv(device, kv, S, P):
+    """K and V stored as f16 / bf16 (a KV cache's dtypes): widened exactly, the same math as f32."""
+    attention_case(device, S=S, P=P, Hq=4, Hkv=2, D=16, window=5 if S == 9 else 0, kv=kv)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -280,16 +286,53 @@ def test_attention_symbolic_seq_past_one_plan(device):
     Hq, Hkv, D = 4, 2, 16
     g = rlx.Graph()
     q = g.input("q", ("SEQ", Hq, D))
-    k, v = g.input("k", ("SEQ", Hkv, D)), g.input("v", ("SEQ", Hkv, D))
-    kp, vp = g.input("k_past", ("PAST", Hkv, D)), g.input("v_past", ("PAST", Hkv, D))
-    g.output(g.attention(q, k, v, kp, vp), "o")
+    k, v = g.input("k", ("PAST+SEQ", Hkv, D)), g.input("v", ("PAST+SEQ", Hkv, D))
+    g.output(g.attention(q, k, v), "o")
     plan = rlx.compile(g, device=device)
     r = rng(13)
     for S, P in [(1, 0), (1, 7), (5, 3), (8, 0), (2, 30)]:
-        a = {"q": randn(r, S, Hq, D), "k": randn(r, S, Hkv, D), "v": randn(r, S, Hkv, D),
-             "k_past": randn(r, P, Hkv, D), "v_past": randn(r, P, Hkv, D)}
+        a = {"q": randn(r, S, Hq, D), "k": randn(r, P + S, Hkv, D), "v": randn(r, P + S, Hkv, D)}
         (o,) = plan.run(a)
-        close(o, ref.attention(a["q"], a["k"], a["v"], a["k_past"], a["v_past"]), atol=1e-5)
+        close(o, ref.attention(a["q"], a["k"], a["v"]), atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_fewer_keys_than_queries(device):
+    g = rlx.Graph()
+    q, k = g.input("q", (4, 2, 8)), g.input("k", (3, 2, 8))
+    with pytest.raises(ValueError, match="fewer keys than queries"):
+        g.attention(q, k, k)
+    g = rlx.Graph()
+    q = g.input("q2", ("SEQ", 2, 8))
+    k = g.input("k2", ("PAST", 2, 8))
+    g.output(g.attention(q, k, k), "o")
+    plan = rlx.compile(g, device=device)
+    r = rng(14)
+    with pytest.raises(ValueError, match="T >= S"):
+        plan.run({"q2": randn(r, 4, 2, 8), "k2": randn(r, 2, 2, 8)})
+    (o,) = plan.run({"q2": randn(r, 2, 2, 8), "k2": randn(r, 2, 2, 8)})  # still usable
+    assert o.shape == (2, 2, 8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_convert(device, dtype):
+    """f32 -> f16 / bf16, rounded to nearest even: the same bits as NumPy's / ml_dtypes' casts,
+    ties, subnormals, overflow to inf and NaN included."""
+    r = rng(15)
+    x = np.concatenate([
+        (r.standard_normal(1000) * 10.0 ** r.integers(-9, 6, 1000)).astype(np.float32),
+        np.array([0.0, -0.0, np.inf, -np.inf, 65504, 65519, 65520, 70000, 5.96e-8, 2.98e-8, 1e-40, 3.4e38,
+                  1 + 2**-11, 1 + 2**-8, 1 + 3 * 2**-9], np.float32)])
+    g = rlx.Graph()
+    g.output(g.convert(g.input("x", (x.size,)), dtype), "y")
+    (y,) = run(g, device, {"x": x})
+    want = ref.convert(x, dtype)
+    assert y.dtype.itemsize == want.dtype.itemsize
+    assert np.array_equal(y.view(np.uint8), want.view(np.uint8))
+    nan = np.full(1, np.nan, np.float32)
+    (yn,) = run(g, device, {"x": np.concatenate([nan, x[1:]])})
+    assert np.isnan(yn.view(want.dtype)[0].astype(np.float32))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,26 +38,22 @@ def sdpa(q, k, v, allowed, scale=None):
 @pytest.mark.parametrize("window", [0, 3])
 def test_attention_vs_sdpa(Hq, Hkv, S, P, window):
     D = 8
-    q, k, v = randn(S, Hq, D), randn(S, Hkv, D), randn(S, Hkv, D)
-    kp, vp = (randn(P, Hkv, D), randn(P, Hkv, D)) if P else (None, None)
+    q, kf, vf = randn(S, Hq, D), randn(P + S, Hkv, D), randn(P + S, Hkv, D)  # keys: a past of P, then S new
     i, j = np.arange(S)[:, None], np.arange(P + S)[None, :]
     allowed = (j <= P + i) & ((j > P + i - window) if window else True)
-    got = ops.attention(q, k, v, kp, vp, window=window)
-    kf = np.concatenate([kp, k]) if P else k
-    vf = np.concatenate([vp, v]) if P else v
+    got = ops.attention(q, kf, vf, window=window)
     np.testing.assert_allclose(got, sdpa(q, kf, vf, allowed), atol=2e-6, rtol=1e-5)
 
 
 def test_attention_masks_vs_sdpa():
     S, P, Hq, Hkv, D = 4, 3, 4, 2, 8
-    q, k, v, kp, vp = randn(S, Hq, D), randn(S, Hkv, D), randn(S, Hkv, D), randn(P, Hkv, D), randn(P, Hkv, D)
-    kf, vf = np.concatenate([kp, k]), np.concatenate([vp, v])
+    q, kf, vf = randn(S, Hq, D), randn(P + S, Hkv, D), randn(P + S, Hkv, D)
     allowed = RNG.random((S, P + S)) < 0.6
     allowed[:, 0] = True
     # boolean / uint8 mask without causality
-    np.testing.assert_allclose(ops.attention(q, k, v, kp, vp, mask=allowed.astype(np.uint8), causal=False),
+    np.testing.assert_allclose(ops.attention(q, kf, vf, mask=allowed.astype(np.uint8), causal=False),
                                sdpa(q, kf, vf, allowed), atol=2e-6, rtol=1e-5)
-    np.testing.assert_allclose(ops.attention(q, k, v, kp, vp, mask=allowed, causal=False, scale=0.3),
+    np.testing.assert_allclose(ops.attention(q, kf, vf, mask=allowed, causal=False, scale=0.3),
                                sdpa(q, kf, vf, allowed, scale=0.3), atol=2e-6, rtol=1e-5)
     # additive float mask on top of causality
     add = randn(S, P + S)
@@ -67,7 +63,7 @@ def test_attention_masks_vs_sdpa():
     vv = t(vf).repeat_interleave(2, dim=1).transpose(0, 1)[None]
     float_mask = torch.where(t(causal), t(add), torch.tensor(float("-inf")))
     want = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=float_mask)[0].transpose(0, 1).numpy()
-    np.testing.assert_allclose(ops.attention(q, k, v, kp, vp, mask=add), want, atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(ops.attention(q, kf, vf, mask=add), want, atol=2e-6, rtol=1e-5)
 
 
 def test_attention_fully_masked_row_is_zero():

@@ -1,22 +1,27 @@
 /*
- * attention.c - the cpu table's grouped-query attention over past + new keys, three paths by the
- * number of queries S.
+ * attention.c - the cpu table's grouped-query attention: S queries (positions T-S .. T-1) over the
+ * T keys and values of positions 0 .. T-1 (a KV cache, or the new rows alone), stored f32, f16 or
+ * bf16; three paths by the number of queries S.
  *
- * Prefill and extension over a past (S >= RLX_ATTN_GEMM_MIN_S): through sgemm. Per kv head, per
- * block of `rows` query positions, per query head of the kv head's group (the group reads the
- * same key/value rows, still in cache): scores (rows, W) = scale * Q_blk @ K^T by sgemm into
- * scratch, then a row softmax (causal / window bounds, masks, max subtracted, the vector exp;
- * a row with nothing visible gives zeros), then out_blk = weights @ V by sgemm written straight
- * into out, then each out row scaled by 1 / its sum. Q, K, V and out are read and written in
- * place: their rows are (Hq * D) or (Hkv * D) floats apart, which sgemm takes as leading
- * dimensions, so nothing is copied. The keys are two arrays (past, then new), so every product
- * runs as two segments side by side in the score rows. A block only gets the keys its rows may
- * see: up to its last row's position (causal), from its first row's window start (window);
- * inside that range the rows of one block differ (the causal triangle), which the softmax
- * masks: with rows = 64 that costs ~12% extra multiply-adds at S = 512, and the measured
- * optimum sat between 64 and 128 (smaller blocks: more calls, and sgemm repacks the keys each
- * call; larger: more of the triangle). rows = min(64, RLX_ATTN_GEMM_FLOATS / (P+S)), at least 8,
- * so the scores stay <= ~4 MiB; attention_scratch = rows * (P+S) + rows (the row sums).
+ * K/V dtypes: f32 rows are read in place; f16 / bf16 rows are widened exactly to f32 (rlx_cpu_widen:
+ * F16C / a shift in the vector paths) into a small per-task buffer as they are used (one key row,
+ * or one kv head's block of rows for the GEMM path), so the cache is read once at its stored width
+ * (half the bytes of f32 at long context) and the arithmetic is the f32 arithmetic of the f32 path.
+ *
+ * Prefill and extension (S >= RLX_ATTN_GEMM_MIN_S): through sgemm. Per kv head, per block of
+ * `rows` query positions, per query head of the kv head's group (the group reads the same
+ * key/value rows, still in cache): scores (rows, W) = scale * Q_blk @ K^T by sgemm into scratch,
+ * then a row softmax (causal / window bounds, masks, max subtracted, the vector exp; a row with
+ * nothing visible gives zeros), then out_blk = weights @ V by sgemm written straight into out, then
+ * each out row scaled by 1 / its sum. Q and out are read and written in place (rows Hq * D floats
+ * apart, which sgemm takes as leading dimensions); f32 K / V too (rows Hkv * D apart); f16 / bf16
+ * K / V blocks are widened first into scratch (W rows of D, once per kv head and query block,
+ * shared by the group). A block only gets the keys its rows may see: up to its last row's
+ * position (causal), from its first row's window start (window); inside that range the rows of
+ * one block differ (the causal triangle), which the softmax masks: with rows = 64 that costs ~12%
+ * extra multiply-adds at S = 512, and the measured optimum sat between 64 and 128 (smaller
+ * blocks: more calls, and sgemm repacks the keys each call; larger: more of the triangle).
+ * rows = min(64, RLX_ATTN_GEMM_FLOATS / T), at least 8, so the scores stay <= ~4 MiB.
  * Threads: OpenBLAS's own threads inside each sgemm (rlx_set_num_threads sets them to the pool's
  * count); the sgemms run on the calling thread, never inside a pool task (that would run
  * OpenBLAS's threads on top of ours). The softmax runs on the calling thread as well: with the
@@ -50,19 +55,19 @@
  * holding the Hq/Hkv query heads that read the same key/value rows (so the second head finds
  * them in cache). Blocks are dealt round-robin to `ntasks` tasks (ntasks <= rlx_pool_threads(),
  * fewer when the work is small), so causal rows of unequal length balance.
- * rlx_parallel_for runs over the task ids [0, ntasks), and task t keeps its scores in
- * scratch[t * (P+S) .. (t+1) * (P+S)): slices are owned by task id, not by thread or chunk, so
- * they stay distinct however the pool groups task ids into chunks (or runs them all inline).
- * Hence attention_scratch = rlx_pool_threads() * (P+S) for 1 < S < RLX_ATTN_GEMM_MIN_S, and
- * rlx_pool_threads() * max(P+S, RLX_ATTN_PART_FLOATS) for S == 1; the caller must not raise the
- * thread count between sizing the scratch and calling the kernel. Must never allocate.
+ * rlx_parallel_for runs over the task ids [0, ntasks), and task t keeps its scores (T floats) and
+ * its widened row (D floats) in its own slice of scratch: slices are owned by task id, not by
+ * thread or chunk, so they stay distinct however the pool groups task ids into chunks (or runs
+ * them all inline). The caller must not raise the thread count between sizing the scratch
+ * (rlx_cpu_attention_scratch) and calling the kernel. Must never allocate.
  */
 #include "backends/cpu/cpu.h"
 
-#include "core/pool.h"
+#include "backends/cpu/pool.h"
 
 #include <cblas.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 typedef float attn_v8 __attribute__((vector_size(32)));
@@ -82,57 +87,56 @@ static inline __attribute__((always_inline)) float hsum16(const rlx_cpu_v16 *v) 
     return (a[0] + a[2]) + (a[1] + a[3]);
 }
 
-/* sc[j] = scale * q (D) . k[j * stride .. + D] for j < n */
-RLX_CPU_CLONES
-static void score_rows(float *sc, const float *q, const float *k, int64_t stride, int64_t n, int64_t D,
-                       float scale) {
-    for (int64_t j = 0; j < n; j++) {
-        const float *kj = k + j * stride;
-        rlx_cpu_v16 acc0 = {0}, acc1 = {0};
-        int64_t e = 0;
-        for (; e + 32 <= D; e += 32) {
-            rlx_cpu_v16 q0, k0, q1, k1;
-            memcpy(&q0, q + e, sizeof q0);
-            memcpy(&k0, kj + e, sizeof k0);
-            memcpy(&q1, q + e + 16, sizeof q1);
-            memcpy(&k1, kj + e + 16, sizeof k1);
-            acc0 += q0 * k0;
-            acc1 += q1 * k1;
-        }
-        for (; e + 16 <= D; e += 16) {
-            rlx_cpu_v16 q0, k0;
-            memcpy(&q0, q + e, sizeof q0);
-            memcpy(&k0, kj + e, sizeof k0);
-            acc0 += q0 * k0;
-        }
-        acc0 += acc1;
-        float s = hsum16(&acc0);
-        for (; e < D; e++)
-            s += q[e] * kj[e];
-        sc[j] = scale * s;
-    }
+/* A key / value row of D elements of kv head kvh at row j of the (T, Hkv, D) array base, as f32:
+ * in place for f32, else widened into buf (D floats). */
+static inline const float *kv_row(const struct rlx_attn_args *a, const void *base, int64_t j, int64_t kvh, float *buf) {
+    const int64_t off = (j * a->Hkv + kvh) * a->D;
+    if (a->kv_dtype == RLX_F32)
+        return (const float *)base + off;
+    rlx_cpu_widen(buf, (const uint16_t *)base + off, a->kv_dtype, a->D);
+    return buf;
 }
 
-/* o (D) += sum_j p[j] * v[j * stride .. + D] for j < n, skipping p[j] == 0 (masked keys, whose
- * rows may hold anything) */
+/* scale * q (D) . k (D) */
 RLX_CPU_CLONES
-static void weigh_rows(float *o, const float *p, const float *v, int64_t stride, int64_t n, int64_t D) {
-    for (int64_t j = 0; j < n; j++) {
-        if (p[j] == 0.0f)
-            continue;
-        const float w = p[j];
-        const float *vj = v + j * stride;
-        int64_t e = 0;
-        for (; e + 16 <= D; e += 16) {
-            rlx_cpu_v16 ov, vv;
-            memcpy(&ov, o + e, sizeof ov);
-            memcpy(&vv, vj + e, sizeof vv);
-            ov += w * vv;
-            memcpy(o + e, &ov, sizeof ov);
-        }
-        for (; e < D; e++)
-            o[e] += w * vj[e];
+static float dot_scaled(const float *q, const float *k, int64_t D, float scale) {
+    rlx_cpu_v16 acc0 = {0}, acc1 = {0};
+    int64_t e = 0;
+    for (; e + 32 <= D; e += 32) {
+        rlx_cpu_v16 q0, k0, q1, k1;
+        memcpy(&q0, q + e, sizeof q0);
+        memcpy(&k0, k + e, sizeof k0);
+        memcpy(&q1, q + e + 16, sizeof q1);
+        memcpy(&k1, k + e + 16, sizeof k1);
+        acc0 += q0 * k0;
+        acc1 += q1 * k1;
     }
+    for (; e + 16 <= D; e += 16) {
+        rlx_cpu_v16 q0, k0;
+        memcpy(&q0, q + e, sizeof q0);
+        memcpy(&k0, k + e, sizeof k0);
+        acc0 += q0 * k0;
+    }
+    acc0 += acc1;
+    float s = hsum16(&acc0);
+    for (; e < D; e++)
+        s += q[e] * k[e];
+    return scale * s;
+}
+
+/* o (D) += w * v (D) */
+RLX_CPU_CLONES
+static void axpy(float *o, float w, const float *v, int64_t D) {
+    int64_t e = 0;
+    for (; e + 16 <= D; e += 16) {
+        rlx_cpu_v16 ov, vv;
+        memcpy(&ov, o + e, sizeof ov);
+        memcpy(&vv, v + e, sizeof vv);
+        ov += w * vv;
+        memcpy(o + e, &ov, sizeof ov);
+    }
+    for (; e < D; e++)
+        o[e] += w * v[e];
 }
 
 /* p[j] = exp(p[j] - m) for j < n (-inf gives 0); returns their sum. 16 lanes through
@@ -153,43 +157,47 @@ static float exp_sum(float *p, int64_t n, float m) {
     return hsum16(&sum);
 }
 
+/* The keys query i may see before the masks: [*lo, *hi). */
+static void visible(const struct rlx_attn_args *a, int64_t i, int64_t *lo, int64_t *hi) {
+    const int64_t qpos = a->T - a->S + i;
+    *lo = 0;
+    *hi = a->T;
+    if (a->causal && *hi > qpos + 1)
+        *hi = qpos + 1;
+    if (a->window > 0 && *lo < qpos - a->window + 1)
+        *lo = qpos - a->window + 1;
+}
+
 /* out[i, h] (D) = sum_j softmax_j(scale * q[i, h] . k_j + mask) v_j over the keys visible to i;
- * sc: P+S floats of scratch. Keys lo..hi (past first) are split at P into the two arrays. */
-static void attend_one(const struct rlx_attn_args *a, int64_t i, int64_t h, float *sc) {
-    const int64_t P = a->P, L = P + a->S, D = a->D, stride = a->Hkv * D;
-    const int64_t kvh = h / (a->Hq / a->Hkv);
+ * sc: T floats of scratch, row: D floats (a widened key / value row). */
+static void attend_one(const struct rlx_attn_args *a, int64_t i, int64_t h, float *sc, float *row) {
+    const int64_t D = a->D, kvh = h / (a->Hq / a->Hkv);
     const float *q = a->q + (i * a->Hq + h) * D;
     float *o = a->out + (i * a->Hq + h) * D;
-    int64_t lo = 0, hi = L; /* visible keys: [lo, hi), before the masks */
-    if (a->causal && hi > P + i + 1)
-        hi = P + i + 1;
-    if (a->window > 0 && lo < P + i - a->window + 1)
-        lo = P + i - a->window + 1;
+    int64_t lo, hi;
+    visible(a, i, &lo, &hi);
     memset(o, 0, (size_t)D * sizeof(float));
     if (lo >= hi)
         return;
-    const int64_t mid = lo > P ? lo : (hi < P ? hi : P); /* [lo, mid) past, [mid, hi) new */
-    if (mid > lo)
-        score_rows(sc + lo, q, a->k_past + lo * stride + kvh * D, stride, mid - lo, D, a->scale);
-    if (hi > mid)
-        score_rows(sc + mid, q, a->k + (mid - P) * stride + kvh * D, stride, hi - mid, D, a->scale);
-    const float *mf = a->mask_f32 ? a->mask_f32 + i * L : NULL;
-    const uint8_t *mu = a->mask_u8 ? a->mask_u8 + i * L : NULL;
+    const float *mf = a->mask_f32 ? a->mask_f32 + i * a->T : NULL;
+    const uint8_t *mu = a->mask_u8 ? a->mask_u8 + i * a->T : NULL;
     float m = -INFINITY;
     for (int64_t j = lo; j < hi; j++) {
-        if (mu && !mu[j])
+        if (mu && !mu[j]) {
             sc[j] = -INFINITY;
-        else if (mf)
+            continue;
+        }
+        sc[j] = dot_scaled(q, kv_row(a, a->k, j, kvh, row), D, a->scale);
+        if (mf)
             sc[j] += mf[j];
         m = sc[j] > m ? sc[j] : m;
     }
     if (m == -INFINITY)
         return; /* nothing visible: zeros */
     const float sum = exp_sum(sc + lo, hi - lo, m);
-    if (mid > lo)
-        weigh_rows(o, sc + lo, a->v_past + lo * stride + kvh * D, stride, mid - lo, D);
-    if (hi > mid)
-        weigh_rows(o, sc + mid, a->v + (mid - P) * stride + kvh * D, stride, hi - mid, D);
+    for (int64_t j = lo; j < hi; j++)
+        if (sc[j] != 0.0f) /* masked keys (weight 0) are skipped: their rows may hold anything */
+            axpy(o, sc[j], kv_row(a, a->v, j, kvh, row), D);
     const float inv = 1.0f / sum;
     for (int64_t e = 0; e < D; e++)
         o[e] *= inv;
@@ -200,82 +208,105 @@ static void attend_one(const struct rlx_attn_args *a, int64_t i, int64_t h, floa
  * ------------------------------------------------------------------------------------------- */
 
 /* Keys per chunk of the split-key path, and the floats of scratch each task may use for its
- * partial result: m, l (Hq each), o (Hq * D) and a chunk of scores (Hq * RLX_ATTN_CHUNK). */
+ * partial result: m, l (Hq each), o (Hq * D), a chunk of scores (Hq * RLX_ATTN_CHUNK) and one
+ * widened key / value row (Hkv * D). */
 #define RLX_ATTN_CHUNK 64
 #define RLX_ATTN_PART_FLOATS 32768
 
-/* sc[h * RLX_ATTN_CHUNK + jj] = scale * q[h] . k_j[h / G] for jj < n keys at k (rows `stride`
- * apart), all Hq heads: each key row is read once, front to back. */
+/* A whole key / value row (Hkv * D) of row j as f32: in place, or widened into buf. */
+static inline const float *kv_full_row(const struct rlx_attn_args *a, const void *base, int64_t j, float *buf) {
+    const int64_t n = a->Hkv * a->D;
+    if (a->kv_dtype == RLX_F32)
+        return (const float *)base + j * n;
+    rlx_cpu_widen(buf, (const uint16_t *)base + j * n, a->kv_dtype, n);
+    return buf;
+}
+
+/* sc[h * RLX_ATTN_CHUNK] = scale * q[h] . k[h / G] for every query head h, k one key row (Hkv, D). */
 RLX_CPU_CLONES
-static void score_chunk(float *sc, const float *q, const float *k, int64_t stride, int64_t n, int64_t Hq, int64_t G,
-                        int64_t D, float scale) {
-    for (int64_t jj = 0; jj < n; jj++) {
-        const float *kj = k + jj * stride;
-        for (int64_t h = 0; h < Hq; h++) {
-            const float *kh = kj + h / G * D, *qh = q + h * D;
-            rlx_cpu_v16 acc0 = {0}, acc1 = {0};
-            int64_t e = 0;
-            for (; e + 32 <= D; e += 32) {
-                rlx_cpu_v16 q0, k0, q1, k1;
-                memcpy(&q0, qh + e, sizeof q0);
-                memcpy(&k0, kh + e, sizeof k0);
-                memcpy(&q1, qh + e + 16, sizeof q1);
-                memcpy(&k1, kh + e + 16, sizeof k1);
-                acc0 += q0 * k0;
-                acc1 += q1 * k1;
-            }
-            for (; e + 16 <= D; e += 16) {
-                rlx_cpu_v16 q0, k0;
-                memcpy(&q0, qh + e, sizeof q0);
-                memcpy(&k0, kh + e, sizeof k0);
-                acc0 += q0 * k0;
-            }
-            acc0 += acc1;
-            float s = hsum16(&acc0);
-            for (; e < D; e++)
-                s += qh[e] * kh[e];
-            sc[h * RLX_ATTN_CHUNK + jj] = scale * s;
+static void score_heads(float *sc, const float *q, const float *k, int64_t Hq, int64_t G, int64_t D, float scale) {
+    for (int64_t h = 0; h < Hq; h++) {
+        const float *kh = k + h / G * D, *qh = q + h * D;
+        rlx_cpu_v16 acc0 = {0}, acc1 = {0};
+        int64_t e = 0;
+        for (; e + 32 <= D; e += 32) {
+            rlx_cpu_v16 q0, k0, q1, k1;
+            memcpy(&q0, qh + e, sizeof q0);
+            memcpy(&k0, kh + e, sizeof k0);
+            memcpy(&q1, qh + e + 16, sizeof q1);
+            memcpy(&k1, kh + e + 16, sizeof k1);
+            acc0 += q0 * k0;
+            acc1 += q1 * k1;
         }
+        for (; e + 16 <= D; e += 16) {
+            rlx_cpu_v16 q0, k0;
+            memcpy(&q0, qh + e, sizeof q0);
+            memcpy(&k0, kh + e, sizeof k0);
+            acc0 += q0 * k0;
+        }
+        acc0 += acc1;
+        float s = hsum16(&acc0);
+        for (; e < D; e++)
+            s += qh[e] * kh[e];
+        sc[h * RLX_ATTN_CHUNK] = scale * s;
     }
 }
 
-/* o[h] (D) += sum_jj p[h * RLX_ATTN_CHUNK + jj] * v_jj[h / G] for jj < n, all Hq heads, skipping
- * zero weights (masked keys, whose rows may hold anything). */
+/* o[h] (D) += p[h * RLX_ATTN_CHUNK] * v[h / G] for every query head h with a nonzero weight, v one
+ * value row (Hkv, D). */
 RLX_CPU_CLONES
-static void weigh_chunk(float *o, const float *p, const float *v, int64_t stride, int64_t n, int64_t Hq, int64_t G,
-                        int64_t D) {
-    for (int64_t jj = 0; jj < n; jj++) {
-        const float *vj = v + jj * stride;
-        for (int64_t h = 0; h < Hq; h++) {
-            const float w = p[h * RLX_ATTN_CHUNK + jj];
-            if (w == 0.0f)
-                continue;
-            const float *vh = vj + h / G * D;
-            float *oh = o + h * D;
-            int64_t e = 0;
-            for (; e + 16 <= D; e += 16) {
-                rlx_cpu_v16 ov, vv;
-                memcpy(&ov, oh + e, sizeof ov);
-                memcpy(&vv, vh + e, sizeof vv);
-                ov += w * vv;
-                memcpy(oh + e, &ov, sizeof ov);
-            }
-            for (; e < D; e++)
-                oh[e] += w * vh[e];
+static void weigh_heads(float *o, const float *p, const float *v, int64_t Hq, int64_t G, int64_t D) {
+    for (int64_t h = 0; h < Hq; h++) {
+        const float w = p[h * RLX_ATTN_CHUNK];
+        if (w == 0.0f)
+            continue;
+        const float *vh = v + h / G * D;
+        float *oh = o + h * D;
+        int64_t e = 0;
+        for (; e + 16 <= D; e += 16) {
+            rlx_cpu_v16 ov, vv;
+            memcpy(&ov, oh + e, sizeof ov);
+            memcpy(&vv, vh + e, sizeof vv);
+            ov += w * vv;
+            memcpy(oh + e, &ov, sizeof ov);
         }
+        for (; e < D; e++)
+            oh[e] += w * vh[e];
+    }
+}
+
+/* sc[h * RLX_ATTN_CHUNK + jj] = scale * q[h] . k_{j0+jj}[h / G] for jj < n keys, all Hq heads: each
+ * key row is read once, front to back. */
+static void score_chunk(const struct rlx_attn_args *a, float *sc, int64_t j0, int64_t n, float *row) {
+    for (int64_t jj = 0; jj < n; jj++)
+        score_heads(sc + jj, a->q, kv_full_row(a, a->k, j0 + jj, row), a->Hq, a->Hq / a->Hkv, a->D, a->scale);
+}
+
+/* o[h] (D) += sum_jj p[h * RLX_ATTN_CHUNK + jj] * v_{j0+jj}[h / G] for jj < n, all Hq heads,
+ * skipping zero weights (masked keys, whose rows may hold anything). */
+static void weigh_chunk(const struct rlx_attn_args *a, float *o, const float *p, int64_t j0, int64_t n, float *row) {
+    const int64_t Hq = a->Hq;
+    for (int64_t jj = 0; jj < n; jj++) {
+        bool any = false;
+        for (int64_t h = 0; h < Hq && !any; h++)
+            any = p[h * RLX_ATTN_CHUNK + jj] != 0.0f;
+        if (any)
+            weigh_heads(o, p + jj, kv_full_row(a, a->v, j0 + jj, row), Hq, Hq / a->Hkv, a->D);
     }
 }
 
 /* Per-task partial of the split-key path, inside the task's slice of scratch. */
 struct attn_part {
-    float *m, *l, *o, *sc; /* (Hq) running max, (Hq) sum of exp(score - m), (Hq, D) sum of weighted
-                              values, (Hq, RLX_ATTN_CHUNK) scores of the current chunk */
+    float *m, *l, *o, *sc, *row; /* (Hq) running max, (Hq) sum of exp(score - m), (Hq, D) sum of
+                                    weighted values, (Hq, RLX_ATTN_CHUNK) scores of the current
+                                    chunk, (Hkv * D) a widened row */
 };
 
 static struct attn_part part_of(const struct rlx_attn_args *a, int64_t t) {
     float *base = a->scratch + t * RLX_ATTN_PART_FLOATS;
     struct attn_part pt = {.m = base, .l = base + a->Hq, .o = base + 2 * a->Hq};
     pt.sc = pt.o + a->Hq * a->D;
+    pt.row = pt.sc + a->Hq * RLX_ATTN_CHUNK;
     return pt;
 }
 
@@ -289,7 +320,7 @@ struct split_ctx {
 static void split_tasks(void *p, int64_t begin, int64_t end) {
     const struct split_ctx *c = p;
     const struct rlx_attn_args *a = c->a;
-    const int64_t Hq = a->Hq, D = a->D, G = a->Hq / a->Hkv, P = a->P, stride = a->Hkv * D, len = c->hi - c->lo;
+    const int64_t Hq = a->Hq, D = a->D, len = c->hi - c->lo;
     for (int64_t t = begin; t < end; t++) {
         const struct attn_part pt = part_of(a, t);
         for (int64_t h = 0; h < Hq; h++)
@@ -297,13 +328,8 @@ static void split_tasks(void *p, int64_t begin, int64_t end) {
         memset(pt.o, 0, (size_t)(Hq * D) * sizeof(float));
         const int64_t j0 = c->lo + len * t / c->ntasks, j1 = c->lo + len * (t + 1) / c->ntasks;
         for (int64_t cj = j0; cj < j1;) {
-            /* one chunk, never straddling the past / new boundary at P */
-            int64_t n = j1 - cj < RLX_ATTN_CHUNK ? j1 - cj : RLX_ATTN_CHUNK;
-            if (cj < P && cj + n > P)
-                n = P - cj;
-            const float *k = cj < P ? a->k_past + cj * stride : a->k + (cj - P) * stride;
-            const float *v = cj < P ? a->v_past + cj * stride : a->v + (cj - P) * stride;
-            score_chunk(pt.sc, a->q, k, stride, n, Hq, G, D, a->scale);
+            const int64_t n = j1 - cj < RLX_ATTN_CHUNK ? j1 - cj : RLX_ATTN_CHUNK;
+            score_chunk(a, pt.sc, cj, n, pt.row);
             for (int64_t jj = 0; jj < n; jj++) {
                 const int64_t j = cj + jj;
                 const int masked = a->mask_u8 && !a->mask_u8[j];
@@ -330,7 +356,7 @@ static void split_tasks(void *p, int64_t begin, int64_t end) {
                 }
                 pt.l[h] += exp_sum(sc, n, pt.m[h]);
             }
-            weigh_chunk(pt.o, pt.sc, v, stride, n, Hq, G, D);
+            weigh_chunk(a, pt.o, pt.sc, cj, n, pt.row);
             cj += n;
         }
     }
@@ -365,15 +391,15 @@ static void split_merge(const struct rlx_attn_args *a, int64_t ntasks) {
     }
 }
 
-/* The split-key path for one query (S == 1); returns 0 (nothing done) when a task's partial would
- * not fit its RLX_ATTN_PART_FLOATS of scratch. */
-static int attend_split(const struct rlx_attn_args *a) {
-    if (a->Hq * (a->D + 2 + RLX_ATTN_CHUNK) > RLX_ATTN_PART_FLOATS)
-        return 0;
-    int64_t lo = 0, hi = a->P + 1;
-    if (a->window > 0 && lo < a->P - a->window + 1)
-        lo = a->P - a->window + 1;
-    /* (S == 1: causal changes nothing, the query sits after every key) */
+/* Whether a task's partial of the split-key path fits its RLX_ATTN_PART_FLOATS of scratch. */
+static int split_fits(const struct rlx_attn_args *a) {
+    return a->Hq * (a->D + 2 + RLX_ATTN_CHUNK) + a->Hkv * a->D <= RLX_ATTN_PART_FLOATS;
+}
+
+/* The split-key path for one query (S == 1). */
+static void attend_split(const struct rlx_attn_args *a) {
+    int64_t lo, hi;
+    visible(a, 0, &lo, &hi);
     const int64_t work = (hi - lo) * a->Hq * a->D * 2;
     int64_t ntasks = work / RLX_CPU_GRAIN_FMA;
     const int64_t threads = rlx_pool_threads();
@@ -383,7 +409,6 @@ static int attend_split(const struct rlx_attn_args *a) {
     struct split_ctx c = {.a = a, .lo = lo, .hi = hi, .ntasks = ntasks};
     rlx_parallel_for(ntasks, 1, split_tasks, &c);
     split_merge(a, ntasks);
-    return 1;
 }
 
 struct attn_ctx {
@@ -396,10 +421,10 @@ static void attend_tasks(void *p, int64_t begin, int64_t end) {
     const struct rlx_attn_args *a = c->a;
     const int64_t G = a->Hq / a->Hkv, blocks = a->S * a->Hkv;
     for (int64_t t = begin; t < end; t++) {
-        float *sc = a->scratch + t * (a->P + a->S);
+        float *sc = a->scratch + t * (a->T + a->D), *row = sc + a->T;
         for (int64_t b = t; b < blocks; b += c->ntasks)
             for (int64_t pr = b * G; pr < (b + 1) * G; pr++)
-                attend_one(a, pr / a->Hq, pr % a->Hq, sc);
+                attend_one(a, pr / a->Hq, pr % a->Hq, sc, row);
     }
 }
 
@@ -407,16 +432,16 @@ static void attend_tasks(void *p, int64_t begin, int64_t end) {
  * Prefill / extension (S >= RLX_ATTN_GEMM_MIN_S): query blocks through sgemm
  * ------------------------------------------------------------------------------------------- */
 
-/* Queries from which the blocked sgemm path is taken, score floats (block rows * (P+S)) it may
- * use, and the bounds on its block rows. */
+/* Queries from which the blocked sgemm path is taken, score floats (block rows * T) it may use,
+ * and the bounds on its block rows. */
 #define RLX_ATTN_GEMM_MIN_S 8
 #define RLX_ATTN_GEMM_FLOATS (1 << 20)
 #define RLX_ATTN_GEMM_MAX_ROWS 64
 #define RLX_ATTN_GEMM_MIN_ROWS 8
 
-/* Query rows per block of the sgemm path for S queries over P past keys. */
-static int64_t gemm_rows(int64_t S, int64_t P) {
-    int64_t r = RLX_ATTN_GEMM_FLOATS / (P + S);
+/* Query rows per block of the sgemm path for S queries over T keys. */
+static int64_t gemm_rows(int64_t S, int64_t T) {
+    int64_t r = RLX_ATTN_GEMM_FLOATS / (T > 0 ? T : 1);
     r = r > RLX_ATTN_GEMM_MAX_ROWS ? RLX_ATTN_GEMM_MAX_ROWS : r;
     r = r < RLX_ATTN_GEMM_MIN_ROWS ? RLX_ATTN_GEMM_MIN_ROWS : r;
     return r < S ? r : S;
@@ -505,40 +530,28 @@ static float row_softmax(float *sc, int64_t W, int64_t vlo, int64_t vhi, const f
     return 1.0f / exp_sum_row(sc + vlo, vhi - vlo, m);
 }
 
-/* out rows i0 .. i0+R of head h: scores over keys [lo, hi) (past first; [lo, mid) from k_past,
- * [mid, hi) from k) by sgemm into sc (R, hi - lo), row softmax, then out = weights @ values by
- * sgemm straight into out (rows Hq * D apart), scaled per row by 1 / sum (inv: R floats). */
+/* out rows i0 .. i0+R of head h: scores over keys [lo, hi) by sgemm into sc (R, hi - lo), row
+ * softmax, then out = weights @ values by sgemm straight into out (rows Hq * D apart), scaled per
+ * row by 1 / sum (inv: R floats). k / v: the keys / values of [lo, hi) for this kv head, rows
+ * ld floats apart. */
 static void gemm_block(const struct rlx_attn_args *a, int64_t i0, int64_t R, int64_t h, int64_t lo, int64_t hi,
-                       float *sc, float *inv) {
-    const int64_t P = a->P, L = P + a->S, D = a->D, Hq = a->Hq, stride = a->Hkv * D;
-    const int64_t kvh = h / (Hq / a->Hkv), W = hi - lo;
-    const int64_t mid = lo > P ? lo : (hi < P ? hi : P);
+                       const float *k, const float *v, int64_t ld, float *sc, float *inv) {
+    const int64_t D = a->D, Hq = a->Hq, W = hi - lo;
     const float *q = a->q + (i0 * Hq + h) * D;
     float *out = a->out + (i0 * Hq + h) * D;
-    if (mid > lo)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)R, (blasint)(mid - lo), (blasint)D, a->scale,
-                    q, (blasint)(Hq * D), a->k_past + lo * stride + kvh * D, (blasint)stride, 0.0f, sc, (blasint)W);
-    if (hi > mid)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)R, (blasint)(hi - mid), (blasint)D, a->scale,
-                    q, (blasint)(Hq * D), a->k + (mid - P) * stride + kvh * D, (blasint)stride, 0.0f,
-                    sc + (mid - lo), (blasint)W);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)R, (blasint)W, (blasint)D, a->scale, q,
+                (blasint)(Hq * D), k, (blasint)ld, 0.0f, sc, (blasint)W);
     for (int64_t r = 0; r < R; r++) {
         const int64_t i = i0 + r;
-        int64_t vlo = lo, vhi = hi; /* keys visible to query i before the masks */
-        if (a->causal && vhi > P + i + 1)
-            vhi = P + i + 1;
-        if (a->window > 0 && vlo < P + i - a->window + 1)
-            vlo = P + i - a->window + 1;
-        inv[r] = row_softmax(sc + r * W, W, vlo - lo, vhi - lo, a->mask_f32 ? a->mask_f32 + i * L + lo : NULL,
-                             a->mask_u8 ? a->mask_u8 + i * L + lo : NULL);
+        int64_t vlo, vhi; /* keys visible to query i before the masks */
+        visible(a, i, &vlo, &vhi);
+        vlo = vlo > lo ? vlo : lo;
+        vhi = vhi < hi ? vhi : hi;
+        inv[r] = row_softmax(sc + r * W, W, vlo - lo, vhi - lo, a->mask_f32 ? a->mask_f32 + i * a->T + lo : NULL,
+                             a->mask_u8 ? a->mask_u8 + i * a->T + lo : NULL);
     }
-    if (mid > lo)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)D, (blasint)(mid - lo), 1.0f, sc,
-                    (blasint)W, a->v_past + lo * stride + kvh * D, (blasint)stride, 0.0f, out, (blasint)(Hq * D));
-    if (hi > mid)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)D, (blasint)(hi - mid), 1.0f,
-                    sc + (mid - lo), (blasint)W, a->v + (mid - P) * stride + kvh * D, (blasint)stride,
-                    mid > lo ? 1.0f : 0.0f, out, (blasint)(Hq * D));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)D, (blasint)W, 1.0f, sc, (blasint)W,
+                v, (blasint)ld, 0.0f, out, (blasint)(Hq * D));
     for (int64_t r = 0; r < R; r++) {
         float *o = out + r * Hq * D;
         if (inv[r] == 0.0f)
@@ -549,45 +562,64 @@ static void gemm_block(const struct rlx_attn_args *a, int64_t i0, int64_t R, int
     }
 }
 
+/* Rows [lo, hi) of kv head kvh of a (T, Hkv, D) f16 / bf16 array, widened into dst (hi - lo, D). */
+static void widen_block(const struct rlx_attn_args *a, const void *base, int64_t lo, int64_t hi, int64_t kvh,
+                        float *dst) {
+    for (int64_t j = lo; j < hi; j++)
+        rlx_cpu_widen(dst + (j - lo) * a->D, (const uint16_t *)base + (j * a->Hkv + kvh) * a->D, a->kv_dtype, a->D);
+}
+
 /* The blocked sgemm path: per kv head, per block of query rows, per query head of its group
  * (the group reads the same key/value rows, still in cache). A block needs only the keys its
  * last row may see (causal) from the first its first row may see (window). */
 static void attend_gemm(const struct rlx_attn_args *a) {
-    const int64_t S = a->S, P = a->P, L = P + S, G = a->Hq / a->Hkv;
-    const int64_t rows = gemm_rows(S, P);
-    float *inv = a->scratch + rows * L;
+    const int64_t S = a->S, T = a->T, G = a->Hq / a->Hkv, D = a->D, stride = a->Hkv * D;
+    const int64_t rows = gemm_rows(S, T);
+    float *inv = a->scratch + rows * T, *kw = inv + rows, *vw = kw + T * D; /* kw, vw: f16 / bf16 only */
     (void)rlx_pool_threads(); /* the first pool use applies RLX_NUM_THREADS to OpenBLAS too */
     for (int64_t kvh = 0; kvh < a->Hkv; kvh++)
         for (int64_t i0 = 0; i0 < S; i0 += rows) {
             const int64_t R = S - i0 < rows ? S - i0 : rows;
-            int64_t lo = 0, hi = L;
-            if (a->causal && hi > P + i0 + R)
-                hi = P + i0 + R;
-            if (a->window > 0 && lo < P + i0 - a->window + 1)
-                lo = P + i0 - a->window + 1;
-            for (int64_t h = kvh * G; h < (kvh + 1) * G; h++) {
-                if (hi <= lo) {
+            int64_t lo, hi, lo_last, hi_last;
+            visible(a, i0, &lo, &hi);
+            visible(a, i0 + R - 1, &lo_last, &hi_last);
+            hi = hi_last; /* the block's keys: from its first row's start to its last row's end */
+            if (hi <= lo) {
+                for (int64_t h = kvh * G; h < (kvh + 1) * G; h++)
                     for (int64_t r = 0; r < R; r++)
-                        memset(a->out + ((i0 + r) * a->Hq + h) * a->D, 0, (size_t)a->D * sizeof(float));
-                    continue;
-                }
-                gemm_block(a, i0, R, h, lo, hi, a->scratch, inv);
+                        memset(a->out + ((i0 + r) * a->Hq + h) * D, 0, (size_t)D * sizeof(float));
+                continue;
             }
+            const float *k, *v;
+            int64_t ld;
+            if (a->kv_dtype == RLX_F32) {
+                k = (const float *)a->k + lo * stride + kvh * D;
+                v = (const float *)a->v + lo * stride + kvh * D;
+                ld = stride;
+            } else {
+                widen_block(a, a->k, lo, hi, kvh, kw);
+                widen_block(a, a->v, lo, hi, kvh, vw);
+                k = kw, v = vw, ld = D;
+            }
+            for (int64_t h = kvh * G; h < (kvh + 1) * G; h++)
+                gemm_block(a, i0, R, h, lo, hi, k, v, ld, a->scratch, inv);
         }
 }
 
-/* out (S, Hq, D) = grouped-query attention of q (S, Hq, D) over k/v past (P, Hkv, D) then new
- * (S, Hkv, D), see rlx_attn_args. */
-void rlx_cpu_attention_f32(const struct rlx_attn_args *a) {
-    if (a->S == 1 && attend_split(a))
+/* out (S, Hq, D) = grouped-query attention of q (S, Hq, D) over k / v (T, Hkv, D); see
+ * rlx_attn_args. */
+void rlx_cpu_attention(const struct rlx_attn_args *a) {
+    if (a->S == 1 && split_fits(a)) {
+        attend_split(a);
         return;
+    }
     if (a->S >= RLX_ATTN_GEMM_MIN_S) {
         if (a->D > 0) /* (D == 0: out is empty) */
             attend_gemm(a);
         return;
     }
     const int64_t pairs = a->S * a->Hq;
-    const int64_t work = pairs * (a->P + a->S) * a->D * 2; /* multiply-adds, upper bound */
+    const int64_t work = pairs * a->T * a->D * 2; /* multiply-adds, upper bound */
     int64_t ntasks = work / RLX_CPU_GRAIN_FMA;
     const int64_t threads = rlx_pool_threads();
     if (ntasks > threads)
@@ -600,13 +632,17 @@ void rlx_cpu_attention_f32(const struct rlx_attn_args *a) {
     rlx_parallel_for(ntasks, 1, attend_tasks, &c);
 }
 
-/* Per pool thread: P+S scores (the per-head path), or RLX_ATTN_PART_FLOATS (the split-key path
- * for S == 1); for S >= RLX_ATTN_GEMM_MIN_S one block of scores and its row sums. */
-size_t rlx_cpu_attention_scratch(int64_t S, int64_t P) {
+/* For S >= RLX_ATTN_GEMM_MIN_S: one block of scores and its row sums, and for f16 / bf16 K / V
+ * two widened blocks of up to T rows; otherwise per pool thread T + D floats (the per-pair path)
+ * or RLX_ATTN_PART_FLOATS (the split-key path for S == 1). */
+size_t rlx_cpu_attention_scratch(const struct rlx_attn_args *a) {
+    const int64_t S = a->S, T = a->T;
     if (S >= RLX_ATTN_GEMM_MIN_S) {
-        const int64_t rows = gemm_rows(S, P);
-        return (size_t)(rows * (P + S) + rows);
+        const int64_t rows = gemm_rows(S, T);
+        return (size_t)(rows * T + rows) + (a->kv_dtype == RLX_F32 ? 0 : (size_t)(2 * T * a->D));
     }
-    const size_t per = (size_t)(P + S) > RLX_ATTN_PART_FLOATS ? (size_t)(P + S) : RLX_ATTN_PART_FLOATS;
-    return (size_t)rlx_pool_threads() * (S == 1 ? per : (size_t)(P + S));
+    size_t per = (size_t)(T + a->D);
+    if (S == 1 && split_fits(a) && per < RLX_ATTN_PART_FLOATS)
+        per = RLX_ATTN_PART_FLOATS;
+    return (size_t)rlx_pool_threads() * per;
 }

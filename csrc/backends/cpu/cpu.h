@@ -137,11 +137,11 @@ void rlx_cpu_gemm_bf16(float *out, const float *a, const uint16_t *b, int64_t M,
 void rlx_cpu_matmul_f32(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N,
                         int trans_b);
 void rlx_cpu_embedding_f32(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d);
-void rlx_cpu_matmul_lowp(float *out, const float *a, const uint16_t *b, int b_dtype, int64_t M, int64_t K,
-                         int64_t N, float *scratch);
+void rlx_cpu_matmul_lowp(float *out, const float *a, const void *b, int b_dtype, int64_t M, int64_t K, int64_t N,
+                         float *scratch);
 size_t rlx_cpu_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N);
-void rlx_cpu_embedding_lowp(float *out, const uint16_t *table, int dtype, const int32_t *ids, int64_t n,
-                            int64_t d);
+void rlx_cpu_embedding_lowp(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d);
+void rlx_cpu_convert_f32(void *dst, int dtype, const float *src, int64_t n);
 void rlx_cpu_rmsnorm_f32(float *out, const float *x, const float *w, int64_t rows, int64_t d, float eps);
 void rlx_cpu_add_rmsnorm_f32(float *sum, float *out, const float *a, const float *b, const float *w,
                              int64_t rows, int64_t d, float eps);
@@ -152,7 +152,7 @@ void rlx_cpu_silu_f32(float *out, const float *x, int64_t n);
 void rlx_cpu_silu_mul_f32(float *out, const float *a, const float *b, int64_t n);
 void rlx_cpu_add_f32(float *out, const float *a, const float *b, int64_t n, int64_t nb);
 void rlx_cpu_mul_f32(float *out, const float *a, const float *b, int64_t n, int64_t nb);
-void rlx_cpu_attention_f32(const struct rlx_attn_args *a);
-size_t rlx_cpu_attention_scratch(int64_t S, int64_t P);
+void rlx_cpu_attention(const struct rlx_attn_args *a);
+size_t rlx_cpu_attention_scratch(const struct rlx_attn_args *a);
 
 #endif

@@ -53,7 +53,7 @@
  */
 #include "backends/cpu/cpu.h"
 
-#include "core/pool.h"
+#include "backends/cpu/pool.h"
 
 #include <immintrin.h>
 #include <stdatomic.h>

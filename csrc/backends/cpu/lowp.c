@@ -12,7 +12,7 @@
 #include "backends/cpu/cpu.h"
 
 #include "core/core.h"
-#include "core/pool.h"
+#include "backends/cpu/pool.h"
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -206,6 +206,32 @@ void rlx_cpu_widen(float *dst, const uint16_t *src, int dtype, int64_t n) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Narrowing: dst (n) f32 / f16 / bf16 = src (n) f32, rounded to nearest even
+ * ------------------------------------------------------------------------------------------- */
+
+/* F16C's vcvtps2ph with rounding to nearest even: the IEEE conversion (subnormals, overflow to
+ * inf, NaN quieted with its payload's top bits), the same bits as rlx_f32_to_f16. */
+__attribute__((target("avx2,f16c"))) static void narrow_f16_avx2(uint16_t *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        dst[i] = rlx_f32_to_f16(src[i]);
+}
+
+void rlx_cpu_convert_f32(void *dst, int dtype, const float *src, int64_t n) {
+    if (dtype == RLX_F32)
+        memmove(dst, src, (size_t)n * sizeof(float));
+    else if (dtype == RLX_BF16)
+        rlx_cpu_pack_bf16(dst, src, n);
+    else if (rlx_cpu_isa() >= RLX_CPU_ISA_AVX2)
+        narrow_f16_avx2(dst, src, n);
+    else
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)dst)[i] = rlx_f32_to_f16(src[i]);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * embedding_lowp
  * ------------------------------------------------------------------------------------------- */
 
@@ -224,8 +250,7 @@ static void emb_rows(void *p, int64_t begin, int64_t end) {
 }
 
 /* out (n, d) f32 = table (V, d) bf16 / f16 rows ids (n), widened exactly */
-void rlx_cpu_embedding_lowp(float *out, const uint16_t *table, int dtype, const int32_t *ids, int64_t n,
-                            int64_t d) {
+void rlx_cpu_embedding_lowp(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d) {
     struct emb_ctx c = {.out = out, .table = table, .ids = ids, .d = d, .dtype = dtype};
     rlx_parallel_for(n, rlx_cpu_row_grain(RLX_CPU_GRAIN_CHEAP, d), emb_rows, &c);
 }

@@ -74,7 +74,7 @@
 #include "backends/cpu/cpu.h"
 
 #include "core/core.h"
-#include "core/pool.h"
+#include "backends/cpu/pool.h"
 
 #include <cblas.h>
 #include <immintrin.h>
@@ -445,8 +445,9 @@ size_t rlx_cpu_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N) {
 
 /* out (M, N) = a (M, K) @ b^T, b (N, K) bf16 / f16 widened exactly, a rounded to bf16 first for
  * bf16 weights; scratch: rlx_cpu_matmul_lowp_scratch(M, K, N) floats. */
-void rlx_cpu_matmul_lowp(float *out, const float *a, const uint16_t *b, int b_dtype, int64_t M, int64_t K,
-                         int64_t N, float *scratch) {
+void rlx_cpu_matmul_lowp(float *out, const float *a, const void *bv, int b_dtype, int64_t M, int64_t K, int64_t N,
+                         float *scratch) {
+    const uint16_t *b = bv; /* raw bf16 / f16 halves */
     if (M <= 0 || N <= 0)
         return;
     if (K <= 0) {

@@ -7,7 +7,7 @@
  */
 #include "backends/cpu/cpu.h"
 
-#include "core/pool.h"
+#include "backends/cpu/pool.h"
 
 #include <math.h>
 #include <string.h>

@@ -12,6 +12,7 @@ const struct rlx_kernels rlx_cpu_kernels = {
     .matmul_lowp = rlx_cpu_matmul_lowp,
     .matmul_lowp_scratch = rlx_cpu_matmul_lowp_scratch,
     .embedding_lowp = rlx_cpu_embedding_lowp,
+    .convert_f32 = rlx_cpu_convert_f32,
     .rmsnorm_f32 = rlx_cpu_rmsnorm_f32,
     .add_rmsnorm_f32 = rlx_cpu_add_rmsnorm_f32,
     .rope_f32 = rlx_cpu_rope_f32,
@@ -20,6 +21,6 @@ const struct rlx_kernels rlx_cpu_kernels = {
     .silu_mul_f32 = rlx_cpu_silu_mul_f32,
     .add_f32 = rlx_cpu_add_f32,
     .mul_f32 = rlx_cpu_mul_f32,
-    .attention_f32 = rlx_cpu_attention_f32,
+    .attention = rlx_cpu_attention,
     .attention_scratch = rlx_cpu_attention_scratch,
 };

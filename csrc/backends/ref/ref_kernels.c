@@ -51,8 +51,9 @@ static float ref_round_bf16(float x) {
 
 /* out (M, N) = a (M, K) @ b^T, b (N, K) bf16 / f16 widened exactly; for bf16 weights each value
  * of a is first rounded to bf16 (ref_round_bf16, into scratch); products and sums in double. */
-static void ref_matmul_lowp(float *out, const float *a, const uint16_t *b, int b_dtype, int64_t M, int64_t K,
-                            int64_t N, float *scratch) {
+static void ref_matmul_lowp(float *out, const float *a, const void *bv, int b_dtype, int64_t M, int64_t K, int64_t N,
+                            float *scratch) {
+    const uint16_t *b = bv;
     if (b_dtype == RLX_BF16) {
         for (int64_t i = 0; i < M * K; i++)
             scratch[i] = ref_round_bf16(a[i]);
@@ -74,11 +75,37 @@ static size_t ref_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N) {
 }
 
 /* out (n, d) f32 = table (V, d) bf16 / f16 rows ids (n), widened exactly */
-static void ref_embedding_lowp(float *out, const uint16_t *table, int dtype, const int32_t *ids, int64_t n,
-                               int64_t d) {
+static void ref_embedding_lowp(float *out, const void *tv, int dtype, const int32_t *ids, int64_t n, int64_t d) {
+    const uint16_t *table = tv;
     for (int64_t r = 0; r < n; r++)
         for (int64_t j = 0; j < d; j++)
             out[r * d + j] = ref_widen(table[(int64_t)ids[r] * d + j], dtype);
+}
+
+/* x rounded to the nearest f16 (11 significant bits), ties to even, computed in double as
+ * ref_round_bf16: spacing 2^(e-11), never below the subnormal spacing 2^-24; a value that rounds
+ * to 2^16 or more (65520 and up) is inf. */
+static float ref_round_f16(float x) {
+    if (isnan(x) || isinf(x))
+        return x;
+    int e;
+    (void)frexp((double)x, &e);
+    const double u = ldexp(1.0, e - 11 > -24 ? e - 11 : -24);
+    const double y = rint(fabs((double)x) / u) * u;
+    return copysignf(y >= 65520.0 ? INFINITY : (float)y, x);
+}
+
+/* dst (n) of dtype f32 / f16 / bf16 = src (n) rounded to nearest even (the rounded value is exact
+ * in the narrow format, so encoding it takes no further rounding) */
+static void ref_convert(void *dst, int dtype, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        if (dtype == RLX_F32)
+            ((float *)dst)[i] = src[i];
+        else if (dtype == RLX_BF16)
+            ((uint16_t *)dst)[i] = rlx_f32_to_bf16(ref_round_bf16(src[i]));
+        else
+            ((uint16_t *)dst)[i] = rlx_f32_to_f16(ref_round_f16(src[i]));
+    }
 }
 
 /* out (rows, d) = x / sqrt(mean(x^2) + eps) * w (d) */
@@ -158,30 +185,31 @@ static void ref_mul(float *out, const float *a, const float *b, int64_t n, int64
         out[i] = a[i] * b[i % nb];
 }
 
-/* Whether key j (past first) is visible to query i under causal, window and mask_u8. */
+/* Whether key j is visible to query i (at position T - S + i) under causal, window and mask_u8. */
 static int ref_visible(const struct rlx_attn_args *a, int64_t i, int64_t j) {
-    if (a->causal && !(j <= a->P + i))
+    const int64_t qpos = a->T - a->S + i;
+    if (a->causal && !(j <= qpos))
         return 0;
-    if (a->window > 0 && !(j > a->P + i - a->window))
+    if (a->window > 0 && !(j > qpos - a->window))
         return 0;
-    if (a->mask_u8 && a->mask_u8[i * (a->P + a->S) + j] == 0)
+    if (a->mask_u8 && a->mask_u8[i * a->T + j] == 0)
         return 0;
     return 1;
 }
 
-/* Element e of key/value row j (past first) for kv head g. */
-static float ref_kv(const struct rlx_attn_args *a, const float *past, const float *now, int64_t j, int64_t g,
-                    int64_t e) {
-    if (j < a->P)
-        return past[(j * a->Hkv + g) * a->D + e];
-    return now[((j - a->P) * a->Hkv + g) * a->D + e];
+/* Element e of key / value row j for kv head g, widened exactly from the K/V dtype. */
+static double ref_kv(const struct rlx_attn_args *a, const void *base, int64_t j, int64_t g, int64_t e) {
+    const int64_t at = (j * a->Hkv + g) * a->D + e;
+    if (a->kv_dtype == RLX_F32)
+        return ((const float *)base)[at];
+    return ref_widen(((const uint16_t *)base)[at], a->kv_dtype);
 }
 
 /* out (S, Hq, D): for each query i and head h (kv head h / (Hq/Hkv)):
  * score_j = scale * q[i,h] . k_j + mask_f32[i,j] for visible j, softmax over them, out = sum p_j v_j;
- * no visible key (or all scores -inf) gives zeros. scratch: P+S floats of scores, then weights. */
+ * no visible key (or all scores -inf) gives zeros. scratch: T floats of scores, then weights. */
 static void ref_attention(const struct rlx_attn_args *a) {
-    const int64_t L = a->P + a->S, D = a->D;
+    const int64_t T = a->T, D = a->D;
     float *score = a->scratch;
     for (int64_t i = 0; i < a->S; i++)
         for (int64_t h = 0; h < a->Hq; h++) {
@@ -189,16 +217,16 @@ static void ref_attention(const struct rlx_attn_args *a) {
             const float *q = a->q + (i * a->Hq + h) * D;
             float *o = a->out + (i * a->Hq + h) * D;
             double m = -INFINITY;
-            for (int64_t j = 0; j < L; j++) {
+            for (int64_t j = 0; j < T; j++) {
                 score[j] = -INFINITY;
                 if (!ref_visible(a, i, j))
                     continue;
                 double s = 0.0;
                 for (int64_t e = 0; e < D; e++)
-                    s += (double)q[e] * (double)ref_kv(a, a->k_past, a->k, j, g, e);
+                    s += (double)q[e] * ref_kv(a, a->k, j, g, e);
                 s *= a->scale;
                 if (a->mask_f32)
-                    s += a->mask_f32[i * L + j];
+                    s += a->mask_f32[i * T + j];
                 score[j] = (float)s;
                 if (s > m)
                     m = s;
@@ -208,22 +236,23 @@ static void ref_attention(const struct rlx_attn_args *a) {
             if (m == -INFINITY)
                 continue;
             double sum = 0.0;
-            for (int64_t j = 0; j < L; j++) {
+            for (int64_t j = 0; j < T; j++) {
                 score[j] = score[j] == -INFINITY ? 0.0f : (float)exp((double)score[j] - m);
                 sum += score[j];
             }
             for (int64_t e = 0; e < D; e++) {
                 double acc = 0.0;
-                for (int64_t j = 0; j < L; j++)
-                    acc += (double)score[j] * (double)ref_kv(a, a->v_past, a->v, j, g, e);
+                for (int64_t j = 0; j < T; j++)
+                    if (score[j] != 0.0f)
+                        acc += (double)score[j] * ref_kv(a, a->v, j, g, e);
                 o[e] = (float)(acc / sum);
             }
         }
 }
 
-/* P+S floats: the scores of one query row */
-static size_t ref_attention_scratch(int64_t S, int64_t P) {
-    return (size_t)(P + S);
+/* T floats: the scores of one query row */
+static size_t ref_attention_scratch(const struct rlx_attn_args *a) {
+    return (size_t)a->T;
 }
 
 const struct rlx_kernels rlx_ref_kernels = {
@@ -233,6 +262,7 @@ const struct rlx_kernels rlx_ref_kernels = {
     .matmul_lowp = ref_matmul_lowp,
     .matmul_lowp_scratch = ref_matmul_lowp_scratch,
     .embedding_lowp = ref_embedding_lowp,
+    .convert_f32 = ref_convert,
     .rmsnorm_f32 = ref_rmsnorm,
     .add_rmsnorm_f32 = ref_add_rmsnorm,
     .rope_f32 = ref_rope,
@@ -241,6 +271,6 @@ const struct rlx_kernels rlx_ref_kernels = {
     .silu_mul_f32 = ref_silu_mul,
     .add_f32 = ref_add,
     .mul_f32 = ref_mul,
-    .attention_f32 = ref_attention,
+    .attention = ref_attention,
     .attention_scratch = ref_attention_scratch,
 };

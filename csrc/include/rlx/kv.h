@@ -1,11 +1,12 @@
 /*
- * kv.h - the key/value cache of one generation stream: for every layer a K and a V buffer of
- * (capacity, row) f32, row = n_kv_heads * head_dim, of which rows [0, len) are filled.
+ * kv.h - the key/value cache of one sequence, on a device: for every layer a K and a V buffer of
+ * (capacity, row) elements of the cache's dtype (f32, f16 or bf16), row = n_kv_heads * head_dim,
+ * of which rows [0, len) are filled. Plans read and write it in place (it is bound to their
+ * STATE nodes per run): the host never copies it per step.
  *
- * The whole capacity is reserved once at creation; pages are committed only when first written.
- * Pointers returned by rlx_kv_cache_k / _v / _slot stay valid (and never move) until
- * rlx_kv_cache_free, so views of them (NumPy arrays) may be kept. Truncation only lowers len; the
- * rows past len keep their stale contents and are overwritten by later slots.
+ * Capacity grows on demand (rlx_kv_cache_reserve), geometrically, up to the cache's maximum;
+ * growing reallocates the buffers and copies rows [0, len) on the device. Rows past len hold
+ * zeros or stale finite rows of the same sequence (a plan that reads them masks them).
  * A cache is not safe to use from two threads at once; distinct caches are.
  */
 #ifndef RLX_KV_H
@@ -14,33 +15,48 @@
 #include "rlx/rlx.h"
 
 struct rlx_kv_cache;
+struct rlx_buffer;
 
-/* RLX_ERR_INVALID if n_layers, row or capacity < 1 or the total byte count overflows;
- * RLX_ERR_NOMEM (with the byte count) if the address space cannot be reserved. */
-rlx_status rlx_kv_cache_create(int64_t n_layers, int64_t row, int64_t capacity, struct rlx_kv_cache **out);
+/* A cache for n_layers layers of `row` elements per position, up to max_capacity positions, of
+ * dtype f32 / f16 / bf16, with nothing allocated yet. RLX_ERR_INVALID for sizes < 1 or another
+ * dtype; RLX_ERR_RANGE when the maximum's byte count would overflow. */
+rlx_status rlx_kv_cache_create(struct rlx_device *dev, int64_t n_layers, int64_t row, int64_t max_capacity,
+                               enum rlx_dtype dtype, struct rlx_kv_cache **out);
 void rlx_kv_cache_free(struct rlx_kv_cache *kv);   /* NULL is a no-op */
 
 /* Accessors; 0 for a NULL cache. */
 int64_t rlx_kv_cache_len(const struct rlx_kv_cache *kv);
-int64_t rlx_kv_cache_capacity(const struct rlx_kv_cache *kv);
+int64_t rlx_kv_cache_capacity(const struct rlx_kv_cache *kv);     /* positions allocated now */
+int64_t rlx_kv_cache_max_capacity(const struct rlx_kv_cache *kv);
 int64_t rlx_kv_cache_row(const struct rlx_kv_cache *kv);
 int64_t rlx_kv_cache_layers(const struct rlx_kv_cache *kv);
+enum rlx_dtype rlx_kv_cache_dtype(const struct rlx_kv_cache *kv);
+/* Bytes of device memory allocated now (all layers, K and V). */
+size_t rlx_kv_cache_bytes(const struct rlx_kv_cache *kv);
 
-/* K or V of a layer: (capacity, row), rows [0, len) filled. NULL if kv is NULL or layer is not in
- * [0, n_layers). */
-float *rlx_kv_cache_k(struct rlx_kv_cache *kv, int64_t layer);
-float *rlx_kv_cache_v(struct rlx_kv_cache *kv, int64_t layer);
+/* capacity >= n: grows to max(n, 2 * capacity, 256) capped at the maximum, copying rows [0, len).
+ * RLX_ERR_RANGE (nothing changed) when n exceeds the maximum; RLX_ERR_NOMEM when the device is
+ * out of memory (nothing changed). */
+rlx_status rlx_kv_cache_reserve(struct rlx_kv_cache *kv, int64_t n);
 
-/* Where the next n rows of a layer go: rows [len, len + n) of K and of V, (n, row) each. Either
- * out-pointer may be NULL. RLX_ERR_INVALID for a bad layer or n < 0; RLX_ERR_RANGE if
- * len + n > capacity. Writing a slot does not change len; rlx_kv_cache_advance does. */
-rlx_status rlx_kv_cache_slot(struct rlx_kv_cache *kv, int64_t layer, int64_t n, float **k_out, float **v_out);
-
-/* Commits n rows written into every layer's slot: len += n. RLX_ERR_INVALID if n < 0;
- * RLX_ERR_RANGE (len unchanged) if len + n > capacity. */
+/* len += n after a plan wrote rows [len, len + n) (RLX_ERR_RANGE past the capacity; len
+ * unchanged); len = min(len, n) (RLX_ERR_INVALID for n < 0). */
 rlx_status rlx_kv_cache_advance(struct rlx_kv_cache *kv, int64_t n);
-
-/* len = min(len, n). RLX_ERR_INVALID if n < 0. */
 rlx_status rlx_kv_cache_truncate(struct rlx_kv_cache *kv, int64_t n);
+
+/* The device buffer of a layer's K (which 0) or V (which 1): (capacity, row) elements; NULL for a
+ * bad layer / which or before the first reserve. Valid until the next reserve or free. */
+struct rlx_buffer *rlx_kv_cache_buffer(struct rlx_kv_cache *kv, int64_t layer, int which);
+
+/* Rows [row0, row0 + n) of a layer's K (which 0) or V (which 1) to / from host memory, in the
+ * cache's dtype: bytes must be n * row * element size. read needs row0 + n <= len; write needs
+ * row0 + n <= capacity (it does not change len). */
+rlx_status rlx_kv_cache_read(const struct rlx_kv_cache *kv, int64_t layer, int which, int64_t row0, int64_t n,
+                             void *dst, size_t bytes);
+rlx_status rlx_kv_cache_write(struct rlx_kv_cache *kv, int64_t layer, int which, int64_t row0, int64_t n,
+                              const void *src, size_t bytes);
+/* dst's rows [0, src len) = src's, layer by layer, on the device; dst's len = src's. Same device,
+ * layers, row and dtype; dst grows as needed. */
+rlx_status rlx_kv_cache_copy(struct rlx_kv_cache *dst, const struct rlx_kv_cache *src);
 
 #endif

@@ -57,6 +57,10 @@ void rlx_set_log_callback(rlx_log_fn fn, void *user);
 
 /* ---------------------------------------------------------------------------------------------
  * Dtypes (append-only; tables indexed by this enum are static_assert'ed on RLX_DTYPE_COUNT)
+ *
+ * A dtype is a row of traits: elements are stored in blocks of `block_size` elements taking
+ * `type_size` bytes (1 element per block for the plain types; the GGUF block types pack 32 or
+ * 256 elements with their scales). A tensor's rows (its last dim) hold whole blocks.
  * ------------------------------------------------------------------------------------------- */
 
 enum rlx_dtype {
@@ -65,12 +69,31 @@ enum rlx_dtype {
     RLX_BF16 = 2,
     RLX_I32 = 3,
     RLX_U8 = 4,
+    RLX_Q8_0 = 5,   /* GGUF Q8_0: blocks of 32 int8 with one f16 scale (34 bytes): x = d * q */
     RLX_DTYPE_COUNT
 };
 
+struct rlx_dtype_traits {
+    const char *name;          /* "f32", "q8_0" */
+    int64_t block_size;        /* elements per block */
+    size_t type_size;          /* bytes per block */
+    bool is_float;             /* holds real numbers (f32, f16, bf16, the block types) */
+    /* dst (n) f32 = the n elements at src converted exactly (integers, f16, bf16) or dequantised
+     * (block types); n a whole number of blocks. */
+    void (*to_f32)(float *dst, const void *src, int64_t n);
+};
+
+/* The traits of dt, or NULL when dt is out of range. */
+const struct rlx_dtype_traits *rlx_dtype_traits(enum rlx_dtype dt);
 const char *rlx_dtype_name(enum rlx_dtype dt);        /* "f32"; "?" when out of range */
-size_t rlx_dtype_size(enum rlx_dtype dt);             /* bytes per element; 0 when out of range */
-/* Parses "f32", "float32", "f16", "float16", "bf16", "bfloat16", "i32", "int32", "u8", "uint8"/"bool". */
+/* Bytes of n elements of dt. RLX_ERR_INVALID when n is negative or not a whole number of blocks,
+ * RLX_ERR_RANGE when the count does not fit a size_t. */
+rlx_status rlx_dtype_bytes(enum rlx_dtype dt, int64_t n, size_t *out);
+/* Bytes of a tensor of dt and this shape (dims >= 0): its rows (the last dim) must hold whole
+ * blocks; errors as rlx_dtype_bytes. A rank-0 tensor is one element. */
+rlx_status rlx_shape_bytes(enum rlx_dtype dt, int ndim, const int64_t *shape, size_t *out);
+/* Parses a dtype's name or an alias: "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16",
+ * "i32"/"int32", "u8"/"uint8"/"bool", "q8_0". */
 rlx_status rlx_dtype_parse(const char *name, enum rlx_dtype *out);
 
 /* ---------------------------------------------------------------------------------------------
@@ -119,8 +142,10 @@ enum rlx_op {
     RLX_OP_SILU,         /* x -> x * sigmoid(x) */
     RLX_OP_ADD,          /* a (...), b (suffix of a's shape) -> a + b broadcast over the leading dims */
     RLX_OP_MUL,          /* as ADD, elementwise product */
-    RLX_OP_ATTENTION,    /* q (S,Hq,D), k (S,Hkv,D), v (S,Hkv,D) [, k_past (P,Hkv,D), v_past (P,Hkv,D)]
-                            [, mask (S, P+S) f32 additive or u8 1=attend] -> (S, Hq, D); Hq % Hkv == 0 */
+    RLX_OP_ATTENTION,    /* q (S, Hq, D) f32, k (T, Hkv, D), v (T, Hkv, D) [, mask (S, T) f32 additive or u8
+                            1=attend] -> (S, Hq, D) f32; Hq % Hkv == 0; k and v f32, f16 or bf16 (one dtype):
+                            the keys of positions 0..T-1, the queries at positions T-S..T-1 (T >= S, checked
+                            at run) */
     RLX_OP_GATHER_LAST,  /* x (S, ...) -> (1, ...): the last row along axis 0 */
     RLX_OP_CONCAT,       /* a, b -> concatenated along attrs.axis (any dtype, same dtype) */
     RLX_OP_SLICE,        /* x -> x[start : start+len] along attrs.axis (any dtype); start < 0 counts from the end */
@@ -129,6 +154,12 @@ enum rlx_op {
     RLX_OP_ADD_RMSNORM,  /* fused by the compiler: (a, b, w) -> a + b; also writes rmsnorm(a+b)*w into
                             its companion RLX_OP_FUSED_OUT node */
     RLX_OP_FUSED_OUT,    /* fused by the compiler: a second output written by its input node's kernel */
+    RLX_OP_STATE,        /* named memory that outlives a run (a KV cache), bound per run by its owner;
+                            read by ops and written only by CACHE_WRITE; any dtype, dims may be symbolic */
+    RLX_OP_CACHE_WRITE,  /* state (T, ...), rows f32 (S, ...), pos i32 (S) -> the state itself, after
+                            row pos[i] of it was set to rows[i] converted to its dtype (f32, f16 or bf16,
+                            rounding to nearest even); a pos outside [0, T) is RLX_ERR_RANGE at run */
+    RLX_OP_CONVERT,      /* x f32 -> attrs.dtype (f32, f16 or bf16), each value rounded to nearest even */
     RLX_OP_COUNT
 };
 
@@ -143,6 +174,7 @@ struct rlx_attrs {
     int64_t start, len;                /* SLICE */
     int32_t ndim;                      /* RESHAPE: target rank */
     struct rlx_dim shape[RLX_MAX_DIMS];/* RESHAPE: target shape */
+    int32_t dtype;                     /* CONVERT: the enum rlx_dtype to convert to */
 };
 
 const char *rlx_op_name(enum rlx_op op);               /* "matmul"; "?" when out of range */
@@ -188,6 +220,36 @@ size_t rlx_graph_dump(const struct rlx_graph *g, char *buf, size_t cap);
 void rlx_dim_format(const struct rlx_graph *g, const struct rlx_dim *d, char *buf, size_t cap);
 
 /* ---------------------------------------------------------------------------------------------
+ * Devices
+ *
+ * A device is an open instance of a backend ("cpu", "ref"; "name:arg" passes arg to the backend).
+ * It owns the memory of everything made on it: plans' arenas, weight stores, KV caches. Free it
+ * after all of those. One device may be used from several threads at once (by distinct plans,
+ * stores and caches).
+ * ------------------------------------------------------------------------------------------- */
+
+struct rlx_device;
+
+/* Names of the backends compiled in, comma separated ("cpu,ref"). */
+const char *rlx_backends(void);
+/* Opens a device; RLX_ERR_INVALID naming the backends compiled in for an unknown name. */
+rlx_status rlx_device_open(const char *name, struct rlx_device **out);
+void rlx_device_free(struct rlx_device *d);
+const char *rlx_device_name(const struct rlx_device *d);
+/* "key=value" lines about the device's backend and instance into buf (NUL-terminated, truncated
+ * to cap); returns the length written. */
+size_t rlx_device_describe(const struct rlx_device *d, char *buf, size_t cap);
+
+/* What crossed between host and device memory since the device was opened, and what it holds. */
+struct rlx_device_stats {
+    uint64_t upload_bytes, download_bytes, copy_bytes; /* host->device, device->host, device->device */
+    uint64_t uploads, downloads;                       /* calls */
+    size_t allocated_bytes;                            /* live device allocations */
+    size_t wrapped_bytes;                              /* host memory used in place (live views) */
+};
+void rlx_device_stats(const struct rlx_device *d, struct rlx_device_stats *out);
+
+/* ---------------------------------------------------------------------------------------------
  * Compile and run
  * ------------------------------------------------------------------------------------------- */
 
@@ -205,18 +267,16 @@ struct rlx_compile_opts rlx_compile_opts_default(void);
 
 struct rlx_plan;
 
-/* Names of the backends compiled in, comma separated ("cpu,ref"). */
-const char *rlx_backends(void);
-
-/* Compiles a copy of g for the named device ("cpu", "ref"). g is not modified and may be freed
- * afterwards. Fails with RLX_ERR_UNSUPPORTED naming the node if the backend lacks an op. */
-rlx_status rlx_compile(const struct rlx_graph *g, const char *device, const struct rlx_compile_opts *opts,
+/* Compiles a copy of g for a device, which the plan borrows (free the plan first). g is not
+ * modified and may be freed afterwards. Fails with RLX_ERR_UNSUPPORTED naming the node if the
+ * backend lacks an op. */
+rlx_status rlx_compile(const struct rlx_graph *g, struct rlx_device *dev, const struct rlx_compile_opts *opts,
                        struct rlx_plan **out);
 void rlx_plan_free(struct rlx_plan *p);
 
 /* The compiled (post-pass) graph, owned by the plan. */
 const struct rlx_graph *rlx_plan_graph(const struct rlx_plan *p);
-const char *rlx_plan_device(const struct rlx_plan *p);
+struct rlx_device *rlx_plan_device(const struct rlx_plan *p);
 
 int rlx_plan_input_count(const struct rlx_plan *p);
 int rlx_plan_param_count(const struct rlx_plan *p);
@@ -231,7 +291,8 @@ rlx_status rlx_plan_input_index(const struct rlx_plan *p, const char *name, int 
 rlx_status rlx_plan_param_index(const struct rlx_plan *p, const char *name, int *out);
 rlx_status rlx_plan_output_index(const struct rlx_plan *p, const char *name, int *out);
 
-/* A host tensor handed to the plan: contiguous, row-major. */
+/* A host tensor handed to the core: contiguous, row-major; shape counts elements (a block type's
+ * rows hold whole blocks: rlx_shape_bytes gives its size). */
 struct rlx_host_tensor {
     const void *data;
     enum rlx_dtype dtype;
@@ -239,9 +300,9 @@ struct rlx_host_tensor {
     int64_t shape[RLX_MAX_DIMS];
 };
 
-/* Binds a weight. Its dtype and shape must match the param exactly (constant dims). The plan
- * keeps the pointer (zero-copy on host-memory backends; other backends upload a copy now) until
- * the plan is freed or the param is set again. */
+/* Binds a weight for this plan alone. Its dtype and shape must match the param exactly (constant
+ * dims). The plan keeps the pointer (zero-copy on devices that read host memory; others upload a
+ * copy now) until the plan is freed or the param is set again. */
 rlx_status rlx_plan_set_param(struct rlx_plan *p, int index, const struct rlx_host_tensor *t);
 /* Binds an input for the next run; the pointer is kept until rlx_plan_run returns. */
 rlx_status rlx_plan_set_input(struct rlx_plan *p, int index, const struct rlx_host_tensor *t);
@@ -281,6 +342,32 @@ rlx_status rlx_plan_set_profiling(struct rlx_plan *p, bool on);
 rlx_status rlx_plan_profile(const struct rlx_plan *p, double *seconds_by_op);
 
 /* ---------------------------------------------------------------------------------------------
+ * Weight stores
+ *
+ * Named weights on a device, each uploaded (or, on devices that read host memory, used in place)
+ * once and shared by every plan bound to the store. A store is not safe to change from two
+ * threads at once; plans bound to it may run on other threads while nobody changes it.
+ * ------------------------------------------------------------------------------------------- */
+
+struct rlx_weights;
+
+rlx_status rlx_weights_create(struct rlx_device *dev, struct rlx_weights **out);
+void rlx_weights_free(struct rlx_weights *w);   /* after the plans bound to it */
+/* Adds or replaces a weight. In place (zero-copy) where the device reads host memory: the memory
+ * must then stay alive and unchanged as long as the store holds it; else uploaded now. Plans bound
+ * to a weight that is replaced must be bound again (or freed) before they run. */
+rlx_status rlx_weights_set(struct rlx_weights *w, const char *name, const struct rlx_host_tensor *t);
+/* The dtype and shape of a weight; RLX_ERR_INVALID naming it when the store lacks it. */
+rlx_status rlx_weights_info(const struct rlx_weights *w, const char *name, enum rlx_dtype *dt, int *ndim,
+                            int64_t shape[RLX_MAX_DIMS]);
+int rlx_weights_count(const struct rlx_weights *w);
+size_t rlx_weights_bytes(const struct rlx_weights *w);   /* sum of the weights' sizes */
+/* Binds every param of the plan to the store's weight of the same name (no copy). Fails naming the
+ * first param the store lacks or holds with another dtype or shape; the plan's earlier bindings
+ * then stay as they were. */
+rlx_status rlx_plan_bind_weights(struct rlx_plan *p, const struct rlx_weights *w);
+
+/* ---------------------------------------------------------------------------------------------
  * Threads and build information
  * ------------------------------------------------------------------------------------------- */
 
@@ -289,7 +376,8 @@ rlx_status rlx_plan_profile(const struct rlx_plan *p, double *seconds_by_op);
 void rlx_set_num_threads(int n);
 int rlx_get_num_threads(void);
 
-/* Static build facts: "key=value" lines (blas, blas_config, cc, cflags, isa, backends). */
+/* Static build facts: "key=value" lines (cc, cflags, backends, then each backend's: blas,
+ * blas_config, blas_threads, isa for cpu). */
 const char *rlx_build_info(void);
 
 #ifdef __cplusplus

@@ -1,5 +1,5 @@
 /*
- * pool.c - the core's one thread pool (pool.h) and the thread-count setting of rlx.h
+ * pool.c - the cpu backend's one thread pool (pool.h) and the thread-count setting of rlx.h
  * (rlx_set_num_threads / rlx_get_num_threads). A parallel region splits [0, n) into at most one
  * contiguous chunk per thread; the caller runs chunk 0 and workers 1..nchunks-1 run the others.
  * Workers are created lazily on the first region that needs them. After a region a worker spins
@@ -16,7 +16,7 @@
  * worker alive, which is the way to shut the pool down completely (nothing is freed at exit).
  * Workers block all signals; a fork() child starts over with no workers.
  */
-#include "core/pool.h"
+#include "backends/cpu/pool.h"
 
 #include "rlx/rlx.h"
 

@@ -1,5 +1,5 @@
 /*
- * pool.h - the one thread pool of the core. Kernels split work with rlx_parallel_for; the caller's
+ * pool.h - the one thread pool of the cpu backend. Kernels split work with rlx_parallel_for; the caller's
  * thread takes part. After a region, workers spin for at most ~50 us (so back-to-back regions, as
  * in a decode step, skip futex wake-ups) and then block on a condition variable: OpenBLAS calls
  * made after that never compete with them.
@@ -8,8 +8,8 @@
  * one runs its range inline on its own thread: never a deadlock, never oversubscription.
  * Must never be called from inside a task (nested parallel regions run inline as well).
  */
-#ifndef RLX_CORE_POOL_H
-#define RLX_CORE_POOL_H
+#ifndef RLX_BACKENDS_CPU_POOL_H
+#define RLX_BACKENDS_CPU_POOL_H
 
 #include <stdint.h>
 
