@@ -21,7 +21,6 @@ import pytest
 import rlx
 from rlx.reference import ops as ref
 
-DEVICES = ["cpu", "ref"]
 
 
 def randn(r, *shape):
@@ -73,7 +72,6 @@ def check_small(plan, p, seq=3, seed=1):
 # ownership
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_inputs_and_params_never_mutated(device):
     plan, p = small_plan(device)
     p_copies = {k: v.copy() for k, v in p.items()}
@@ -95,7 +93,6 @@ def test_inputs_and_params_never_mutated(device):
     np.testing.assert_array_equal(plan.run({"x": x, "ids": ids})[0], outs2[0])
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_reference_counts_balanced(device):
     """Every path through run/set_param drops exactly the references it took."""
     import sys
@@ -126,7 +123,6 @@ def test_reference_counts_balanced(device):
     assert sys.getrefcount(w) == base
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_non_contiguous_inputs_read_correctly_not_mutated(device):
     plan, p = small_plan(device)
     r = np.random.default_rng(6)
@@ -148,7 +144,6 @@ DTYPES = [("f32", np.float32), ("f16", np.float16), ("i32", np.int32), ("u8", np
           ("bf16", np.uint16)]
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dt,np_dtype", DTYPES, ids=[f"{a}-{b.__name__}" for a, b in DTYPES])
 def test_dtype_round_trip_through_shape_ops(device, dt, np_dtype):
     """concat / slice / reshape carry any dtype; outputs come back with the matching NumPy dtype
@@ -164,7 +159,6 @@ def test_dtype_round_trip_through_shape_ops(device, dt, np_dtype):
     np.testing.assert_array_equal(y, expected.astype(want))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_misaligned_input_is_copied_not_mutated(device):
     g = rlx.Graph()
     g.output(g.silu(g.input("x", (5,))), "y")
@@ -176,7 +170,6 @@ def test_misaligned_input_is_copied_not_mutated(device):
     assert raw == bytearray(21)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_read_only_inputs_and_params(device):
     plan = rlx.compile(small_graph(), device=device)
     p = small_params()
@@ -226,7 +219,6 @@ def test_set_param_copies_on_ref_backend():
     np.testing.assert_array_equal(plan.run({"x": np.ones((1, 4), np.float32)})[0], [[4, 4]])
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_set_param_non_contiguous_is_copied_once(device):
     g = rlx.Graph()
     g.output(g.matmul(g.input("x", (1, 4)), g.param("w", (4, 2))), "y")
@@ -265,7 +257,6 @@ BAD_RUNS = {
 }
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", list(BAD_RUNS))
 def test_bad_run_raises_and_plan_stays_usable(device, case):
     plan, p = small_plan(device)
@@ -277,7 +268,6 @@ def test_bad_run_raises_and_plan_stays_usable(device, case):
     check_small(plan, p)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_run_argument_types(device):
     plan, p = small_plan(device)
     with pytest.raises(TypeError):
@@ -289,7 +279,6 @@ def test_run_argument_types(device):
     check_small(plan, p)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_run_out_arrays_are_written_in_place(device):
     """run(out=) writes the named outputs into the given arrays and returns those very arrays, with
     the same bits as fresh outputs; on cpu the kernels write them directly (they leave the arena)."""
@@ -337,7 +326,6 @@ def _bad_outs(p):
     }
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", list(_bad_outs(small_params())))
 def test_bad_out_raises_and_plan_stays_usable(device, case):
     plan, p = small_plan(device)
@@ -363,7 +351,6 @@ BAD_PARAMS = {
 }
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", list(BAD_PARAMS))
 def test_bad_set_param_raises_and_plan_stays_usable(device, case):
     plan, p = small_plan(device)
@@ -375,7 +362,6 @@ def test_bad_set_param_raises_and_plan_stays_usable(device, case):
     check_small(plan, p)  # the previous binding is intact
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_run_before_params_bound_raises(device):
     plan = rlx.compile(small_graph(), device=device)
     with pytest.raises((ValueError, rlx.Error)):
@@ -473,7 +459,6 @@ def _worker(plan, p, seed, iters, errors):
         errors.append(e)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_two_threads_two_plans(device):
     plans = [small_plan(device, seed=s) for s in (1, 2)]
     errors = []
@@ -485,7 +470,6 @@ def test_two_threads_two_plans(device):
     assert not errors, errors
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_threads_sharing_one_plan(device):
     plan, p = small_plan(device)
     errors = []
@@ -528,7 +512,6 @@ def test_threads_sharing_one_plan_with_set_param():
     assert not errors, errors[:3]
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_compile_from_threads(device):
     errors = []
 
@@ -559,7 +542,6 @@ def rss_bytes():
 
 # ASan keeps freed memory in a quarantine (hundreds of MB), so RSS says nothing under it.
 @pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""), reason="RSS is meaningless under ASan")
-@pytest.mark.parametrize("device", DEVICES)
 def test_no_leak_over_1000_compile_run_cycles(device):
     p = small_params()
     r = np.random.default_rng(0)

@@ -13,7 +13,7 @@ monolithic Generator.
 - faults: a rank that raises, stalls, or whose process is killed mid-generation makes every other
   rank raise rlx.Error within the timeout; the CLI with a rank process killed exits non-zero.
 
-The HF cases are tests/models/conftest.py's (random-initialised transformers models saved with
+The HF cases are tests/models/hf_cases.py's (random-initialised transformers models saved with
 save_pretrained), built here with 4 layers so that world 4 has a layer per rank. Transport-level
 faults (HELLO, frames) are tested in test_transport.py. Every test joins its threads with a
 timeout, closes every transport and listener in finally, kills its subprocesses in finally, and an
@@ -63,9 +63,9 @@ GREEDY = rlx.SampleOpts.greedy()
 
 
 def _load_hf_cases():
-    """tests/models/conftest.py as a plain module (for HF_CASES and its model builder); None when
+    """tests/models/hf_cases.py as a plain module (for HF_CASES and its model builder); None when
     torch or transformers is missing."""
-    spec = importlib.util.spec_from_file_location("_rlx_pipeline_hf_cases", ROOT / "tests" / "models" / "conftest.py")
+    spec = importlib.util.spec_from_file_location("_rlx_pipeline_hf_cases", ROOT / "tests" / "models" / "hf_cases.py")
     mod = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(mod)
@@ -89,7 +89,7 @@ def hf_case(request, tmp_path_factory):
     name = request.param
     if name not in _models:
         family, kwargs = _HF.HF_CASES[name]
-        model = _HF._build(family, dict(kwargs, num_hidden_layers=N_LAYERS))
+        model = _HF.build(family, dict(kwargs, num_hidden_layers=N_LAYERS))
         path = tmp_path_factory.mktemp(f"pipe_{name}")
         model.save_pretrained(path, safe_serialization=True)
         cfg = rlx.load_config(path)

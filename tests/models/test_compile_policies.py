@@ -20,7 +20,7 @@ import pytest
 
 import rlx
 
-from conftest import HF_CASES, case_ids
+from hf_cases import HF_CASES, case_ids
 
 TOL = 1e-5
 GREEDY = rlx.SampleOpts.greedy()

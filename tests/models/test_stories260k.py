@@ -27,10 +27,9 @@ pytestmark = pytest.mark.skipif(
     reason=f"stories260K not found under {MODEL_DIR} (the shared models directory beside the repo)")
 
 TOL = 1e-4
-DEVICES = ["cpu", "ref"]
 POLICIES = ["oneshot", "dynamic_prefill", "dynamic_decode", "dynamic_both"]
 # the default f16 KV cache on every device and policy; f32 and bf16 on one of them
-GREEDY_CASES = [(d, p, "f16") for d in DEVICES for p in POLICIES] + [("cpu", "dynamic_both", kv)
+GREEDY_CASES = [(d, p, "f16") for d in rlx.backends() for p in POLICIES] + [("cpu", "dynamic_both", kv)
                                                                       for kv in ("f32", "bf16")]
 
 
@@ -60,7 +59,6 @@ def test_config_is_the_expected_model():
     assert cfg.tie_word_embeddings
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_first_step_top5(expected, device):
     gen = _generator(device, kv_dtype="f32")
     logits = gen.prefill_get_last_logits(expected["prompt_tokens"])

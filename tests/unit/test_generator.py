@@ -23,7 +23,6 @@ from rlx.reference import forward as ref_forward
 from rlx.reference import ops
 from rlx.weights import expected_weights
 
-DEVICES = ["cpu", "ref"]
 FAMILIES = ["llama", "qwen3"]
 KV = rlx.generator.DEFAULT_KV_DTYPE  # the generators here use the default KV cache dtype
 
@@ -76,7 +75,6 @@ def greedy_fresh(family: str, history: list[int], device: str = "cpu") -> int:
 # ---- construction, one step, zero-copy ----------------------------------------------------------
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("device", DEVICES)
 def test_from_dict_one_step_matches_reference(family, device):
     cfg, w = CONFIGS[family], _cached_weights(family)
     gen = make(family, device)
@@ -183,7 +181,6 @@ def test_prefill_kv_rows_take_no_arena_space():
 
 # ---- generate, errors before prefill, cached == naive, invariants --------------------------------
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_generate_appends_n(device):
     gen = make("llama", device)
     gen.prefill(PROMPT)
@@ -198,7 +195,6 @@ def test_generate_appends_n(device):
     assert seen == last and gen.tokens[-4:] == last
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_step_before_prefill_errors(device):
     gen = make("llama", device)
     calls = [gen.step, gen.step_cached, lambda: gen.generate(1), lambda: gen.generate_cached(1),
@@ -213,7 +209,6 @@ def test_step_before_prefill_errors(device):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("device", DEVICES)
 def test_cached_equals_naive_greedy(family, device):
     gen = make(family, device)
     gen.prefill(PROMPT)
@@ -281,7 +276,6 @@ def _close_kv(got, want):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("device", DEVICES)
 def test_kv_cache_copies(family, device):
     cfg, w = CONFIGS[family], _cached_weights(family)
     gen = make(family, device)
@@ -326,7 +320,6 @@ def test_kv_cache_copies(family, device):
 
 # ---- determinism, the logits hook, seeded sampling -----------------------------------------------
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_greedy_deterministic_across_generators(device):
     a = make("qwen3", device, weights=random_weights(CONFIGS["qwen3"], seed=5))
     b = make("qwen3", device, weights=random_weights(CONFIGS["qwen3"], seed=5))
@@ -340,7 +333,6 @@ def test_greedy_deterministic_across_generators(device):
     assert a.generate(8) == b.generate(8)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_adjust_hook_is_applied(device):
     gen = make("llama", device)
     want_row = make("llama", device).prefill_get_last_logits(PROMPT)
@@ -391,7 +383,6 @@ SAMPLED = rlx.SampleOpts(temperature=1.5, top_k=40, top_p=0.95, seed=1234)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("device", DEVICES)
 def test_seeded_sampling_reproducible_and_chunking_invariant(family, device):
     def run(chunks, opts=SAMPLED, cached=True):
         gen = make(family, device)
@@ -478,7 +469,6 @@ def _draw(gen, row, opts, n=N_DRAWS) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", list(FILTERS))
-@pytest.mark.parametrize("device", DEVICES)
 def test_filters_keep_exactly_the_allowed_set(name, device):
     opts = FILTERS[name]
     gen = make("llama", device)
@@ -495,7 +485,6 @@ def test_filters_keep_exactly_the_allowed_set(name, device):
     assert chi2 < CHI2_CRIT[len(ids) - 1], f"{name}: chi2 {chi2:.2f}, counts {counts}, expected {expect.round(1)}"
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_unfiltered_sampling_follows_softmax(device):
     """temperature 1 and 0.5 without filters: the six head ids and the tail (grouped) at their
     softmax frequencies; every draw is a valid id."""
@@ -577,7 +566,6 @@ def test_repetition_penalty_on_rows_matches_transformers():
     assert changed >= 20
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_repetition_penalty_changes_greedy_like_transformers(device):
     gen = make("llama", device)
     gen.prefill(PROMPT)
@@ -603,7 +591,6 @@ def _assert_usable(gen, family="llama"):
     assert gen.step() == greedy_fresh(family, hist, gen.device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_bad_token_ids(device):
     gen = make("llama", device)
     V = CONFIGS["llama"].vocab_size
@@ -636,7 +623,6 @@ def test_float_token_ids_are_refused():
         gen.prefill([1.5, 2.0])
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_growing_past_max_position_embeddings(device):
     cfg = CONFIGS["llama"]
     M = cfg.max_position_embeddings
@@ -668,7 +654,6 @@ def test_growing_past_max_position_embeddings(device):
     _assert_usable(gen)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_bad_sample_opts(device):
     gen = make("llama", device)
     gen.prefill(PROMPT)
@@ -726,7 +711,6 @@ def _save_dir(path, family="llama"):
     return d
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_from_pretrained_round_trip(tmp_path, device):
     _save_dir(tmp_path)
     gen = rlx.Generator.from_pretrained(tmp_path, device=device)

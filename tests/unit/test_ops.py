@@ -12,7 +12,6 @@ import pytest
 import rlx
 from rlx.reference import ops as ref
 
-DEVICES = ["cpu", "ref"]
 
 
 def rng(seed=0):
@@ -43,7 +42,6 @@ def close(out, expected, rtol=1e-4, atol=1e-5):
 MATMUL_SIZES = [(1, 1, 1), (1, 3, 17), (3, 17, 130), (17, 130, 3), (130, 17, 1), (1, 130, 130), (5, 64, 33)]
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("m,k,n", MATMUL_SIZES)
 def test_matmul(device, trans_b, m, k, n):
@@ -58,7 +56,6 @@ def test_matmul(device, trans_b, m, k, n):
     close(y, ref.matmul(a, b, trans_b=trans_b), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_matmul_leading_dims(device):
     r = rng(1)
     a, b = randn(r, 2, 5, 16), randn(r, 16, 8)
@@ -68,7 +65,6 @@ def test_matmul_leading_dims(device):
     close(y, ref.matmul(a, b))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_matmul_symbolic_rows_one_plan(device):
     r = rng(2)
     w = randn(r, 48, 64)
@@ -87,7 +83,6 @@ def test_matmul_symbolic_rows_one_plan(device):
 # embedding
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("ids_shape", [(7,), (2, 3), (1,)])
 def test_embedding(device, ids_shape):
     r = rng(3)
@@ -99,7 +94,6 @@ def test_embedding(device, ids_shape):
     close(e, ref.embedding(table, ids), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bad_id", [50, -1, 1 << 30])
 def test_embedding_out_of_range_then_usable(device, bad_id):
     r = rng(4)
@@ -119,7 +113,6 @@ def test_embedding_out_of_range_then_usable(device, bad_id):
 # norms and elementwise
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(1, 8), (5, 17), (2, 3, 64), (3, 130)])
 def test_rmsnorm(device, shape):
     r = rng(5)
@@ -130,7 +123,6 @@ def test_rmsnorm(device, shape):
     close(y, ref.rmsnorm(x, w, 1e-5))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("s,h,d", [(1, 1, 2), (5, 4, 16), (7, 2, 64), (3, 3, 130)])
 def test_rope(device, s, h, d):
     r = rng(6)
@@ -144,7 +136,6 @@ def test_rope(device, s, h, d):
     close(out, ref.rope(x, pos, inv_freq), atol=1e-4)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(1, 1), (3, 17), (2, 4, 130), (1, 1000)])
 def test_softmax(device, shape):
     r = rng(7)
@@ -155,7 +146,6 @@ def test_softmax(device, shape):
     close(y, ref.softmax(x), atol=1e-6)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_softmax_large_values_stable(device):
     x = np.array([[1000.0, 1001.0, 999.0], [-1000.0, -1000.0, -1e30]], np.float32)
     g = rlx.Graph()
@@ -165,7 +155,6 @@ def test_softmax_large_values_stable(device):
     close(y, ref.softmax(x), atol=1e-6)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(7,), (3, 130), (2, 3, 17)])
 def test_silu(device, shape):
     r = rng(8)
@@ -179,7 +168,6 @@ def test_silu(device, shape):
 BROADCASTS = [((5, 8), (5, 8)), ((5, 8), (8,)), ((2, 3, 4), (3, 4)), ((2, 3, 4), (4,)), ((130,), (130,)), ((1, 17), (17,))]
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("op", ["add", "mul"])
 @pytest.mark.parametrize("a_shape,b_shape", BROADCASTS)
 def test_add_mul_suffix_broadcast(device, op, a_shape, b_shape):
@@ -215,26 +203,22 @@ def attention_case(device, S, P, Hq, Hkv, D, causal=True, window=0, mask=None, s
     close(o, expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("group", [1, 2, 4])
 def test_attention_gqa(device, causal, group):
     attention_case(device, S=5, P=0, Hq=2 * group, Hkv=2, D=16, causal=causal)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("window", [1, 2, 3])
 def test_attention_window(device, window):
     attention_case(device, S=6, P=2, Hq=4, Hkv=2, D=8, window=window)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("S,P", [(1, 3), (4, 3), (1, 17), (3, 1)])
 def test_attention_past(device, S, P):
     attention_case(device, S=S, P=P, Hq=4, Hkv=2, D=16)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kv", ["f16", "bf16"])
 @pytest.mark.parametrize("S,P", [(1, 40), (4, 3), (9, 20)])
 def test_attention_16bit_kv(device, kv, S, P):
@@ -242,17 +226,14 @@ def test_attention_16bit_kv(device, kv, S, P):
     attention_case(device, S=S, P=P, Hq=4, Hkv=2, D=16, window=5 if S == 9 else 0, kv=kv)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_attention_past_not_causal(device):
     attention_case(device, S=3, P=4, Hq=2, Hkv=1, D=8, causal=False)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_attention_explicit_scale_odd_head_dim(device):
     attention_case(device, S=3, P=2, Hq=3, Hkv=1, D=17, scale=0.37)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("P", [0, 3])
 def test_attention_f32_additive_mask(device, P):
     S = 4
@@ -262,7 +243,6 @@ def test_attention_f32_additive_mask(device, P):
     attention_case(device, S=S, P=P, Hq=4, Hkv=2, D=8, causal=False, mask=mask)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("P", [0, 3])
 @pytest.mark.parametrize("causal", [True, False])
 def test_attention_u8_bool_mask(device, P, causal):
@@ -273,7 +253,6 @@ def test_attention_u8_bool_mask(device, P, causal):
     attention_case(device, S=S, P=P, Hq=4, Hkv=4, D=8, causal=causal, mask=mask)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_attention_fully_masked_row_is_zero(device):
     S = 3
     mask = np.ones((S, S), np.uint8)
@@ -281,7 +260,6 @@ def test_attention_fully_masked_row_is_zero(device):
     attention_case(device, S=S, P=0, Hq=2, Hkv=1, D=4, causal=False, mask=mask)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_attention_symbolic_seq_past_one_plan(device):
     Hq, Hkv, D = 4, 2, 16
     g = rlx.Graph()
@@ -296,7 +274,6 @@ def test_attention_symbolic_seq_past_one_plan(device):
         close(o, ref.attention(a["q"], a["k"], a["v"]), atol=1e-5)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_attention_fewer_keys_than_queries(device):
     g = rlx.Graph()
     q, k = g.input("q", (4, 2, 8)), g.input("k", (3, 2, 8))
@@ -314,7 +291,6 @@ def test_attention_fewer_keys_than_queries(device):
     assert o.shape == (2, 2, 8)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 def test_convert(device, dtype):
     """f32 -> f16 / bf16, rounded to nearest even: the same bits as NumPy's / ml_dtypes' casts,
@@ -339,7 +315,6 @@ def test_convert(device, dtype):
 # shape ops
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(5, 8), (1, 3, 4), (17,)])
 def test_gather_last(device, shape):
     x = randn(rng(14), *shape)
@@ -349,7 +324,6 @@ def test_gather_last(device, shape):
     close(y, ref.gather_last(x), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("axis,a_shape,b_shape", [(0, (2, 5), (3, 5)), (1, (4, 2), (4, 3)), (1, (2, 1, 3), (2, 4, 3)),
                                                   (-1, (2, 3), (2, 1))])
 def test_concat(device, axis, a_shape, b_shape):
@@ -361,7 +335,6 @@ def test_concat(device, axis, a_shape, b_shape):
     close(y, ref.concat(a, b, axis), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_concat_i32_symbolic(device):
     g = rlx.Graph()
     y = g.concat(g.input("a", ("PAST",), "i32"), g.input("b", ("SEQ",), "i32"), axis=0)
@@ -374,7 +347,6 @@ def test_concat_i32_symbolic(device):
         np.testing.assert_array_equal(out, ref.concat(a, b, 0))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("axis,start,length", [(0, 1, 3), (0, -2, 2), (1, 0, 4), (1, -3, 2), (1, 7, 1), (0, 0, 6)])
 def test_slice(device, axis, start, length):
     x = randn(rng(16), 6, 8)
@@ -384,7 +356,6 @@ def test_slice(device, axis, start, length):
     close(y, ref.slice(x, axis, start, length), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("src,dst", [((4, 6), (2, 12)), ((2, 3, 4), (6, 4)), ((24,), (2, 3, 4)), ((3, 5), (15,))])
 def test_reshape(device, src, dst):
     x = randn(rng(17), *src)
@@ -394,7 +365,6 @@ def test_reshape(device, src, dst):
     close(y, ref.reshape(x, dst), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_reshape_symbolic_heads(device):
     g = rlx.Graph()
     x = g.input("x", ("SEQ", 8))

@@ -1,0 +1,312 @@
+"""Sequences over one loaded model: what the upper floor promises.
+
+- the weights cross to the device once, however many plans and sequences use them, and a decode
+  step moves a constant number of bytes whatever the past (counted on every backend; on "ref",
+  which has memory of its own, the counts are the real traffic);
+- sequences of one model are independent: interleaved steps, interleaved streams and 8 threads of
+  rlx.load(...).generate give exactly what each gives alone; a Generator used from two threads
+  serialises;
+- extend (a next turn through the cache) == one prefill of the whole history (1e-5);
+- save_state -> a new process -> load_state continues with the same tokens; states of another
+  model shape or KV dtype are refused;
+- f16 / bf16 KV caches hold half the bytes of f32 ones (measured), and cached == naive for each.
+
+Oracles: the same computation done another way (alone, one prefill, a fresh process) and the NumPy
+reference with K/V rounded to the cache dtype.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rlx
+from rlx.reference import forward as ref_forward
+from rlx.weights import expected_weights
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+STORIES = SHARED / "models" / "stories260K" / "hf"
+
+CFG = rlx.Qwen3Config(vocab_size=80, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=96,
+                      rms_norm_eps=1e-6, rope_theta=1e4, tie_word_embeddings=False, attention_bias=True,
+                      use_sliding_window=True, sliding_window=5, max_window_layers=1)
+PROMPT = [3, 17, 5, 42, 8, 33, 1]
+
+
+def weights(cfg=CFG, seed=0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in expected_weights(cfg).items():
+        if name.endswith("norm.weight"):
+            a = 1.0 + 0.2 * rng.standard_normal(shape)
+        else:
+            a = rng.standard_normal(shape) / np.sqrt(shape[-1])
+        out[name] = a.astype(np.float32)
+    return out
+
+
+W = weights()
+
+
+def greedy(seq, n: int) -> list[int]:
+    return seq.generate_cached(n, rlx.SampleOpts.greedy())
+
+
+# ---- bytes that cross -------------------------------------------------------------------------
+
+def test_weights_cross_once_and_a_decode_step_moves_constant_bytes(device):
+    gen = rlx.Generator(CFG, W, device=device, kv_dtype="f32")
+    after_load = gen.device_stats()
+    wbytes = sum(a.nbytes for a in W.values()) + CFG.head_dim // 2 * 4  # + rope.inv_freq
+    if device == "ref":  # memory of its own: every weight uploaded, once
+        assert after_load["upload_bytes"] == wbytes
+    else:
+        assert after_load["upload_bytes"] == 0 and after_load["wrapped_bytes"] == wbytes  # used in place
+    # several plans (one-shot prefill of three lengths, decode steps) and three sequences
+    seqs = [gen] + [gen.new_sequence() for _ in range(2)]
+    for i, s in enumerate(seqs):
+        s.prefill(PROMPT[: 3 + i])
+        greedy(s, 4)
+    assert gen.compile_stats()["prefill_compiles"] >= 3
+    inputs = gen.device_stats()["upload_bytes"] - after_load["upload_bytes"]
+    assert inputs < 1024, f"{inputs} bytes uploaded besides the weights: weights crossed again"
+    # decode steps of one sequence: the same bytes each, whatever its past
+    s = seqs[1]
+    s.decode_get_logits(5)  # the cache catches up with the last generated token (two positions)
+    ups, downs = [], []
+    for _ in range(20):
+        before = gen.device_stats()
+        s.decode_get_logits(5)
+        now = gen.device_stats()
+        ups.append(now["upload_bytes"] - before["upload_bytes"])
+        downs.append(now["download_bytes"] - before["download_bytes"])
+    assert len(set(ups)) == 1 and len(set(downs)) == 1, (ups, downs)
+    if device == "ref":
+        assert ups[0] == 8 and downs[0] == CFG.vocab_size * 4  # the token and its position in, the logits out
+
+
+def test_kv_bytes_halve_with_16_bit_caches(device):
+    seen = {}
+    for kv in ("f32", "f16", "bf16"):
+        gen = rlx.Generator(CFG, W, device=device, kv_dtype=kv)
+        before = gen.device_stats()["allocated_bytes"]
+        gen.prefill(PROMPT)
+        greedy(gen, 20)
+        seen[kv] = (gen.kv_bytes, gen.device_stats()["allocated_bytes"] - before)
+        assert gen.kv_dtype == kv and gen.kv_cache(0)[0].dtype == rlx.dtypes.DTYPES[kv].numpy
+    assert seen["f32"][0] == 2 * seen["f16"][0] == 2 * seen["bf16"][0] > 0
+    # the device holds the cache (plus the plans' arenas, which do not depend on kv_dtype)
+    assert seen["f32"][1] - seen["f16"][1] == seen["f32"][0] - seen["f16"][0]
+
+
+@pytest.mark.parametrize("kv", ["f32", "f16", "bf16"])
+def test_every_kv_dtype_matches_the_reference_and_the_naive_path(device, kv):
+    gen = rlx.Generator(CFG, W, device=device, kv_dtype=kv)
+    ids = PROMPT + greedy_ids(kv)
+    want = ref_forward(CFG, W, ids, kv)
+    assert np.abs(gen.prefill_get_last_logits(ids) - want[-1]).max() < 1e-4
+    gen.prefill(ids[:4])
+    for t in range(4, len(ids)):
+        cached = gen.decode_get_logits(ids[t])
+        naive = gen._c.logits(cached=False)
+        assert np.abs(cached - want[t]).max() < 1e-4 and np.abs(cached - naive).max() < 1e-5
+
+
+def greedy_ids(kv: str) -> list[int]:
+    g = rlx.Generator(CFG, W, kv_dtype=kv)
+    g.prefill(PROMPT)
+    return greedy(g, 9)
+
+
+# ---- independence -----------------------------------------------------------------------------
+
+def test_interleaved_sequences_give_what_each_gives_alone(device):
+    gen = rlx.Generator(CFG, W, device=device).with_dynamic_prefill_cache().with_dynamic_decode_cache()
+    prompts = [PROMPT, [9, 8, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
+    alone = []
+    for p in prompts:
+        s = gen.new_sequence()
+        s.prefill(p)
+        alone.append(greedy(s, 12))
+    seqs = [gen.new_sequence() for _ in prompts]
+    for s, p in zip(seqs, prompts):
+        s.prefill(p)
+    out = [[] for _ in prompts]
+    for _ in range(12):
+        for i, s in enumerate(seqs):
+            out[i].append(s.step_cached())
+    assert out == alone
+    assert gen.compile_stats()["plans_cached"] == 2  # one dynamic prefill and one decode plan for all
+
+
+def test_fork_continues_like_the_original(device):
+    gen = rlx.Generator(CFG, W, device=device)
+    gen.prefill(PROMPT)
+    greedy(gen, 5)
+    f = gen.fork()
+    assert f.tokens == gen.tokens and f.kv_len == gen.kv_len and f.kv_dtype == gen.kv_dtype
+    a, b = greedy(gen, 8), greedy(f, 8)
+    assert a == b
+    f.truncate(len(PROMPT))
+    assert gen.tokens[len(PROMPT):] != [] and f.tokens == PROMPT  # the fork has its own history
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_extend_equals_one_prefill(device, family):
+    cfg = CFG if family == "qwen3" else rlx.LlamaConfig(
+        vocab_size=90, hidden_size=32, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=1, max_position_embeddings=128, tie_word_embeddings=True)
+    w = W if family == "qwen3" else weights(cfg, seed=3)
+    gen = rlx.Generator(cfg, w, device=device)
+    turn1, turn2, turn3 = PROMPT, [11, 12, 13, 14, 15, 16, 17, 18, 19], [20, 21]
+    whole = gen.new_sequence()
+    want = whole.prefill_get_last_logits(turn1 + turn2 + turn3)
+    s = gen.new_sequence()
+    s.prefill_get_last_logits(turn1)
+    s.extend(turn2)
+    got = s.extend(turn3)
+    assert s.tokens == turn1 + turn2 + turn3 and s.kv_len == len(s.tokens)
+    assert np.abs(got - want).max() < 1e-5
+    for layer in range(cfg.num_hidden_layers):  # the same rows, up to one f16 rounding step (the two
+        for a, b in zip(s.kv_cache(layer), whole.kv_cache(layer)):  # paths sum in another order)
+            np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=2.0**-10, atol=1e-6)
+    # a refused extend takes its tokens back
+    with pytest.raises(ValueError):
+        s.extend([1, cfg.vocab_size])
+    assert s.tokens == turn1 + turn2 + turn3
+
+
+def test_a_generator_used_from_two_threads_serialises():
+    gen = rlx.Generator(CFG, W)
+    gen.prefill(PROMPT)
+    want = greedy(gen, 20)
+    gen.prefill(PROMPT)
+    barrier = threading.Barrier(2)
+    errors = []
+
+    def worker():
+        try:
+            barrier.wait()
+            greedy(gen, 10)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert gen.tokens == PROMPT + want  # each call ran whole, one after the other
+
+
+# ---- the high-level API: its own sequence per call --------------------------------------------
+
+needs_stories = pytest.mark.skipif(not (STORIES / "model.safetensors").is_file(),
+                                   reason=f"stories260K not found under {STORIES}")
+
+PROMPTS = ["Once upon a time", "The dog", "Lily and Ben", "One day, a little bird", "The sun was"]
+
+
+@needs_stories
+def test_interleaved_streams_give_their_own_text():
+    m = rlx.load(STORIES)
+    alone = [m.generate(p, max_new_tokens=40) for p in PROMPTS[:2]]
+    a = m.generate(PROMPTS[0], max_new_tokens=40, stream=True)
+    b = m.generate(PROMPTS[1], max_new_tokens=40, stream=True)
+    got = ["", ""]
+    for da, db in zip(a, b):
+        got[0] += da
+        got[1] += db
+    got[0] += "".join(a)
+    got[1] += "".join(b)
+    assert got == alone
+
+
+@needs_stories
+def test_eight_threads_of_generate_give_their_single_threaded_text():
+    m = rlx.load(STORIES)
+    jobs = [(PROMPTS[i % len(PROMPTS)], i % 3 == 0, 100 + i) for i in range(20)]
+
+    def run(job):
+        prompt, sampled, seed = job
+        if sampled:
+            return m.generate(prompt, max_new_tokens=24, temperature=0.9, top_p=0.9, seed=seed)
+        return m.generate(prompt, max_new_tokens=24)
+
+    want = [run(j) for j in jobs]
+    results: dict[tuple[int, int], str] = {}
+    errors = []
+
+    def worker(t):
+        try:
+            for i, job in enumerate(jobs):
+                results[(t, i)] = run(job)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for (t, i), text in results.items():
+        assert text == want[i], f"thread {t}, call {i}"
+    assert len(results) == 8 * 20
+
+
+# ---- save / load --------------------------------------------------------------------------------
+
+def test_save_state_then_load_in_a_new_process(tmp_path):
+    gen = rlx.Generator(CFG, W)
+    gen.prefill(PROMPT)
+    greedy(gen, 6)
+    path = tmp_path / "seq.state"
+    gen.save_state(path)
+    np.savez(tmp_path / "w.npz", **W)
+    want = greedy(gen.fork(), 10)
+    script = textwrap.dedent(f"""
+        import numpy as np, rlx
+        w = dict(np.load({str(tmp_path / "w.npz")!r}))
+        cfg = rlx.config.config_from_dict({CFG.to_dict()!r})
+        gen = rlx.Generator(cfg, w)
+        gen.load_state({str(path)!r})
+        print(gen.generate_cached(10, rlx.SampleOpts.greedy()))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(rlx.__file__).parents[1])})
+    assert out.returncode == 0, out.stderr
+    assert eval(out.stdout.strip()) == want
+
+
+def test_load_state_refuses_what_does_not_fit(device):
+    gen = rlx.Generator(CFG, W, device=device)
+    gen.prefill(PROMPT)
+    greedy(gen, 3)
+    state = gen.save_state()
+    keep = gen.tokens
+    other = rlx.Generator(CFG, W, device=device, kv_dtype="bf16")
+    with pytest.raises(ValueError, match="f16"):
+        other.load_state(state)
+    assert other.tokens == []
+    for bad in (state[:-1], state[:10], b"nonsense" * 20, state[:8] + bytes(len(state) - 8)):
+        with pytest.raises(ValueError):
+            gen.load_state(bad)
+    assert gen.tokens == keep  # unchanged by refusals
+    cfg2 = rlx.config.config_from_dict({**CFG.to_dict(), "hidden_size": 16, "head_dim": 4, "intermediate_size": 24})
+    g2 = rlx.Generator(cfg2, weights(cfg2), device=device)
+    with pytest.raises(ValueError, match="another config"):
+        g2.load_state(state)
+    # the same state twice: round trip exact
+    fresh = rlx.Generator(CFG, W, device=device)
+    fresh.load_state(state)
+    assert fresh.tokens == keep and fresh.save_state() == state
