@@ -11,7 +11,10 @@ id for id with llama.cpp (checked on llama.cpp's own test vectors, tests/unit/te
   "▁"); no pre-tokenizer (the whole text is one piece); BPE model whose merges are every split
   left + right = token of the vocabulary with both halves in it, ranked by the merged token's
   score (highest first), with byte fallback to <0xXX> tokens — the merge order of llama.cpp's
-  llm_tokenizer_spm; decoder ▁ -> " ", byte fallback, fuse, strip one leading space.
+  llm_tokenizer_spm (one difference: among candidate pairs of equal score llama.cpp merges the
+  leftmost, a BPE rank list cannot tie, so they go by token id, then split point; the results
+  differ only if two equal-score merges compete for one symbol); decoder ▁ -> " ", byte
+  fallback, fuse, strip one leading space.
 - "gpt2" (byte-level BPE): Split by the pre-tokenizer's regexes (llama.cpp's, by
   tokenizer.ggml.pre: llama-bpe / llama3 / llama-v3, qwen2, default), GPT-2 byte-to-unicode
   mapping, BPE with the file's merges in order (ignore_merges for llama-bpe, as llama.cpp:
@@ -19,7 +22,10 @@ id for id with llama.cpp (checked on llama.cpp's own test vectors, tests/unit/te
 - CONTROL and UNKNOWN tokens become special added tokens, USER_DEFINED ones plain added tokens:
   as in llama.cpp, user-defined tokens are always matched in the text, control tokens only when
   `parse_special` (the default here, as for Hugging Face tokenizers; llama.cpp's vocab test
-  and tokenize(..., parse_special=false) match them as plain text).
+  tokenizes with parse_special = false, which reads them as plain text: pass
+  parse_special=False for that).
+- No Unicode normalization: llama.cpp applies none (Hugging Face's Qwen2 tokenizer applies NFC;
+  the two agree on NFC text, which is all of the test vectors).
 
 It never downloads anything and never reads anything but the GGUF metadata.
 """
@@ -29,6 +35,8 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+
+import numpy as np
 
 from rlx.errors import ConfigError
 from rlx.gguf import GGUFFile
@@ -71,8 +79,6 @@ def _key(gf: GGUFFile, key: str, kind: type | tuple[type, ...], default=...):
 
 
 def _token_arrays(gf: GGUFFile) -> tuple[list[str], list[int], list[float] | None]:
-    import numpy as np
-
     tokens = _key(gf, "tokenizer.ggml.tokens", list)
     n = len(tokens)
     types = gf.metadata.get("tokenizer.ggml.token_type")
@@ -87,7 +93,8 @@ def _token_arrays(gf: GGUFFile) -> tuple[list[str], list[int], list[float] | Non
 
 def _spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
     """Every (left, right) with left, right and left + right all tokens, ranked as llama.cpp's
-    SPM tokenizer picks bigrams: higher score of the merged token first (ties: lower id)."""
+    SPM tokenizer picks bigrams: higher score of the merged token first (ties: lower token id,
+    then shorter left part; see the module docstring)."""
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = []
     for i, piece in enumerate(tokens):

@@ -270,16 +270,17 @@ def test_tensors_names_shapes_types_zero_copy(tmp_path, case, types):
             assert t.data.shape == (t.shape[0], t.shape[1] // block * size)
             stored = gguf.quants.dequantize(t.data, ty)
         assert stored.shape == t.shape
-        hf_order = f.hf_array(name) if ty in (T.F32, T.F16, T.BF16) else None
+        hf_order = f.hf_array(name)  # HF row order: a copy for permuted q/k, else the view itself
         if f.qk_permuted and (".q_proj." in name or ".k_proj." in name):
             heads = cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads
             stored = unpermute_qk(stored, heads)
-            if hf_order is not None:
-                assert not np.shares_memory(hf_order, f.buffer)
-        elif hf_order is not None:
+            assert not np.shares_memory(hf_order, f.buffer)
+        else:
             assert hf_order is t.data
         np.testing.assert_array_equal(stored, x)
-        if hf_order is not None:
+        if t.quantized:
+            np.testing.assert_array_equal(gguf.quants.dequantize(hf_order, ty), x)  # packed rows moved whole
+        else:
             np.testing.assert_array_equal(np.asarray(hf_order, np.float32), x)
     assert set(f.weights()) == set(written)
 
@@ -408,6 +409,9 @@ def test_bad_header_values(tmp_path):
     bad.write_bytes(b"GGML" + raw[4:])
     with pytest.raises(WeightsError, match="magic.gguf: not a GGUF file"):
         GGUFFile(bad)
+    struct.pack_into("<I", raw, 4, 2)  # v2 has v3's layout (v3 added big-endian files)
+    bad.write_bytes(bytes(raw))
+    assert GGUFFile(bad).version == 2 and config_from_gguf(bad) == config_from_dict(LLAMA)
     for version, msg in ((1, "version 1 is not supported"), (3 << 24, "big-endian")):
         struct.pack_into("<I", raw, 4, version)
         bad.write_bytes(bytes(raw))
