@@ -401,20 +401,29 @@ class GGUFFile:
         t = self[name]
         if self.qk_permuted and re.search(r"\.self_attn\.[qk]_proj\.(weight|bias)\Z", name):
             arch = self.architecture
-            heads = self._int_key(f"{arch}.attention.head_count")
+            heads = self.get(f"{arch}.attention.head_count", int)
             if ".k_proj." in name:
-                heads = self.metadata.get(f"{arch}.attention.head_count_kv", heads)
-            return unpermute_qk(t.data, int(heads))
+                heads = self.get(f"{arch}.attention.head_count_kv", int, heads)
+            return unpermute_qk(t.data, heads)
         return t.data
 
-    def _int_key(self, key: str, default: Any = ..., error: type[ValueError] = ConfigError) -> Any:
+    def get(self, key: str, kind: type, default: Any = ...) -> Any:
+        """Metadata value `key` checked to be a `kind` (int, float, bool, str, list): `default`
+        when absent (ConfigError naming the key when no default is given). An int is not a bool;
+        a float accepts ints, and float32 values come back as the shortest decimal that rounds
+        to the same float32 (1e-05, not 9.999999747378752e-06)."""
         if key not in self.metadata:
             if default is ...:
-                raise error(f"{self.path}: missing required metadata key '{key}'")
+                raise ConfigError(f"{self.path}: missing required metadata key '{key}'")
             return default
         v = self.metadata[key]
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise error(f"{self.path}: metadata key '{key}' must be an integer, got {v!r}")
+        if not isinstance(v, (int, float) if kind is float else kind) or (kind is not bool and isinstance(v, bool)):
+            raise ConfigError(f"{self.path}: metadata key '{key}' must be {kind.__name__}, got "
+                              f"{type(v).__name__} {str(v)[:100]}")
+        if kind is float:
+            if self._types.get(key) == GGUFValueType.FLOAT32:
+                return float(np.format_float_positional(np.float32(v), unique=True, trim="0"))
+            return float(v)
         return v
 
     def __repr__(self) -> str:
@@ -496,20 +505,6 @@ def _rope_scaling(gf: GGUFFile, arch: str, theta: float, head_dim: int) -> dict 
                       f"formula for any original context in {olds} (factor {factor}): unsupported RoPE scaling")
 
 
-def _float_key(gf: GGUFFile, key: str, default: Any = ...) -> Any:
-    if key not in gf.metadata:
-        if default is ...:
-            raise ConfigError(f"{gf.path}: missing required metadata key '{key}'")
-        return default
-    v = gf.metadata[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ConfigError(f"{gf.path}: metadata key '{key}' must be a number, got {v!r}")
-    if gf._types.get(key) == GGUFValueType.FLOAT32:
-        # the shortest decimal that rounds to the same float32: 1e-05, not 9.999999747378752e-06
-        return float(np.format_float_positional(np.float32(v), unique=True, trim="0"))
-    return float(v)
-
-
 def config_from_gguf(gguf_file: GGUFFile | str | os.PathLike) -> ModelConfig:
     """The LlamaConfig / Qwen3Config a GGUF file describes (Hugging Face keys through
     `config_from_dict`). Metadata keys, {arch} = general.architecture:
@@ -539,21 +534,21 @@ def config_from_gguf(gguf_file: GGUFFile | str | os.PathLike) -> ModelConfig:
         raise ConfigError(f"{gf.path}: architecture '{arch}' (general.architecture) is not supported "
                           f"(supported: {', '.join(sorted(ARCHITECTURES))})")
     k = f"{arch}."
-    hidden = gf._int_key(k + "embedding_length")
-    heads = gf._int_key(k + "attention.head_count")
-    kv_heads = gf._int_key(k + "attention.head_count_kv", heads)
+    hidden = gf.get(k + "embedding_length", int)
+    heads = gf.get(k + "attention.head_count", int)
+    kv_heads = gf.get(k + "attention.head_count_kv", int, heads)
     if heads <= 0:
         raise ConfigError(f"{gf.path}: metadata key '{k}attention.head_count' must be positive, got {heads}")
-    head_dim = gf._int_key(k + "attention.key_length", hidden // heads)
-    v_len = gf._int_key(k + "attention.value_length", head_dim)
+    head_dim = gf.get(k + "attention.key_length", int, hidden // heads)
+    v_len = gf.get(k + "attention.value_length", int, head_dim)
     if v_len != head_dim:
         raise ConfigError(f"{gf.path}: '{k}attention.value_length' = {v_len} differs from key_length {head_dim} "
                           "(not supported)")
-    rope_dims = gf._int_key(k + "rope.dimension_count", head_dim)
+    rope_dims = gf.get(k + "rope.dimension_count", int, head_dim)
     if rope_dims != head_dim:
         raise ConfigError(f"{gf.path}: '{k}rope.dimension_count' = {rope_dims} is not head_dim {head_dim} "
                           "(partial rotary embeddings are not supported)")
-    theta = _float_key(gf, k + "rope.freq_base", 10000.0)
+    theta = gf.get(k + "rope.freq_base", float, 10000.0)
 
     tokens = gf.metadata.get("tokenizer.ggml.tokens")
     embd = gf.tensors.get("model.embed_tokens.weight")
@@ -565,10 +560,10 @@ def config_from_gguf(gguf_file: GGUFFile | str | os.PathLike) -> ModelConfig:
     elif isinstance(tokens, list):
         vocab = len(tokens)
     else:
-        vocab = gf._int_key(k + "vocab_size")
+        vocab = gf.get(k + "vocab_size", int)
 
     names = set(gf.tensors)
-    layers = gf._int_key(k + "block_count")
+    layers = gf.get(k + "block_count", int)
 
     def present(parts: tuple[str, ...], what: str) -> bool:
         have = [p for p in parts if any(n.endswith(f".{p}.bias") for n in names)]
@@ -581,13 +576,13 @@ def config_from_gguf(gguf_file: GGUFFile | str | os.PathLike) -> ModelConfig:
         "model_type": arch,
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": gf._int_key(k + "feed_forward_length"),
+        "intermediate_size": gf.get(k + "feed_forward_length", int),
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
-        "max_position_embeddings": gf._int_key(k + "context_length"),
-        "rms_norm_eps": _float_key(gf, k + "attention.layer_norm_rms_epsilon"),
+        "max_position_embeddings": gf.get(k + "context_length", int),
+        "rms_norm_eps": gf.get(k + "attention.layer_norm_rms_epsilon", float),
         "rope_theta": theta,
         "rope_scaling": _rope_scaling(gf, arch, theta, head_dim),
         "hidden_act": "silu",
@@ -596,10 +591,10 @@ def config_from_gguf(gguf_file: GGUFFile | str | os.PathLike) -> ModelConfig:
     }
     if arch == "llama":
         d["mlp_bias"] = present(("gate_proj", "up_proj", "down_proj"), "MLP")
-    bos = gf._int_key("tokenizer.ggml.bos_token_id", None)
+    bos = gf.get("tokenizer.ggml.bos_token_id", int, None)
     if bos is not None:
         d["bos_token_id"] = bos
-    eos = [gf._int_key(key, None) for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+    eos = [gf.get(key, int, None) for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                               "tokenizer.ggml.eom_token_id")]
     eos = list(dict.fromkeys(e for e in eos if e is not None))
     if eos:

@@ -66,20 +66,8 @@ PRE_TOKENIZER_REGEXES: dict[str, tuple[tuple[str, ...], bool, bool]] = {
 }
 
 
-def _key(gf: GGUFFile, key: str, kind: type | tuple[type, ...], default=...):
-    if key not in gf.metadata:
-        if default is ...:
-            raise ConfigError(f"{gf.path}: missing required metadata key '{key}' (tokenizer)")
-        return default
-    v = gf.metadata[key]
-    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
-        raise ConfigError(f"{gf.path}: metadata key '{key}' has type {type(v).__name__}, expected "
-                          f"{getattr(kind, '__name__', kind)}")
-    return v
-
-
 def _token_arrays(gf: GGUFFile) -> tuple[list[str], list[int], list[float] | None]:
-    tokens = _key(gf, "tokenizer.ggml.tokens", list)
+    tokens = gf.get("tokenizer.ggml.tokens", list)
     n = len(tokens)
     types = gf.metadata.get("tokenizer.ggml.token_type")
     types = [NORMAL] * n if types is None else np.asarray(types).astype(int).tolist()
@@ -112,7 +100,7 @@ def build_hf_tokenizer(gf: GGUFFile):
     from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as HFTok
 
-    model = _key(gf, "tokenizer.ggml.model", str)
+    model = gf.get("tokenizer.ggml.model", str)
     tokens, types, scores = _token_arrays(gf)
     vocab = {t: i for i, t in enumerate(tokens)}
     facts = {"model": model, "pre": None}
@@ -121,11 +109,11 @@ def build_hf_tokenizer(gf: GGUFFile):
             raise ConfigError(f"{gf.path}: missing required metadata key 'tokenizer.ggml.scores' (SPM tokenizer)")
         if not all(f"<0x{b:02X}>" in vocab for b in range(256)):
             raise ConfigError(f"{gf.path}: SPM vocabulary lacks some of the 256 <0xXX> byte tokens")
-        unk = _key(gf, "tokenizer.ggml.unknown_token_id", int, 0)
+        unk = gf.get("tokenizer.ggml.unknown_token_id", int, 0)
         bpe = models.BPE(vocab, _spm_merges(tokens, scores), unk_token=tokens[unk] if 0 <= unk < len(tokens) else None,
                          fuse_unk=True, byte_fallback=True)
         tok = HFTok(bpe)
-        add_space_prefix = _key(gf, "tokenizer.ggml.add_space_prefix", bool, True)
+        add_space_prefix = gf.get("tokenizer.ggml.add_space_prefix", bool, True)
         norm = [normalizers.Replace(" ", "\u2581")]
         if add_space_prefix:
             norm.insert(0, normalizers.Prepend("\u2581"))
@@ -136,13 +124,13 @@ def build_hf_tokenizer(gf: GGUFFile):
         tok.decoder = decoders.Sequence(dec)
         facts.update(add_space_prefix=add_space_prefix, bos_id=1, eos_id=2, add_bos=True)
     elif model == "gpt2":
-        pre = _key(gf, "tokenizer.ggml.pre", str, "default")
+        pre = gf.get("tokenizer.ggml.pre", str, "default")
         if pre not in PRE_TOKENIZER_REGEXES:
             raise ConfigError(f"{gf.path}: metadata key 'tokenizer.ggml.pre' = {pre!r} is not supported "
                               f"(supported: {', '.join(sorted(PRE_TOKENIZER_REGEXES))})")
         regexes, ignore_merges, add_bos = PRE_TOKENIZER_REGEXES[pre]
         merges = []
-        for m in _key(gf, "tokenizer.ggml.merges", list):
+        for m in gf.get("tokenizer.ggml.merges", list):
             cut = m.find(" ", 1)
             if cut < 0:
                 raise ConfigError(f"{gf.path}: tokenizer.ggml.merges entry {m!r} is not 'left right'")
@@ -166,10 +154,10 @@ def build_hf_tokenizer(gf: GGUFFile):
 
     n = len(tokens)
     for name in ("bos", "eos"):
-        v = _key(gf, f"tokenizer.ggml.{name}_token_id", int, facts[f"{name}_id"])
+        v = gf.get(f"tokenizer.ggml.{name}_token_id", int, facts[f"{name}_id"])
         facts[f"{name}_id"] = v if 0 <= v < n else None
-    facts["add_bos"] = _key(gf, "tokenizer.ggml.add_bos_token", bool, facts["add_bos"])
-    facts["add_eos"] = _key(gf, "tokenizer.ggml.add_eos_token", bool, False)
+    facts["add_bos"] = gf.get("tokenizer.ggml.add_bos_token", bool, facts["add_bos"])
+    facts["add_eos"] = gf.get("tokenizer.ggml.add_eos_token", bool, False)
     for flag, name in (("add_bos", "bos"), ("add_eos", "eos")):
         if facts[flag] and facts[f"{name}_id"] is None:
             raise ConfigError(f"{gf.path}: tokenizer.ggml.{flag}_token is true but there is no valid "

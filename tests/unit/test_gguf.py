@@ -401,6 +401,12 @@ def test_missing_required_key(tmp_path, key):
         config_from_gguf(f)
 
 
+def test_wrong_key_type(tmp_path):
+    write_model(tmp_path / "m.gguf", LLAMA, extra_kv={"llama.block_count": ("string", "2")})
+    with pytest.raises(ConfigError, match=r"m\.gguf: metadata key 'llama.block_count' must be int, got str 2"):
+        config_from_gguf(tmp_path / "m.gguf")
+
+
 def test_bad_header_values(tmp_path):
     p = tmp_path / "m.gguf"
     write_model(p, LLAMA)
