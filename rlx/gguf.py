@@ -15,7 +15,9 @@ exposes
 - `rope_freqs`: the Llama 3 RoPE frequency factors (head_dim // 2,) float32 when the file has
   them, else None (not a weight: `config_from_gguf` turns it back into rope_scaling);
 - `qk_permuted`: whether q_proj / k_proj rows (and their biases) are in llama.cpp's
-  interleaved-RoPE order (see `permute_qk`). True for architecture "llama", False for "qwen3".
+  interleaved-RoPE order (see `permute_qk`). True for architecture "llama", False for "qwen3";
+- `get(key, kind, default)`: a metadata value checked for its type; `weights()`: {HF name:
+  data view}; `hf_array(name)`: a tensor in Hugging Face row order (q/k un-permuted: a copy).
 
 `config_from_gguf(f)` builds the LlamaConfig / Qwen3Config that the file describes, through
 `rlx.config.config_from_dict` with Hugging Face keys.
@@ -27,7 +29,7 @@ asks for. Unknown tensors, architectures, tensor types and missing keys raise We
 
 Why not gguf-py's GGUFReader: it builds two NumPy views per metadata string, so opening a
 Llama 3 vocabulary (128k tokens + 280k merges) takes ~9 s. The header is parsed here with
-`struct` over the map (~0.3 s for the same file); gguf-py still provides the format's
+`struct` over the map (~0.4 s for the same file); gguf-py still provides the format's
 constants (value types, GGML types and their block sizes) and is the reference the tests
 compare this reader with, and the writer and (de)quantizer the tests use.
 
