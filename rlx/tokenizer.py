@@ -1,6 +1,7 @@
 """Tokenizers for model directories: a Hugging Face ``tokenizer.json`` through the `tokenizers`
 package, or a SentencePiece model (``tokenizer.model`` or a single ``*.model`` file) through the
-`sentencepiece` package. Both behave the same way: ``encode(text)`` adds the BOS id when the
+`sentencepiece` package; and for GGUF files, the vocabulary in the file's metadata
+(``Tokenizer.from_gguf``, rlx/gguf_tokenizer.py). All behave the same way: ``encode(text)`` adds the BOS id when the
 model has one, ``decode(ids)`` returns text, and ``decode_continuation(prefix, new)`` returns the
 text that ``new`` adds after ``prefix`` (so leading spaces and multi-byte characters come out
 right when text is streamed token by token).
@@ -31,6 +32,14 @@ class Tokenizer:
             raise ValueError(f"{path}: several SentencePiece models ({', '.join(map(os.path.basename, models))}); "
                              "keep one, or name it tokenizer.model")
         raise ValueError(f"{path}: no tokenizer found (expected tokenizer.json or a SentencePiece *.model file)")
+
+    @staticmethod
+    def from_gguf(source) -> "Tokenizer":
+        """The tokenizer stored in a GGUF file (a path or an rlx.gguf.GGUFFile); see
+        rlx/gguf_tokenizer.py."""
+        from rlx.gguf_tokenizer import GGUFTokenizer
+
+        return GGUFTokenizer(source)
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         raise NotImplementedError
