@@ -2,7 +2,8 @@
  * dtype.c - the dtype traits table (name, block size, bytes per block, conversion of whole blocks
  * to f32), the size of n elements, and scalar conversions between the floating-point storage
  * formats. Every size of a tensor in the core comes from rlx_dtype_bytes / rlx_shape_bytes, so a
- * block type (GGUF's Q8_0: 32 elements in 34 bytes) needs nothing more than its row here.
+ * block type (GGUF's Q8_0: 32 elements in 34 bytes; Q4_K: 256 in 144) needs nothing more than its
+ * row here (and its layout in quants.c).
  *
  * The rows are listed once (DTYPE_ROWS); the table and a count of its rows are both made from
  * that list, and two static assertions lock them to the enum: the list has exactly
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "core/quants.h"
 
 /* ---- conversions of whole blocks ---------------------------------------------------------- */
 
@@ -42,19 +44,6 @@ static void u8_to_f32(float *dst, const void *src, int64_t n)
     for (int64_t i = 0; i < n; i++) dst[i] = (float)v[i];
 }
 
-/* Q8_0 block (34 bytes): f16 scale d, then 32 int8 q; x[i] = d * q[i] (as ggml: the f16 widened
- * to f32, one f32 product). */
-static void q8_0_to_f32(float *dst, const void *src, int64_t n)
-{
-    const uint8_t *b = src;
-    for (int64_t blk = 0; blk < n / 32; blk++, b += 34) {
-        uint16_t dh;
-        memcpy(&dh, b, 2);
-        const float d = rlx_f16_to_f32(dh);
-        for (int i = 0; i < 32; i++) dst[blk * 32 + i] = d * (float)(int8_t)b[2 + i];
-    }
-}
-
 /* ---- the table ---------------------------------------------------------------------------- */
 
 /* X(id, name, block_size, type_size, is_float, to_f32) */
@@ -64,7 +53,16 @@ static void q8_0_to_f32(float *dst, const void *src, int64_t n)
     X(RLX_BF16, "bf16", 1, 2, true, bf16_to_f32)                                                   \
     X(RLX_I32, "i32", 1, 4, false, i32_to_f32)                                                     \
     X(RLX_U8, "u8", 1, 1, false, u8_to_f32)                                                        \
-    X(RLX_Q8_0, "q8_0", 32, 34, true, q8_0_to_f32)
+    X(RLX_Q8_0, "q8_0", 32, RLX_Q8_0_BYTES, true, rlx_q8_0_to_f32)                                 \
+    X(RLX_Q4_0, "q4_0", 32, RLX_Q4_0_BYTES, true, rlx_q4_0_to_f32)                                 \
+    X(RLX_Q4_1, "q4_1", 32, RLX_Q4_1_BYTES, true, rlx_q4_1_to_f32)                                 \
+    X(RLX_Q5_0, "q5_0", 32, RLX_Q5_0_BYTES, true, rlx_q5_0_to_f32)                                 \
+    X(RLX_Q5_1, "q5_1", 32, RLX_Q5_1_BYTES, true, rlx_q5_1_to_f32)                                 \
+    X(RLX_Q2_K, "q2_k", 256, RLX_Q2_K_BYTES, true, rlx_q2_k_to_f32)                                \
+    X(RLX_Q3_K, "q3_k", 256, RLX_Q3_K_BYTES, true, rlx_q3_k_to_f32)                                \
+    X(RLX_Q4_K, "q4_k", 256, RLX_Q4_K_BYTES, true, rlx_q4_k_to_f32)                                \
+    X(RLX_Q5_K, "q5_k", 256, RLX_Q5_K_BYTES, true, rlx_q5_k_to_f32)                                \
+    X(RLX_Q6_K, "q6_k", 256, RLX_Q6_K_BYTES, true, rlx_q6_k_to_f32)
 
 #define AS_ROW(id, nm, bs, ts, fl, fn)                                                             \
     [id] = {.name = nm, .block_size = bs, .type_size = ts, .is_float = fl, .to_f32 = fn},
@@ -135,8 +133,8 @@ rlx_status rlx_dtype_parse(const char *name, enum rlx_dtype *out)
             *out = aliases[i].dt;
             return RLX_OK;
         }
-    return rlx_set_error(RLX_ERR_DTYPE, "unknown dtype '%s' (expected f32, f16, bf16, i32, u8 or q8_0)",
-                         name ? name : "(null)");
+    return rlx_set_error(RLX_ERR_DTYPE, "unknown dtype '%s' (expected f32, f16, bf16, i32, u8, or a GGUF block "
+                         "type: q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k)", name ? name : "(null)");
 }
 
 /* ---- scalar conversions ------------------------------------------------------------------- */

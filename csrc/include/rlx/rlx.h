@@ -69,7 +69,17 @@ enum rlx_dtype {
     RLX_BF16 = 2,
     RLX_I32 = 3,
     RLX_U8 = 4,
-    RLX_Q8_0 = 5,   /* GGUF Q8_0: blocks of 32 int8 with one f16 scale (34 bytes): x = d * q */
+    /* the GGUF block types (ggml's layouts; csrc/core/quants.c): elements per block / bytes */
+    RLX_Q8_0 = 5,   /* 32 / 34: f16 scale, 32 int8 */
+    RLX_Q4_0 = 6,   /* 32 / 18 */
+    RLX_Q4_1 = 7,   /* 32 / 20 */
+    RLX_Q5_0 = 8,   /* 32 / 22 */
+    RLX_Q5_1 = 9,   /* 32 / 24 */
+    RLX_Q2_K = 10,  /* 256 / 84 */
+    RLX_Q3_K = 11,  /* 256 / 110 */
+    RLX_Q4_K = 12,  /* 256 / 144 */
+    RLX_Q5_K = 13,  /* 256 / 176 */
+    RLX_Q6_K = 14,  /* 256 / 210 */
     RLX_DTYPE_COUNT
 };
 
@@ -93,7 +103,7 @@ rlx_status rlx_dtype_bytes(enum rlx_dtype dt, int64_t n, size_t *out);
  * blocks; errors as rlx_dtype_bytes. A rank-0 tensor is one element. */
 rlx_status rlx_shape_bytes(enum rlx_dtype dt, int ndim, const int64_t *shape, size_t *out);
 /* Parses a dtype's name or an alias: "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16",
- * "i32"/"int32", "u8"/"uint8"/"bool", "q8_0". */
+ * "i32"/"int32", "u8"/"uint8"/"bool", and the block types' names ("q8_0", "q4_k", ...). */
 rlx_status rlx_dtype_parse(const char *name, enum rlx_dtype *out);
 
 /* ---------------------------------------------------------------------------------------------
