@@ -27,7 +27,7 @@ VPIP   := $(VPY) -m pip --disable-pip-version-check
 STAMPS := build/stamps
 
 # System packages (Debian names). Add new ones here (e.g. Vulkan / MPI later).
-APT_PACKAGES := build-essential pkg-config libopenblas-dev valgrind openmpi-bin libopenmpi-dev
+APT_PACKAGES := build-essential pkg-config libopenblas-dev libssl-dev valgrind openmpi-bin libopenmpi-dev
 # A Debian system Python (or none at all) needs python3, its venv module and
 # its headers as packages too; a pyenv/other Python brings its own.
 PY_IS_OTHER := $(shell $(PYTHON) -c 'import sys; print(int(sys.base_prefix != "/usr"))' 2>/dev/null)

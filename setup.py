@@ -12,6 +12,9 @@ Metadata lives in pyproject.toml; this file only describes the extension.
 * C files compile in parallel (``build_ext.parallel`` defaults to the CPU count).
 * ``RLX_NO_EXT=1`` installs metadata/dependencies only (used by the Makefile, which
   then runs ``setup.py build_ext --inplace``).
+* libcrypto (OpenSSL): the TCP transport's HMAC-SHA-256 handshake and frame MACs and its
+  random nonces (csrc/distributed/auth.c). Found through pkg-config (``libcrypto``), else the
+  Debian paths; without it the build fails with a message naming libssl-dev.
 * MPI: ``csrc/distributed/mpi*.c`` are not part of ``rlx._C``; they form a second extension,
   ``rlx._mpi``, built only when ``mpicc --showme:compile`` / ``--showme:link`` work
   (flags taken from them). Without mpicc the build says why and skips it;
@@ -65,12 +68,19 @@ def _sanitize():
     return os.environ.get("RLX_SANITIZE", "") not in ("", "0")
 
 
-def _pkg_config(*args):
+CRYPTO_MISSING = (
+    "OpenSSL's libcrypto not found: install libssl-dev (Debian: apt-get install -y "
+    "libssl-dev pkg-config; or run `make test`, which installs it). The TCP transport "
+    "authenticates ranks with its HMAC-SHA-256 and random nonces."
+)
+
+
+def _pkg_config(package, *args):
     exe = shutil.which("pkg-config")
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, *args, "openblas"], check=True,
+        out = subprocess.run([exe, *args, package], check=True,
                              capture_output=True, text=True).stdout
     except (subprocess.CalledProcessError, OSError):
         return None
@@ -79,8 +89,8 @@ def _pkg_config(*args):
 
 def find_openblas():
     """Return (include_dirs, library_dirs) for OpenBLAS, or exit with a clear message."""
-    cflags = _pkg_config("--cflags")
-    libs = _pkg_config("--libs")
+    cflags = _pkg_config("openblas", "--cflags")
+    libs = _pkg_config("openblas", "--libs")
     if cflags is not None and libs is not None:
         inc = [f[2:] for f in cflags if f.startswith("-I")]
         libdirs = [f[2:] for f in libs if f.startswith("-L")]
@@ -111,6 +121,22 @@ def find_openblas():
     if inc is None or lib is None:
         sys.exit("error: " + BLAS_MISSING)
     return [inc], [lib]
+
+
+def find_libcrypto():
+    """Return (include_dirs, library_dirs) for OpenSSL's libcrypto, or exit with a clear message."""
+    cflags = _pkg_config("libcrypto", "--cflags")
+    libs = _pkg_config("libcrypto", "--libs")
+    inc = [f[2:] for f in (cflags or []) if f.startswith("-I")]
+    libdirs = [f[2:] for f in (libs or []) if f.startswith("-L")]
+    header_dirs = inc + ["/usr/include", "/usr/local/include"]
+    lib_dirs = libdirs + ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
+                          "/usr/local/lib"]
+    have_header = any(os.path.isfile(os.path.join(d, "openssl", "evp.h")) for d in header_dirs)
+    have_lib = any(os.path.exists(os.path.join(d, "libcrypto.so")) for d in lib_dirs)
+    if not (have_header and have_lib):
+        sys.exit("error: " + CRYPTO_MISSING)
+    return inc, libdirs
 
 
 def compiler_version():
@@ -164,6 +190,7 @@ class BuildExt(build_ext):
 
 def make_extension():
     blas_inc, blas_libdirs = find_openblas()
+    crypto_inc, crypto_libdirs = find_libcrypto()
     if _sanitize():
         cflags = BASE_CFLAGS + SANITIZE_FLAGS
         ldflags = SANITIZE_LDFLAGS
@@ -185,10 +212,10 @@ def make_extension():
         "rlx._C",
         sources=c_sources(),
         depends=c_depends(),
-        include_dirs=["csrc/include", "csrc", numpy.get_include(), *blas_inc],
-        library_dirs=blas_libdirs,
-        runtime_library_dirs=blas_libdirs,
-        libraries=["openblas", "pthread", "m"],
+        include_dirs=["csrc/include", "csrc", numpy.get_include(), *blas_inc, *crypto_inc],
+        library_dirs=blas_libdirs + crypto_libdirs,
+        runtime_library_dirs=blas_libdirs + crypto_libdirs,
+        libraries=["openblas", "crypto", "pthread", "m"],
         define_macros=macros,
         extra_compile_args=cflags,
         extra_link_args=ldflags,

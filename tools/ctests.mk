@@ -1,5 +1,6 @@
 # Builds the standalone C tests (tests/c/test_*.c) against the core C sources
-# (every csrc/**/*.c except csrc/python/** (needs Python) and csrc/distributed/mpi* (needs MPI)). Used by
+# (every csrc/**/*.c except csrc/python/** (needs Python) and csrc/distributed/mpi* (needs MPI)), linked
+# with OpenBLAS and OpenSSL's libcrypto (the TCP transport's HMAC; Debian: libssl-dev). Used by
 # tools/run_c_tests.sh; incremental through -MMD depfiles and a flags stamp.
 #
 #   build/ctests/librlxcore.a        the core objects
@@ -18,11 +19,14 @@ BINS    := $(TESTS:tests/c/%.c=$(OUT)/bin/%)
 
 BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null || echo -I/usr/include/x86_64-linux-gnu/openblas-pthread)
 BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+# OpenSSL's libcrypto (csrc/distributed/auth.c; Debian: libssl-dev).
+CRYPTO_CFLAGS := $(shell pkg-config --cflags libcrypto 2>/dev/null)
+CRYPTO_LIBS   := $(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
 RLX_CFLAGS  := -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE
-CPPFLAGS    := -Icsrc/include -Icsrc -Itests/c $(BLAS_CFLAGS) \
+CPPFLAGS    := -Icsrc/include -Icsrc -Itests/c $(BLAS_CFLAGS) $(CRYPTO_CFLAGS) \
                -DRLX_BUILD_CC='"$(CC) (C tests)"' -DRLX_BUILD_CFLAGS='"$(RLX_CFLAGS)"' \
                -DRLX_BUILD_BLAS='"openblas"' -DRLX_C_TESTS=1
-LDLIBS      := $(BLAS_LIBS) -lpthread -lm
+LDLIBS      := $(BLAS_LIBS) $(CRYPTO_LIBS) -lpthread -lm
 
 all: $(BINS)
 

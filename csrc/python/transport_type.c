@@ -187,16 +187,17 @@ static int timeout_ms_of(double timeout, int *out)
 
 static PyObject *transport_tcp(PyTypeObject *cls, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"rank", "world", "addrs", "listen_fd", "max_message_bytes", "timeout", "token", NULL};
-    int rank, world, listen_fd = -1;
+    static char *kwlist[] = {"rank", "world", "addrs", "listen_fd", "max_message_bytes", "timeout", "token",
+                             "allow_remote", NULL};
+    int rank, world, listen_fd = -1, allow_remote = 0;
     PyObject *addrs, *token = Py_None;
     Py_ssize_t max_bytes = 0;
     double timeout = 60.0;
     struct tcp_args a = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiO|indO:tcp", kwlist, &rank, &world, &addrs, &listen_fd,
-                                     &max_bytes, &timeout, &token))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiO|indOp:tcp", kwlist, &rank, &world, &addrs, &listen_fd,
+                                     &max_bytes, &timeout, &token, &allow_remote))
         return NULL;
-    struct rlx_tcp_opts opts = {.token = NULL};
+    struct rlx_tcp_opts opts = {.token = NULL, .allow_remote = allow_remote};
     if (world < 1 || rank < 0 || rank >= world) {
         PyErr_Format(PyExc_ValueError, "rank %d is not in a world of %d", rank, world);
         goto error;
@@ -475,11 +476,13 @@ static PyObject *transport_repr(struct transport_object *self)
 static PyMethodDef transport_methods[] = {
     {"tcp", (PyCFunction)(void (*)(void))transport_tcp, METH_CLASS | METH_VARARGS | METH_KEYWORDS,
      "tcp(rank: int, world: int, addrs: list[str], listen_fd: int = -1, max_message_bytes: int = 0,\n"
-     "    timeout: float = 60.0, token: str | None = None) -> Transport\n\n"
-     "Builds the TCP mesh (blocks until every connection is up and its HELLO checked, or the\n"
+     "    timeout: float = 60.0, token: str | None = None, allow_remote: bool = False) -> Transport\n\n"
+     "Builds the TCP mesh (blocks until every connection is up and its handshake done, or the\n"
      "timeout). addrs[i] is rank i's \"host:port\". listen_fd, when >= 0, is a bound listening socket\n"
      "this call consumes: it is closed on every path once the arguments parse. max_message_bytes 0\n"
-     "means 1 GiB; timeout is in seconds and bounds the set-up and every later wait."},
+     "means 1 GiB; timeout is in seconds and bounds the set-up and then each message as a whole.\n"
+     "token: a shared secret each connection proves (HMAC challenge-response; frames MAC'd); None or\n"
+     "\"\" for none, in which case only loopback peers are accepted unless allow_remote."},
     {"from_capsule", (PyCFunction)transport_from_capsule, METH_CLASS | METH_O,
      "from_capsule(capsule) -> Transport\n\nAdopts a transport made by another module (rlx._mpi.create())."},
     {"send", (PyCFunction)(void (*)(void))transport_send, METH_VARARGS | METH_KEYWORDS,

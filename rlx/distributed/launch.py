@@ -1,15 +1,18 @@
 """Running a pipeline from the command line (``python -m rlx pipeline``).
 
 On one host without MPI the launcher binds one loopback listener per rank, then starts one process
-per rank, handing each its listener (no port races) and the addresses of all. Under ``mpirun`` (or
-with --mpi) every process is a rank already and talks MPI. Each rank loads only its block of
-the weights (the safetensors map is lazy: other blocks' pages are never read). Rank 0 prints the
-text; every rank prints its per-stage timings (compute, send, wait) when done.
+per rank, handing each its listener (no port races), the addresses of all, and a fresh random
+RLX_DIST_TOKEN (unless one is set already), so that no other process on the host can join the
+mesh. Under ``mpirun`` (or with --mpi) every process is a rank already and talks MPI. Each rank
+loads only its block of the weights (the safetensors map is lazy: other blocks' pages are never
+read). Rank 0 prints the text; every rank prints its per-stage timings (compute, send, wait) when
+done.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -65,13 +68,16 @@ def spawn(args, argv: list[str]) -> int:
     from rlx.distributed import free_loopback_addrs
 
     addrs, listeners = free_loopback_addrs(args.world)
+    env = dict(os.environ)
+    if not env.get("RLX_DIST_TOKEN"):
+        env["RLX_DIST_TOKEN"] = secrets.token_hex(32)   # in the environment: readable by this user only
     procs = []
     try:
         for rank in range(args.world):
             fd = listeners[rank].fileno()
             cmd = [sys.executable, "-m", "rlx", *argv, "--rank", str(rank), "--addrs", ",".join(addrs),
                    "--listen-fd", str(fd)]
-            procs.append(subprocess.Popen(cmd, pass_fds=(fd,)))
+            procs.append(subprocess.Popen(cmd, pass_fds=(fd,), env=env))
         for s in listeners:
             s.close()
         deadline = time.monotonic() + args.timeout * 4 + 600

@@ -3,7 +3,7 @@ when Open MPI's mpicc is present). Both are one C interface (csrc/include/rlx/di
 Python class, ``Transport``.
 
 Every call blocks until it completes, fails, or the timeout passes; failures raise ``rlx.Error``
-(I/O, a peer gone, a refused HELLO, a timeout) or ``ValueError`` (bad arguments, a message larger
+(I/O, a peer gone, a refused handshake, a timeout) or ``ValueError`` (bad arguments, a message larger
 than the buffer given). The GIL is released while waiting, so ranks may run as threads of one
 process (the tests do).
 
@@ -11,10 +11,17 @@ process (the tests do).
     with TcpTransport(0, 2, addrs, listener=listeners[0]) as t:   # rank 1 likewise, elsewhere
         t.send_array(1, tag=7, arr=np.arange(4, dtype=np.float32))
 
-TCP security: the mesh binds the addresses it is given (loopback from ``free_loopback_addrs``).
-The shared token (``RLX_DIST_TOKEN``) is checked by a non-cryptographic hash sent in clear: it
-catches ranks from different jobs or configurations, not an attacker. Nothing is encrypted; do not
-expose the ports to an untrusted network.
+TCP security. With a token (``token=`` or ``RLX_DIST_TOKEN``, the same on every rank) each
+connection is mutually authenticated by an HMAC-SHA-256 challenge-response over fresh nonces from
+both sides (nothing secret or replayable crosses the wire; the accepting rank checks the other's
+proof before it sends anything derived from the token), and every message then carries an HMAC:
+a message altered, injected or replayed in transit raises rlx.Error. Messages are not encrypted.
+Pick a long random token (``secrets.token_hex(32)``): a recorded handshake lets an eavesdropper
+test guesses offline. Without a token nothing is authenticated, so the mesh accepts and makes
+loopback connections only, unless ``allow_remote=True`` (or ``RLX_DIST_ALLOW_REMOTE=1``). During
+set-up, connections that are not ranks of this job (port scanners, garbage, silence, a wrong
+token or version, a replay) are refused and logged through the core's log callback; the mesh
+forms as soon as the real ranks arrive.
 """
 
 from __future__ import annotations
@@ -132,24 +139,28 @@ def _addr_str(a) -> str:
 
 class TcpTransport(Transport):
     """The TCP mesh: rank r listens on addrs[r] (or on ``listener``), connects to every lower rank
-    and accepts every higher one, each connection opened by a checked HELLO (protocol version,
-    rank, world, token). Returns once the whole mesh is up; raises rlx.Error within ``timeout``
-    otherwise.
+    and accepts every higher one, each connection opened by a handshake (protocol version, rank,
+    world; with a token, mutual proof of it). Returns once the whole mesh is up; raises rlx.Error
+    within ``timeout`` otherwise, naming the ranks that never arrived.
 
     addrs: one "host:port" or (host, port) per rank. listener: a bound, listening socket for this
     rank (e.g. from free_loopback_addrs); it is duplicated, so the caller still owns and closes
-    its own socket. token: defaults to $RLX_DIST_TOKEN; None or "" means no secret.
-    timeout (seconds) bounds the set-up and every later wait for a peer.
+    its own socket. token: defaults to $RLX_DIST_TOKEN; None or "" means no token.
+    allow_remote: without a token, also talk to non-loopback peers (default: $RLX_DIST_ALLOW_REMOTE
+    is "1"/"true"/"yes"; otherwise loopback only, and a non-loopback address in addrs is a
+    ValueError). timeout (seconds) bounds the set-up, then each send and recv as a whole.
     """
 
     def __init__(self, rank: int, world: int, addrs: Sequence, listener: socket.socket | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, timeout: float = DEFAULT_TIMEOUT,
-                 token: str | None = None):
+                 token: str | None = None, allow_remote: bool | None = None):
         if token is None:
             token = os.environ.get("RLX_DIST_TOKEN")
+        if allow_remote is None:
+            allow_remote = os.environ.get("RLX_DIST_ALLOW_REMOTE", "").strip().lower() in ("1", "true", "yes")
         args = (int(rank), int(world), [_addr_str(a) for a in addrs])
         opts = dict(max_message_bytes=int(max_message_bytes), timeout=float(timeout),
-                    token=None if token is None else str(token))
+                    token=None if token is None else str(token), allow_remote=bool(allow_remote))
         fd = os.dup(listener.fileno()) if listener is not None else -1
         # Arguments are converted above, so they parse: _C.Transport.tcp then consumes fd on
         # every path, success or not.
@@ -182,7 +193,7 @@ def free_loopback_addrs(world: int) -> tuple[list[str], list[socket.socket]]:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             listeners.append(s)
             s.bind(("127.0.0.1", 0))
-            s.listen(max(world, 1))
+            s.listen(max(world, 64))  # room for strays beside the real ranks
             addrs.append(f"127.0.0.1:{s.getsockname()[1]}")
     except BaseException:
         for s in listeners:

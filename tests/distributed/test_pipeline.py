@@ -15,7 +15,7 @@ monolithic Generator.
 
 The HF cases are tests/models/hf_cases.py's (random-initialised transformers models saved with
 save_pretrained), built here with 4 layers so that world 4 has a layer per rank. Transport-level
-faults (HELLO, frames) are tested in test_transport.py. Every test joins its threads with a
+faults (handshake, authentication, frames) are tested in test_transport.py. Every test joins its threads with a
 timeout, closes every transport and listener in finally, kills its subprocesses in finally, and an
 autouse fixture checks that no thread, socket or child process is left behind.
 """

@@ -37,19 +37,41 @@ struct rlx_transport {
 
 /* TCP mesh. addrs[i] = "host:port" of rank i (world entries). Rank r listens on addrs[r] (or on
  * listen_fd when >= 0: an already bound and listening socket, which the transport takes over),
- * connects to every lower rank and accepts every higher one. Each connection starts with a HELLO
- * both ways (magic, protocol version, rank, world, a hash of the shared token): a mismatch is
- * refused with RLX_ERR_IO stating what differed. Frames carry a header (magic, tag, length);
- * a frame above max_message_bytes or cut short is an error. TCP_NODELAY on every socket.
- * timeout_ms bounds every wait, the mesh set-up included. token may be NULL or "" (no secret). */
+ * connects to every lower rank and accepts every higher one. The wire protocol is in
+ * csrc/distributed/wire.h.
+ *
+ * Each connection opens with HELLOs both ways (protocol version, rank, world, fresh nonces); a
+ * mismatch is refused and the connecting rank fails with RLX_ERR_IO stating what differed. With a
+ * token (the same non-empty string on every rank) both sides prove they know it by an
+ * HMAC-SHA-256 challenge-response bound to both nonces, the ranks, the world and the direction
+ * (nothing secret or replayable crosses the wire), and every frame then carries an HMAC under a
+ * per-connection, per-direction key: a frame altered, injected or replayed in transit is RLX_ERR_IO
+ * and closes that connection. Payloads are authenticated, not encrypted. Use a long random token:
+ * a recorded handshake lets an eavesdropper test guesses offline.
+ * Without a token nothing is authenticated, so the mesh keeps to loopback: create refuses peer
+ * addresses that are not loopback (RLX_ERR_INVALID) and the acceptor refuses connections from
+ * non-loopback addresses, unless allow_remote is set.
+ *
+ * A connection during set-up that is not a rank of this job (garbage, silence, another version or
+ * world size, a wrong token, a replay, a duplicate rank) is refused, closed and logged through the
+ * log callback (rlx_set_log_callback, RLX_LOG_WARN); set-up goes on until every rank has connected
+ * or timeout_ms passes (RLX_ERR_IO naming the missing ranks and the last refusal).
+ *
+ * Frames carry a header (magic, tag, length); a frame above max_message_bytes or cut short is an
+ * error. TCP_NODELAY on every socket. timeout_ms bounds the whole set-up, and then each send and
+ * each recv as a whole (a deadline computed once per message, however slowly its bytes arrive).
+ * token may be NULL or "" (no token). */
 struct rlx_tcp_opts {
     size_t max_message_bytes;   /* 0 = 1 GiB */
     int timeout_ms;             /* <= 0 = 60000 */
-    const char *token;
+    const char *token;          /* NULL or "" = none; copied, so it may be freed after create */
+    int allow_remote;           /* without a token: also talk to non-loopback peers (0 = loopback only) */
 };
 rlx_status rlx_tcp_transport_create(int rank, int world, const char *const *addrs, int listen_fd,
                                     const struct rlx_tcp_opts *opts, struct rlx_transport **out);
 
-#define RLX_TCP_PROTOCOL_VERSION 1
+/* 2: HMAC challenge-response handshake and frame MACs (csrc/distributed/wire.h); 1 was a hash of
+ * the token in clear. */
+#define RLX_TCP_PROTOCOL_VERSION 2
 
 #endif
