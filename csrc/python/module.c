@@ -108,6 +108,39 @@ error:
     return NULL;
 }
 
+/* to_f32(raw, dtype) -> float32 array: the dtype table's conversion of whole blocks (the oracle
+ * tests hold against gguf-py's dequantize). raw: a C-contiguous uint8 array of whole blocks. */
+static PyObject *to_f32(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *raw_obj;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "Os:to_f32", &raw_obj, &name)) return NULL;
+    enum rlx_dtype dt;
+    if (rlx_py_raise(rlx_dtype_parse(name, &dt))) return NULL;
+    const struct rlx_dtype_traits *t = rlx_dtype_traits(dt);
+    PyArrayObject *raw = (PyArrayObject *)PyArray_FROM_OTF(raw_obj, NPY_UINT8, NPY_ARRAY_IN_ARRAY);
+    if (raw == NULL) return NULL;
+    PyObject *out = NULL;
+    const size_t nbytes = (size_t)PyArray_NBYTES(raw);
+    if (nbytes % t->type_size) {
+        PyErr_Format(PyExc_ValueError, "%zu bytes are not whole %s blocks of %zu bytes", nbytes, t->name, t->type_size);
+        goto done;
+    }
+    npy_intp n = (npy_intp)(nbytes / t->type_size) * (npy_intp)t->block_size;
+    out = PyArray_SimpleNew(1, &n, NPY_FLOAT32);
+    if (out) {
+        const void *src = PyArray_DATA(raw);
+        float *dst = PyArray_DATA((PyArrayObject *)out);
+        Py_BEGIN_ALLOW_THREADS
+        t->to_f32(dst, src, (int64_t)n);
+        Py_END_ALLOW_THREADS
+    }
+done:
+    Py_DECREF(raw);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"build_info", build_info, METH_NOARGS,
      "build_info() -> dict[str, str | int]\n\nStatic build facts (blas, blas_config, cc, cflags, isa, "
@@ -117,6 +150,9 @@ static PyMethodDef module_methods[] = {
      "restores the default (online CPUs)."},
     {"get_num_threads", get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
     {"backends", backends, METH_NOARGS, "backends() -> list[str]\n\nThe backends compiled in."},
+    {"to_f32", to_f32, METH_VARARGS,
+     "to_f32(raw: uint8 array of whole blocks, dtype: str) -> float32 array\n\nThe core's conversion of a dtype's "
+     "blocks to f32 (dequantisation for the GGUF block types)."},
     {"dtypes", dtypes, METH_NOARGS,
      "dtypes() -> tuple[dict, ...]\n\nThe core's dtype traits (id, name, block_size, type_size, is_float), in id "
      "order."},
