@@ -121,15 +121,12 @@ static rlx_status need_scratch(struct rlx_host_state *st, size_t floats)
 /* ---- dispatch ----------------------------------------------------------------------------- */
 
 static bool is_lowp(enum rlx_dtype dt) { return dt == RLX_F16 || dt == RLX_BF16; }
+static bool is_block(enum rlx_dtype dt) { return rlx_dtype_traits(dt)->block_size > 1; }
 
 bool rlx_host_supports_op(void *ctx, const struct rlx_graph *g, int id)
 {
     (void)ctx;
     const struct rlx_node *n = &g->nodes[id];
-    if (n->op == RLX_OP_MATMUL || n->op == RLX_OP_EMBEDDING) { /* the weight operand */
-        enum rlx_dtype w = g->nodes[n->in[n->op == RLX_OP_MATMUL ? 1 : 0]].dtype;
-        return w == RLX_F32 || is_lowp(w);
-    }
     return (unsigned)n->op < RLX_OP_COUNT; /* the shape rules already restrict dtypes to what runs */
 }
 
@@ -180,7 +177,8 @@ static rlx_status run_embedding(const struct rlx_kernels *k, int id, const struc
             return rlx_set_error(RLX_ERR_RANGE, "node %d (embedding): token id %d at position %lld is outside [0, %lld)",
                                  id, idp[i], (long long)i, (long long)vocab);
     if (table->dtype == RLX_F32) k->embedding_f32(ptr(&v[id]), ptr(table), idp, count, table->shape[1]);
-    else k->embedding_lowp(ptr(&v[id]), ptr(table), table->dtype, idp, count, table->shape[1]);
+    else if (is_lowp(table->dtype)) k->embedding_lowp(ptr(&v[id]), ptr(table), table->dtype, idp, count, table->shape[1]);
+    else k->embedding_quant(ptr(&v[id]), ptr(table), table->dtype, idp, count, table->shape[1]);
     return RLX_OK;
 }
 
@@ -258,10 +256,13 @@ static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g,
                                  "32-bit sizes", id, (long long)M, (long long)K, (long long)N);
         if (b->dtype == RLX_F32) {
             k->matmul_f32(o, fin(v, n, 0), ptr(b), M, K, N, n->attrs.trans_b);
-            return RLX_OK;
+        } else if (is_block(b->dtype)) {
+            RLX_TRY(need_scratch(st, k->matmul_quant_scratch(b->dtype, M, K, N)));
+            k->matmul_quant(o, fin(v, n, 0), ptr(b), b->dtype, M, K, N, st->scratch);
+        } else {
+            RLX_TRY(need_scratch(st, k->matmul_lowp_scratch(M, K, N)));
+            k->matmul_lowp(o, fin(v, n, 0), ptr(b), b->dtype, M, K, N, st->scratch);
         }
-        RLX_TRY(need_scratch(st, k->matmul_lowp_scratch(M, K, N)));
-        k->matmul_lowp(o, fin(v, n, 0), ptr(b), b->dtype, M, K, N, st->scratch);
         return RLX_OK;
     }
     case RLX_OP_EMBEDDING:

@@ -20,8 +20,8 @@ rlx_status rlx_host_download(void *ctx, const struct rlx_buffer *b, size_t offse
 rlx_status rlx_host_copy(void *ctx, struct rlx_buffer *dst, size_t dst_offset, const struct rlx_buffer *src,
                          size_t src_offset, size_t bytes);
 
-/* Every op of the IR, on f32 and the dtypes its shape rule admits, except block-type (quantized)
- * weights, which no host kernel table multiplies yet. */
+/* Every op of the IR, on f32 and the dtypes its shape rule admits (weights of every real-valued
+ * dtype, the block types included). */
 bool rlx_host_supports_op(void *ctx, const struct rlx_graph *g, int id);
 
 /* Plan state: the kernel table and a scratch area grown on demand (only when a bigger binding

@@ -51,6 +51,20 @@ struct rlx_kernels {
     size_t (*matmul_lowp_scratch)(int64_t M, int64_t K, int64_t N);
     /* out (n, d) f32 = table (V, d) of dtype RLX_BF16 / RLX_F16, rows ids (n), widened exactly */
     void (*embedding_lowp)(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d);
+    /* Block-type weights (a GGUF type: RLX_Q8_0, RLX_Q4_K, ...): out (M, N) = a (M, K) @ W^T, W (N, K)
+     * in rows of whole blocks (K a multiple of the block size), W's values those of the dtype's to_f32.
+     * The cpu table quantises each row of `a` first, as llama.cpp does (Q8_0 blocks of 32 for the
+     * 32-element types, Q8_K blocks of 256 for the K types: per block d = max|a| / 127, q = a / d
+     * rounded to nearest), on every path (decode and prefill compute the same function up to
+     * summation order), and sums the products of the integer values per block, scaled in f32; the
+     * ref table multiplies the exact `a` by the dequantised W in double. The two differ by at most
+     * sum over blocks of (max|a_block| / 254) * sum |W_block| per output, plus f32 rounding.
+     * scratch: matmul_quant_scratch(b_dtype, M, K, N) floats. */
+    void (*matmul_quant)(float *out, const float *a, const void *b, int b_dtype, int64_t M, int64_t K, int64_t N,
+                         float *scratch);
+    size_t (*matmul_quant_scratch)(int b_dtype, int64_t M, int64_t K, int64_t N);
+    /* out (n, d) f32 = rows ids (n) of table (V, d) of a block type, converted by the dtype's to_f32 */
+    void (*embedding_quant)(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d);
     /* dst (n) of dtype RLX_F32 / RLX_F16 / RLX_BF16 = src (n) rounded to nearest even (NaN stays
      * NaN, a finite value past the largest finite one becomes inf) */
     void (*convert_f32)(void *dst, int dtype, const float *src, int64_t n);

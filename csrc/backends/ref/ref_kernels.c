@@ -108,6 +108,37 @@ static void ref_convert(void *dst, int dtype, const float *src, int64_t n) {
     }
 }
 
+/* out (M, N) = a (M, K) @ W^T, W (N, K) of a block type: each row of W converted by the dtype's
+ * to_f32 into scratch (K floats), products and sums in double (no rounding of a). */
+static void ref_matmul_quant(float *out, const float *a, const void *b, int b_dtype, int64_t M, int64_t K, int64_t N,
+                             float *scratch) {
+    const struct rlx_dtype_traits *t = rlx_dtype_traits((enum rlx_dtype)b_dtype);
+    const size_t row_bytes = (size_t)(K / t->block_size) * t->type_size;
+    for (int64_t n = 0; n < N; n++) {
+        t->to_f32(scratch, (const char *)b + (size_t)n * row_bytes, K);
+        for (int64_t m = 0; m < M; m++) {
+            double acc = 0.0;
+            for (int64_t k = 0; k < K; k++)
+                acc += (double)a[m * K + k] * (double)scratch[k];
+            out[m * N + n] = (float)acc;
+        }
+    }
+}
+
+/* K floats: one converted row of W */
+static size_t ref_matmul_quant_scratch(int b_dtype, int64_t M, int64_t K, int64_t N) {
+    (void)b_dtype, (void)M, (void)N;
+    return (size_t)K;
+}
+
+/* out (n, d) = rows ids (n) of a block-type table (V, d), converted by the dtype's to_f32 */
+static void ref_embedding_quant(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d) {
+    const struct rlx_dtype_traits *t = rlx_dtype_traits((enum rlx_dtype)dtype);
+    const size_t row_bytes = (size_t)(d / t->block_size) * t->type_size;
+    for (int64_t r = 0; r < n; r++)
+        t->to_f32(out + r * d, (const char *)table + (size_t)ids[r] * row_bytes, d);
+}
+
 /* out (rows, d) = x / sqrt(mean(x^2) + eps) * w (d) */
 static void ref_rmsnorm(float *out, const float *x, const float *w, int64_t rows, int64_t d, float eps) {
     for (int64_t r = 0; r < rows; r++) {
@@ -263,6 +294,9 @@ const struct rlx_kernels rlx_ref_kernels = {
     .matmul_lowp_scratch = ref_matmul_lowp_scratch,
     .embedding_lowp = ref_embedding_lowp,
     .convert_f32 = ref_convert,
+    .matmul_quant = ref_matmul_quant,
+    .matmul_quant_scratch = ref_matmul_quant_scratch,
+    .embedding_quant = ref_embedding_quant,
     .rmsnorm_f32 = ref_rmsnorm,
     .add_rmsnorm_f32 = ref_add_rmsnorm,
     .rope_f32 = ref_rope,
