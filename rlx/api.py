@@ -1,6 +1,6 @@
 """The high-level API: a model directory in, text out.
 
-    model = rlx.load("path/to/model")                 # tokenizer + generator + generation_config
+    model = rlx.load("path/to/model")                 # a HF directory or a .gguf file
     model.generate("Once upon a time", max_new_tokens=64)               # -> the continuation
     for delta in model.generate("Once upon a time", stream=True): ...   # UTF-8-safe pieces
 
@@ -67,10 +67,18 @@ class Model:
         return f"Model({self.generator!r})"
 
 
-def load(path: str | os.PathLike, device: str = "cpu") -> Model:
-    """Loads a Hugging Face model directory: config.json (+ generation_config.json), safetensors
-    weights and a tokenizer. Decoding plans are compiled once with symbolic shapes."""
-    config = load_config(path)
-    gen = Generator(config, load_weights(path), device=device)
+def load(path: str | os.PathLike, device: str = "cpu", kv_dtype: str | None = None) -> Model:
+    """Loads a Hugging Face model directory (config.json + generation_config.json, safetensors
+    weights, a tokenizer) or a GGUF file (its metadata, tensors as stored, quantized ones executed
+    packed, and the tokenizer its metadata describes). Decoding plans are compiled once with
+    symbolic shapes."""
+    from rlx import gguf
+
+    if gguf.is_gguf(path):
+        gf = gguf.GGUFFile(path)
+        config, weights, tokenizer = gguf.model_config(gf), gguf.model_weights(gf), Tokenizer.from_gguf(gf)
+    else:
+        config, weights, tokenizer = load_config(path), load_weights(path), Tokenizer.from_dir(path)
+    gen = Generator(config, weights, device=device, kv_dtype=kv_dtype)
     gen.with_dynamic_prefill_cache().with_dynamic_decode_cache()
-    return Model(config, gen, Tokenizer.from_dir(path))
+    return Model(config, gen, tokenizer)

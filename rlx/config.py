@@ -111,6 +111,9 @@ class ModelConfig:
     mlp_bias: bool = False                    # bias on gate, up, down projections (Llama only)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # Not a Hugging Face field: q_proj / k_proj rows are in llama.cpp's permuted order (Llama GGUF
+    # files), so RoPE turns adjacent pairs instead of halves (the same model, read without a copy).
+    rope_interleaved: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -138,6 +141,7 @@ class ModelConfig:
         _check_bool("tie_word_embeddings", self.tie_word_embeddings)
         _check_bool("attention_bias", self.attention_bias)
         _check_bool("mlp_bias", self.mlp_bias)
+        _check_bool("rope_interleaved", self.rope_interleaved)
         _check_int("bos_token_id", self.bos_token_id, optional=True, minimum=0)
         eos = self.eos_token_ids
         if eos is None:
@@ -317,9 +321,14 @@ def _read_json(path: str) -> dict:
 
 
 def load_config(path: str | os.PathLike) -> ModelConfig:
-    """Reads a Hugging Face model directory (or its config.json) into a LlamaConfig or
-    Qwen3Config. A generation_config.json beside config.json supplies bos/eos ids when present."""
+    """Reads a Hugging Face model directory (or its config.json), or a GGUF file, into a
+    LlamaConfig or Qwen3Config. A generation_config.json beside config.json supplies bos/eos ids
+    when present."""
     path = os.fspath(path)
+    from rlx import gguf  # imported here: rlx.gguf imports this module
+
+    if gguf.is_gguf(path):
+        return gguf.model_config(path)
     if os.path.isdir(path):
         config_path = os.path.join(path, "config.json")
     else:

@@ -245,7 +245,12 @@ class Generator(Sequence):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, device: str = "cpu", dtype: str | None = None,
                         kv_dtype: str | None = None) -> "Generator":
-        """A Hugging Face model directory (config.json + safetensors)."""
+        """A Hugging Face model directory (config.json + safetensors) or a GGUF file."""
+        from rlx import gguf
+
+        if gguf.is_gguf(path):
+            gf = gguf.GGUFFile(path)
+            return cls(gguf.model_config(gf), gguf.model_weights(gf), device=device, dtype=dtype, kv_dtype=kv_dtype)
         return cls(load_config(path), load_weights(path), device=device, dtype=dtype, kv_dtype=kv_dtype)
 
     @property

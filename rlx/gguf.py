@@ -44,6 +44,8 @@ NumPy / Hugging Face shape.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import os
 import re
@@ -605,3 +607,33 @@ def config_from_gguf(gguf_file: GGUFFile | str | os.PathLike) -> ModelConfig:
         return config_from_dict(d)
     except ConfigError as e:
         raise ConfigError(f"{gf.path}: {e}") from None
+
+
+def is_gguf(path: str | os.PathLike) -> bool:
+    """Whether path is a file that starts with the GGUF magic."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except (IsADirectoryError, FileNotFoundError, PermissionError, OSError):
+        return False
+
+
+def model_config(gguf_file: GGUFFile | str | os.PathLike) -> ModelConfig:
+    """config_from_gguf, plus how the file stores q / k: a Llama file keeps llama.cpp's permuted
+    rows, which rlx reads as they are (rope_interleaved: RoPE turns adjacent pairs; no copy)."""
+    gf = gguf_file if isinstance(gguf_file, GGUFFile) else GGUFFile(gguf_file)
+    cfg = config_from_gguf(gf)
+    return dataclasses.replace(cfg, rope_interleaved=gf.qk_permuted) if gf.qk_permuted else cfg
+
+
+def model_weights(gguf_file: GGUFFile | str | os.PathLike) -> dict:
+    """{Hugging Face name: weight} for rlx.Generator: F32 / F16 / BF16 tensors as zero-copy typed
+    views, block-quantized ones as rlx.weights.Packed views of their blocks (executed packed). q / k
+    stay as stored (see model_config)."""
+    from rlx.weights import Packed
+
+    gf = gguf_file if isinstance(gguf_file, GGUFFile) else GGUFFile(gguf_file)
+    out: dict = {}
+    for name, t in gf.tensors.items():
+        out[name] = Packed(t.data, t.type_name.lower(), t.shape) if t.quantized else t.data
+    return out

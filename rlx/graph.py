@@ -142,9 +142,10 @@ class Graph:
     def rmsnorm(self, x: Value, w: Value, eps: float = 1e-6) -> Value:
         return self._op("rmsnorm", [x, w], {"eps": float(eps)})
 
-    def rope(self, x: Value, pos: Value, inv_freq: Value) -> Value:
-        """x (S, H, D), pos i32 (S), inv_freq (D/2): rotate-half RoPE."""
-        return self._op("rope", [x, pos, inv_freq])
+    def rope(self, x: Value, pos: Value, inv_freq: Value, interleaved: bool = False) -> Value:
+        """x (S, H, D), pos i32 (S), inv_freq (D/2): RoPE turning element i with i + D/2 (rotate-half),
+        or 2i with 2i + 1 when interleaved."""
+        return self._op("rope", [x, pos, inv_freq], {"interleaved": bool(interleaved)})
 
     def softmax(self, x: Value) -> Value:
         return self._op("softmax", [x])

@@ -93,8 +93,13 @@ def _load_file(path: str, out: dict[str, np.ndarray]) -> None:
 
 def load_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Loads a Hugging Face directory (model.safetensors, or shards listed by
-    model.safetensors.index.json) or a single .safetensors file into {name: read-only array}."""
+    model.safetensors.index.json), a single .safetensors file, or a GGUF file (block-quantized
+    tensors as Packed, executed packed) into {name: read-only array}."""
     path = os.fspath(path)
+    from rlx import gguf  # imported here: rlx.gguf imports rlx.config, which is light
+
+    if gguf.is_gguf(path):
+        return gguf.model_weights(path)
     weight_map: dict | None = None
     if os.path.isfile(path):
         files = [path]
@@ -168,6 +173,7 @@ def _c_config(cfg) -> dict:
         "attention_bias": cfg.attention_bias,
         "mlp_bias": cfg.mlp_bias,
         "qk_norm": cfg.qk_norm,
+        "rope_interleaved": cfg.rope_interleaved,
         "layer_windows": [cfg.layer_window(i) for i in range(cfg.num_hidden_layers)],
     }
 

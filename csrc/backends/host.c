@@ -275,7 +275,8 @@ static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g,
                            out->shape[out->ndim - 1], n->attrs.eps);
         return RLX_OK;
     case RLX_OP_ROPE:
-        k->rope_f32(o, fin(v, n, 0), ptr(&v[n->in[1]]), fin(v, n, 2), out->shape[0], out->shape[1], out->shape[2]);
+        k->rope_f32(o, fin(v, n, 0), ptr(&v[n->in[1]]), fin(v, n, 2), out->shape[0], out->shape[1], out->shape[2],
+                    n->attrs.interleaved);
         return RLX_OK;
     case RLX_OP_SOFTMAX:
         k->softmax_f32(o, fin(v, n, 0), rows_of(out), out->shape[out->ndim - 1]);

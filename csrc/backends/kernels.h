@@ -73,11 +73,11 @@ struct rlx_kernels {
     /* sum (rows, d) = a + b; out (rows, d) = rmsnorm(sum) * w */
     void (*add_rmsnorm_f32)(float *sum, float *out, const float *a, const float *b, const float *w,
                             int64_t rows, int64_t d, float eps);
-    /* out (s, h, d) = rotate-half RoPE of x (s, h, d) at positions pos (s) with inv_freq (d/2):
-     * for i < d/2, t = pos * inv_freq[i]: out[i] = x[i] cos t - x[i+d/2] sin t,
-     *                                     out[i+d/2] = x[i+d/2] cos t + x[i] sin t */
-    void (*rope_f32)(float *out, const float *x, const int32_t *pos, const float *inv_freq,
-                     int64_t s, int64_t h, int64_t d);
+    /* out (s, h, d) = RoPE of x (s, h, d) at positions pos (s) with inv_freq (d/2): for i < d/2,
+     * t = pos * inv_freq[i], and the pair (a, b) = (i, i + d/2), or (2i, 2i + 1) when interleaved:
+     * out[a] = x[a] cos t - x[b] sin t, out[b] = x[b] cos t + x[a] sin t */
+    void (*rope_f32)(float *out, const float *x, const int32_t *pos, const float *inv_freq, int64_t s, int64_t h,
+                     int64_t d, int interleaved);
     /* out (rows, n) = softmax over each row of x */
     void (*softmax_f32)(float *out, const float *x, int64_t rows, int64_t n);
     /* out (n) = x * sigmoid(x) */

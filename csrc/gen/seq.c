@@ -369,7 +369,7 @@ static uint64_t config_hash(const struct rlx_model_config *c)
     uint64_t h = 1469598103934665603ull;
     const int64_t f[] = {c->vocab_size, c->hidden_size, c->intermediate_size, c->n_layers, c->n_heads, c->n_kv_heads,
                          c->head_dim, c->max_position_embeddings, c->tie_word_embeddings, c->attention_bias,
-                         c->mlp_bias, c->qk_norm};
+                         c->mlp_bias, c->qk_norm, c->rope_interleaved};
     uint32_t eps;
     memcpy(&eps, &c->rms_norm_eps, sizeof eps);
     const unsigned char *parts[3] = {(const unsigned char *)f, (const unsigned char *)c->layer_window,

@@ -177,8 +177,9 @@ static int layer(struct bld *b, const struct rlx_model_config *c, const struct r
         q = rmsnorm(b, c, q, D, "model.layers.%lld.self_attn.q_norm.weight", l);
         k = rmsnorm(b, c, k, D, "model.layers.%lld.self_attn.k_norm.weight", l);
     }
-    q = op(b, RLX_OP_ROPE, 3, (int[]){q, in->pos, in->inv_freq}, NULL);
-    k = op(b, RLX_OP_ROPE, 3, (int[]){k, in->pos, in->inv_freq}, NULL);
+    const struct rlx_attrs ra = {.interleaved = c->rope_interleaved};
+    q = op(b, RLX_OP_ROPE, 3, (int[]){q, in->pos, in->inv_freq}, &ra);
+    k = op(b, RLX_OP_ROPE, 3, (int[]){k, in->pos, in->inv_freq}, &ra);
     const bool cached = spec->flags & RLX_BLOCK_CACHE, masked = cached && (spec->flags & RLX_BLOCK_MASK);
     if (cached) { /* the new rows into the cache, then attend over the cache's kv_rows */
         const struct rlx_dim cshape[3] = {spec->kv_rows, rlx_dim_const(Hkv), rlx_dim_const(D)};

@@ -53,6 +53,12 @@ int rlx_py_config_from_dict(PyObject *d, struct rlx_model_config *c)
         get_bool(d, "attention_bias", &c->attention_bias) || get_bool(d, "mlp_bias", &c->mlp_bias) ||
         get_bool(d, "qk_norm", &c->qk_norm))
         return -1;
+    PyObject *ri = PyDict_GetItemString(d, "rope_interleaved"); /* optional: GGUF Llama files set it */
+    if (ri != NULL) {
+        int t = PyObject_IsTrue(ri);
+        if (t < 0) return -1;
+        c->rope_interleaved = t != 0;
+    }
     PyObject *eps = PyDict_GetItemString(d, "rms_norm_eps");
     if (eps == NULL) {
         PyErr_SetString(PyExc_ValueError, "model config: missing 'rms_norm_eps'");

@@ -181,11 +181,11 @@ static int parse_attrs(struct rlx_graph *g, const char *op_name, PyObject *dict,
             if (v == -1.0 && PyErr_Occurred())
                 return -1;
             *(k[0] == 'e' ? &a->eps : &a->scale) = (float)v;
-        } else if (strcmp(k, "trans_b") == 0 || strcmp(k, "causal") == 0) {
+        } else if (strcmp(k, "trans_b") == 0 || strcmp(k, "causal") == 0 || strcmp(k, "interleaved") == 0) {
             int v = PyObject_IsTrue(val);
             if (v < 0)
                 return -1;
-            *(k[0] == 't' ? &a->trans_b : &a->causal) = v;
+            *(k[0] == 't' ? &a->trans_b : k[0] == 'c' ? &a->causal : &a->interleaved) = v;
         } else if (strcmp(k, "window") == 0) {
             if (as_int64(val, "attribute 'window'", &a->window) < 0)
                 return -1;
@@ -212,7 +212,7 @@ static int parse_attrs(struct rlx_graph *g, const char *op_name, PyObject *dict,
         } else {
             PyErr_Format(PyExc_ValueError,
                          "unknown attribute '%s' for op '%s' (known: eps, scale, trans_b, causal, window, "
-                         "axis, start, len, shape, dtype)", k, op_name);
+                         "axis, start, len, shape, dtype, interleaved)", k, op_name);
             return -1;
         }
     }

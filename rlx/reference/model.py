@@ -51,8 +51,8 @@ def forward(cfg, weights: dict, ids, kv_dtype: str = "f32") -> np.ndarray:
         if cfg.qk_norm:
             q = ops.rmsnorm(q, w[p + "self_attn.q_norm.weight"], eps)
             k = ops.rmsnorm(k, w[p + "self_attn.k_norm.weight"], eps)
-        q = ops.rope(q, pos, inv_freq)
-        k = ops.convert(ops.rope(k, pos, inv_freq), kv_dtype)
+        q = ops.rope(q, pos, inv_freq, cfg.rope_interleaved)
+        k = ops.convert(ops.rope(k, pos, inv_freq, cfg.rope_interleaved), kv_dtype)
         v = ops.convert(v, kv_dtype)
         a = ops.attention(q, k, v, causal=True, window=cfg.layer_window(layer))
         x = ops.add(x, _linear(w, p + "self_attn.o_proj", a.reshape(S, Hq * D)))

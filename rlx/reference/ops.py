@@ -63,10 +63,18 @@ def add_rmsnorm(a, b, w, eps: float) -> tuple[np.ndarray, np.ndarray]:
     return s, rmsnorm(s, w, eps)
 
 
-def rope(x, pos, inv_freq) -> np.ndarray:
-    """Rotate-half RoPE of x (S, H, D) at integer positions pos (S) with inv_freq (D/2).
-    For i < D/2, t = pos * inv_freq[i] rounded to float32 (as transformers and the C kernel do):
-    out[i] = x[i] cos t - x[i+D/2] sin t,  out[i+D/2] = x[i+D/2] cos t + x[i] sin t."""
+def rope(x, pos, inv_freq, interleaved: bool = False) -> np.ndarray:
+    """RoPE of x (S, H, D) at integer positions pos (S) with inv_freq (D/2). For i < D/2,
+    t = pos * inv_freq[i] rounded to float32 (as transformers and the C kernel do), and the pair
+    (a, b) = (i, i + D/2) (rotate-half), or (2i, 2i + 1) when interleaved:
+    out[a] = x[a] cos t - x[b] sin t,  out[b] = x[b] cos t + x[a] sin t."""
+    if interleaved:  # the same rotation on pairs brought next to each other
+        x = np.asarray(x)
+        d = x.shape[-1]
+        order = np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
+        out = np.empty(x.shape, np.float32)
+        out[..., order] = rope(x[..., order], pos, inv_freq)
+        return out
     x = _f64(x)
     half = x.shape[-1] // 2
     inv_freq = np.asarray(inv_freq, np.float32)

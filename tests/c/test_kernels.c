@@ -537,6 +537,7 @@ static void test_norms(void) {
 
 static void test_rope(void) {
     const int64_t ss[] = {1, 3, 17, 200}, hs[] = {1, 4, 8}, ds[] = {8, 64, 130};
+    for (int il = 0; il < 2; il++) /* rotate-half, then interleaved pairs */
     for (int si = 0; si < 4; si++)
         for (int hi = 0; hi < 3; hi++)
             for (int di = 0; di < 3; di++) {
@@ -547,14 +548,15 @@ static void test_rope(void) {
                     inv[i] = powf(10000.0f, -2.0f * (float)i / (float)d);
                 for (int64_t t = 0; t < s; t++)
                     pos[t] = t == 0 ? 0 : (int32_t)(rng_u32() % 40000);
-                CPU->rope_f32(o1, x, pos, inv, s, h, d);
-                REF->rope_f32(o2, x, pos, inv, s, h, d);
-                compare(o1, o2, n, "rope s=%lld h=%lld d=%lld", (long long)s, (long long)h, (long long)d);
+                CPU->rope_f32(o1, x, pos, inv, s, h, d, il);
+                REF->rope_f32(o2, x, pos, inv, s, h, d, il);
+                compare(o1, o2, n, "rope s=%lld h=%lld d=%lld interleaved=%d", (long long)s, (long long)h,
+                        (long long)d, il);
                 /* in place */
                 memcpy(o1, x, (size_t)n * sizeof(float));
-                CPU->rope_f32(o1, o1, pos, inv, s, h, d);
-                compare(o1, o2, n, "rope in-place s=%lld h=%lld d=%lld", (long long)s, (long long)h,
-                        (long long)d);
+                CPU->rope_f32(o1, o1, pos, inv, s, h, d, il);
+                compare(o1, o2, n, "rope in-place s=%lld h=%lld d=%lld interleaved=%d", (long long)s, (long long)h,
+                        (long long)d, il);
                 free(x), free(o1), free(o2), free(inv), free(pos);
             }
 }
@@ -856,11 +858,11 @@ static void test_ref_by_hand(void) {
     {
         const float x[] = {1, 2, 3, 4}, inv[] = {1.0f, 0.5f};
         const int32_t pos0 = 0, pos1 = 1;
-        REF->rope_f32(out, x, &pos0, inv, 1, 1, 4);
+        REF->rope_f32(out, x, &pos0, inv, 1, 1, 4, 0);
         result(close_to(out, x, 4), "ref rope at position 0 is the identity");
         const float c1 = cosf(1), s1 = sinf(1), c2 = cosf(0.5f), s2 = sinf(0.5f);
         const float want[] = {1 * c1 - 3 * s1, 2 * c2 - 4 * s2, 3 * c1 + 1 * s1, 4 * c2 + 2 * s2};
-        REF->rope_f32(out, x, &pos1, inv, 1, 1, 4);
+        REF->rope_f32(out, x, &pos1, inv, 1, 1, 4, 0);
         result(close_to(out, want, 4), "ref rope at position 1 by hand");
     }
     {

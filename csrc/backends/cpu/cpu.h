@@ -145,8 +145,8 @@ void rlx_cpu_convert_f32(void *dst, int dtype, const float *src, int64_t n);
 void rlx_cpu_rmsnorm_f32(float *out, const float *x, const float *w, int64_t rows, int64_t d, float eps);
 void rlx_cpu_add_rmsnorm_f32(float *sum, float *out, const float *a, const float *b, const float *w,
                              int64_t rows, int64_t d, float eps);
-void rlx_cpu_rope_f32(float *out, const float *x, const int32_t *pos, const float *inv_freq, int64_t s,
-                      int64_t h, int64_t d);
+void rlx_cpu_rope_f32(float *out, const float *x, const int32_t *pos, const float *inv_freq, int64_t s, int64_t h,
+                      int64_t d, int interleaved);
 void rlx_cpu_softmax_f32(float *out, const float *x, int64_t rows, int64_t n);
 void rlx_cpu_silu_f32(float *out, const float *x, int64_t n);
 void rlx_cpu_silu_mul_f32(float *out, const float *a, const float *b, int64_t n);

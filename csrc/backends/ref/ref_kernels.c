@@ -159,21 +159,21 @@ static void ref_add_rmsnorm(float *sum, float *out, const float *a, const float 
     ref_rmsnorm(out, sum, w, rows, d, eps);
 }
 
-/* out (s, h, d) = rotate-half RoPE of x (s, h, d) at positions pos (s) with inv_freq (d/2):
- * t = (float)pos * inv_freq[i] (in float, as PyTorch); out[i] = x[i] cos t - x[i+d/2] sin t,
- * out[i+d/2] = x[i+d/2] cos t + x[i] sin t */
-static void ref_rope(float *out, const float *x, const int32_t *pos, const float *inv_freq, int64_t s,
-                     int64_t h, int64_t d) {
+/* out (s, h, d) = RoPE of x (s, h, d) at positions pos (s) with inv_freq (d/2):
+ * t = (float)pos * inv_freq[i] (in float, as PyTorch); pair (a, b) = (i, i + d/2), or (2i, 2i + 1)
+ * when interleaved; out[a] = x[a] cos t - x[b] sin t, out[b] = x[b] cos t + x[a] sin t */
+static void ref_rope(float *out, const float *x, const int32_t *pos, const float *inv_freq, int64_t s, int64_t h,
+                     int64_t d, int interleaved) {
     const int64_t half = d / 2;
     for (int64_t t = 0; t < s; t++)
         for (int64_t hh = 0; hh < h; hh++)
             for (int64_t i = 0; i < half; i++) {
                 const float ang = (float)pos[t] * inv_freq[i];
                 const double c = cosf(ang), sn = sinf(ang);
-                const int64_t base = (t * h + hh) * d;
-                const double x0 = x[base + i], x1 = x[base + i + half];
-                out[base + i] = (float)(x0 * c - x1 * sn);
-                out[base + i + half] = (float)(x1 * c + x0 * sn);
+                const int64_t base = (t * h + hh) * d, a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+                const double x0 = x[base + a], x1 = x[base + b];
+                out[base + a] = (float)(x0 * c - x1 * sn);
+                out[base + b] = (float)(x1 * c + x0 * sn);
             }
 }
 

@@ -28,6 +28,8 @@ struct rlx_model_config {
     bool attention_bias;      /* bias on q, k, v and o projections */
     bool mlp_bias;            /* bias on gate, up and down projections */
     bool qk_norm;             /* Qwen3: RMSNorm over each head of q and k before RoPE */
+    bool rope_interleaved;    /* q / k rows in llama.cpp's permuted order (GGUF Llama files): RoPE turns
+                                 adjacent pairs instead of halves; the same model, read without a copy */
     int64_t layer_window[RLX_MAX_LAYERS]; /* sliding window of each layer; 0 = full attention */
 };
 /* RLX_ERR_INVALID naming the field when a size is not positive, heads do not divide, or eps is

@@ -147,7 +147,9 @@ enum rlx_op {
     RLX_OP_EMBEDDING,    /* table (V, D) f32 / bf16 / f16, ids i32 (...) -> f32 (..., D); an id outside [0, V)
                             is RLX_ERR_RANGE at run */
     RLX_OP_RMSNORM,      /* x (..., D), w (D) -> x / sqrt(mean(x^2) + eps) * w */
-    RLX_OP_ROPE,         /* x (S, H, D), pos i32 (S), inv_freq (D/2) -> rotate-half RoPE */
+    RLX_OP_ROPE,         /* x (S, H, D), pos i32 (S), inv_freq (D/2) -> RoPE: element i rotated with i + D/2
+                            (rotate-half, Hugging Face's layout), or with attrs.interleaved element 2i with
+                            2i + 1 (the layout of q / k rows that llama.cpp's converter permutes) */
     RLX_OP_SOFTMAX,      /* x (..., N) -> softmax over the last axis */
     RLX_OP_SILU,         /* x -> x * sigmoid(x) */
     RLX_OP_ADD,          /* a (...), b (suffix of a's shape) -> a + b broadcast over the leading dims */
@@ -185,6 +187,7 @@ struct rlx_attrs {
     int32_t ndim;                      /* RESHAPE: target rank */
     struct rlx_dim shape[RLX_MAX_DIMS];/* RESHAPE: target shape */
     int32_t dtype;                     /* CONVERT: the enum rlx_dtype to convert to */
+    int32_t interleaved;               /* ROPE: rotate adjacent pairs (2i, 2i+1) */
 };
 
 const char *rlx_op_name(enum rlx_op op);               /* "matmul"; "?" when out of range */
