@@ -1,6 +1,6 @@
 """The rlx command line.
 
-    python -m rlx generate --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T] ...
+    python -m rlx generate --model DIR|FILE.gguf --prompt TEXT [--max-new-tokens N] [--temperature T] ...
     python -m rlx demo      # stories260K from ../shared when present, else a tiny random model
     python -m rlx info      # build facts (BLAS, ISA, backends, threads)
     python -m rlx pipeline --model DIR --world N --prompt TEXT   # N ranks on this host (TCP)
@@ -36,14 +36,14 @@ def _run_generate(model_dir: str, prompt: str, args: argparse.Namespace) -> int:
     sys.stdout.write(prompt)
     sys.stdout.flush()
     t0 = time.perf_counter()
-    n_before = len(model.tokenizer.encode(prompt))
-    for delta in model.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                                repetition_penalty=args.repetition_penalty, seed=args.seed, stream=True):
+    stream = model.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                            top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                            repetition_penalty=args.repetition_penalty, seed=args.seed, stream=True)
+    for delta in stream:
         sys.stdout.write(delta)
         sys.stdout.flush()
     dt = time.perf_counter() - t0
-    n_new = len(model.generator.tokens) - n_before
+    n_new = len(stream.new_ids)
     sys.stdout.write("\n")
     print(f"[rlx] {n_new} tokens in {dt:.3f} s ({n_new / dt if dt > 0 else 0:.1f} tok/s incl. prefill; "
           f"load {t_load:.2f} s; device {args.device}; {rlx.get_num_threads()} threads)", file=sys.stderr)
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--threads", type=int, default=0, help="CPU threads (default: all)")
 
     g = sub.add_parser("generate", help="generate text from a Hugging Face model directory")
-    g.add_argument("--model", required=True, help="model directory (config.json, safetensors, tokenizer)")
+    g.add_argument("--model", required=True, help="model directory (config.json, safetensors, tokenizer) or GGUF file")
     g.add_argument("--prompt", required=True)
     sampling(g)
     d = sub.add_parser("demo", help="generate with stories260K (or a tiny random model)")

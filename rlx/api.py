@@ -21,6 +21,22 @@ from rlx.tokenizer import Tokenizer
 from rlx.weights import load_weights
 
 
+class TextStream:
+    """The text deltas of one generate(stream=True) call; also the token ids: `prompt_ids` and
+    `new_ids` (filled as the stream is consumed)."""
+
+    def __init__(self, deltas: Iterator[str], prompt_ids: list[int], new_ids: list[int]):
+        self._deltas = deltas
+        self.prompt_ids = prompt_ids
+        self.new_ids = new_ids
+
+    def __iter__(self) -> "TextStream":
+        return self
+
+    def __next__(self) -> str:
+        return next(self._deltas)
+
+
 class Model:
     """A loaded model: ``config``, ``tokenizer``, ``generator``."""
 
@@ -41,13 +57,13 @@ class Model:
         prompt_ids = self.tokenizer.encode(prompt)
         seq = self.generator.new_sequence()
         seq.prefill(prompt_ids)  # validates before any generation starts
-        deltas = self._stream(seq, prompt_ids, max_new_tokens, opts)
+        new: list[int] = []
+        deltas = TextStream(self._stream(seq, prompt_ids, max_new_tokens, opts, new), prompt_ids, new)
         return deltas if stream else "".join(deltas)
 
-    def _stream(self, seq: Sequence, prompt_ids: list[int], max_new_tokens: int,
-                opts: SampleOpts) -> Iterator[str]:
+    def _stream(self, seq: Sequence, prompt_ids: list[int], max_new_tokens: int, opts: SampleOpts,
+                new: list[int]) -> Iterator[str]:
         eos = set(self.config.eos_token_ids)
-        new: list[int] = []
         emitted = ""
         room = self.config.max_position_embeddings - len(prompt_ids)
         for _ in range(min(max_new_tokens, room)):
@@ -78,7 +94,7 @@ def load(path: str | os.PathLike, device: str = "cpu", kv_dtype: str | None = No
         gf = gguf.GGUFFile(path)
         config, weights, tokenizer = gguf.model_config(gf), gguf.model_weights(gf), Tokenizer.from_gguf(gf)
     else:
-        config, weights, tokenizer = load_config(path), load_weights(path), Tokenizer.from_dir(path)
+        config, weights, tokenizer = load_config(path), load_weights(path), Tokenizer.from_pretrained(path)
     gen = Generator(config, weights, device=device, kv_dtype=kv_dtype)
     gen.with_dynamic_prefill_cache().with_dynamic_decode_cache()
     return Model(config, gen, tokenizer)

@@ -34,6 +34,13 @@ class Tokenizer:
         raise ValueError(f"{path}: no tokenizer found (expected tokenizer.json or a SentencePiece *.model file)")
 
     @staticmethod
+    def from_pretrained(path: str | os.PathLike) -> "Tokenizer":
+        """The tokenizer of a model: a GGUF file's (from its metadata) or a directory's."""
+        from rlx.gguf import is_gguf
+
+        return Tokenizer.from_gguf(path) if is_gguf(path) else Tokenizer.from_dir(path)
+
+    @staticmethod
     def from_gguf(source) -> "Tokenizer":
         """The tokenizer stored in a GGUF file (a path or an rlx.gguf.GGUFFile); see
         rlx/gguf_tokenizer.py."""

@@ -29,7 +29,7 @@ def run_rank(args, transport) -> int:
 
     rank, world = transport.rank, transport.world
     cfg = rlx.load_config(args.model)
-    tok = rlx.Tokenizer.from_dir(args.model)
+    tok = rlx.Tokenizer.from_pretrained(args.model)
     stage_cls = rlx.PipelineStage if args.recompute else rlx.PipelineDecodeStage
     if args.threads:
         rlx.set_num_threads(args.threads)

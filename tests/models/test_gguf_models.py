@@ -7,12 +7,17 @@ tensor; the metadata keys), with gguf-py's GGUFWriter. rlx then loads the file (
 rlx.load_weights, Generator.from_pretrained), reading Llama's permuted q / k in place (RoPE on
 adjacent pairs), and must give transformers' logits:
 - F32 tensors: within 1e-4 (with an f32 KV cache), greedy tokens identical, on every backend;
+- stories260K (a trained model, with its SentencePiece vocabulary as tokenizer metadata): llama2.c's
+  exact 64 greedy tokens and text through rlx.load("stories260K.gguf");
 - Q8_0 matrices (executed packed): the same model with the Q8_0 values dequantised by gguf-py and
   given to rlx as float32 arrays (the dequantised reference) gives the same logits on the ref
   backend (which multiplies the exact activations by the dequantised weights) within 1e-4.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -135,3 +140,56 @@ def test_q8_0_gguf_executed_packed_matches_its_dequantised_values(hf_model, tmp_
     assert np.abs(a - b).max() <= TOL
     for t in (3, 5, 7):
         assert np.abs(gen.decode_get_logits(t) - ref.decode_get_logits(t)).max() <= TOL
+
+
+STORIES = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K"
+
+
+@pytest.mark.skipif(not (STORIES / "hf" / "model.safetensors").is_file(), reason=f"no stories260K under {STORIES}")
+def test_stories260k_as_gguf_gives_llama2c_text(tmp_path):
+    """The trained model written as llama.cpp's converter would (its SentencePiece vocabulary as
+    tokenizer.ggml.* with scores and token types): rlx.load(file.gguf) builds the tokenizer from the
+    metadata and produces llama2.c's exact 64-token greedy text."""
+    spm = pytest.importorskip("sentencepiece")
+    expected = json.loads((STORIES / "expected" / "greedy_once_upon_a_time.json").read_text())
+    hf = STORIES / "hf"
+    cfg = rlx.load_config(hf)
+    state = rlx.load_weights(hf)
+    sp = spm.SentencePieceProcessor(model_file=str(hf / "tok512.model"))
+    path = tmp_path / "stories260K.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, kind, value in [
+        ("block_count", "uint32", cfg.num_hidden_layers), ("context_length", "uint32", cfg.max_position_embeddings),
+        ("embedding_length", "uint32", cfg.hidden_size), ("feed_forward_length", "uint32", cfg.intermediate_size),
+        ("attention.head_count", "uint32", cfg.num_attention_heads),
+        ("attention.head_count_kv", "uint32", cfg.num_key_value_heads),
+        ("rope.dimension_count", "uint32", cfg.head_dim), ("rope.freq_base", "float32", cfg.rope_theta),
+        ("attention.layer_norm_rms_epsilon", "float32", cfg.rms_norm_eps)]:
+        getattr(w, f"add_{kind}")(f"llama.{key}", value)
+    types = [2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i) else 1
+             for i in range(sp.get_piece_size())]
+    w.add_tokenizer_model("llama")
+    w.add_token_list([sp.id_to_piece(i) for i in range(sp.get_piece_size())])
+    w.add_token_scores([sp.get_score(i) for i in range(sp.get_piece_size())])
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    for name in expected_weights(cfg):
+        x = np.asarray(state[name], np.float32)
+        if ".q_proj." in name or ".k_proj." in name:
+            x = permute(x, cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads)
+        w.add_tensor(gguf_name(name), np.ascontiguousarray(x))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    model = rlx.load(path)
+    assert model.config.rope_interleaved and model.config.tie_word_embeddings
+    assert model.tokenizer.encode(expected["prompt"]) == expected["prompt_tokens"]
+    stream = model.generate(expected["prompt"], max_new_tokens=64, stream=True)
+    text = "".join(stream)
+    assert stream.new_ids == expected["new_tokens"]
+    assert expected["prompt"] + text == expected["text"]
