@@ -194,8 +194,8 @@ class Sequence:
                         on_token: Callable[[int], object] | None = None,
                         stop_ids: Iterable[int] | None = None) -> list[int]:
         """Up to n tokens through the KV cache; on_token(id) is called after each; generation stops
-        after a token in stop_ids. Ctrl-C stops it after the current token (KeyboardInterrupt);
-        the tokens made so far stay in the history."""
+        after a token in stop_ids. Ctrl-C stops it within a kernel (KeyboardInterrupt): the
+        tokens made so far stay in the history, the interrupted step leaves no trace."""
         return self._c.generate(n, opts, cached=True, on_token=on_token, stop_ids=stop_ids)
 
     def prefill_get_last_logits(self, ctx: Seq[int]) -> np.ndarray:

@@ -348,6 +348,7 @@ rlx_status rlx_host_run(void *ctx, void *state, const struct rlx_graph *g, const
     (void)ctx;
     for (int id = 0; id < g->n_nodes; id++) {
         if (g->nodes[id].dead) continue;
+        if (rlx_interrupted()) return rlx_set_error(RLX_ERR_INTERRUPTED, "interrupted (before node %d)", id);
         if (!node_seconds) {
             RLX_TRY(run_node(state, g, id, values));
             continue;

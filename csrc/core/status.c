@@ -1,9 +1,11 @@
 /*
- * status.c - status names, the thread-local error message, the logging callback and checked
- * allocation. The error message is the only channel by which the core explains a failure; it
+ * status.c - status names, the thread-local error message, the interrupt flag, the logging
+ * callback and checked allocation. The error message is the only channel by which the core explains a failure; it
  * never prints.
  */
+#include <assert.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,9 +51,18 @@ const char *rlx_status_name(rlx_status s)
     case RLX_ERR_STATE: return "RLX_ERR_STATE";
     case RLX_ERR_IO: return "RLX_ERR_IO";
     case RLX_ERR_INTERNAL: return "RLX_ERR_INTERNAL";
+    case RLX_ERR_INTERRUPTED: return "RLX_ERR_INTERRUPTED";
     default: return "RLX_ERR_UNKNOWN";
     }
 }
+
+/* Lock-free on every platform rlx builds for, so setting it from a signal handler is safe. */
+static atomic_int interrupt_flag;
+static_assert(ATOMIC_INT_LOCK_FREE == 2, "the interrupt flag must be lock-free (signal handlers set it)");
+
+void rlx_interrupt(void) { atomic_store(&interrupt_flag, 1); }
+void rlx_interrupt_clear(void) { atomic_store(&interrupt_flag, 0); }
+bool rlx_interrupted(void) { return atomic_load_explicit(&interrupt_flag, memory_order_relaxed) != 0; }
 
 /* The callback and its user pointer are set rarely (at start-up); reads are racy-but-benign only
  * if set concurrently with logging, which the header forbids implicitly by "set once". */

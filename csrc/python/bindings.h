@@ -106,6 +106,12 @@ void rlx_py_lock_fini(struct rlx_py_lock *l);
 int rlx_py_lock_acquire(struct rlx_py_lock *l, const char *what);
 void rlx_py_lock_release(struct rlx_py_lock *l);
 
+/* Ctrl-C during a long core call (interrupt.c): begin before releasing the GIL, end after taking it
+ * back, with the call's status. end returns -1 with KeyboardInterrupt set (or what Python's SIGINT
+ * handler raised) when the call was interrupted, else 0. GIL held for both. */
+void rlx_py_sigint_begin(void);
+int rlx_py_sigint_end(rlx_status s);
+
 /* Conversions for the generator binding (convert.c); -1 / NULL with an exception set on failure. */
 struct rlx_model_config;
 struct rlx_sample_opts;

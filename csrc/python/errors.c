@@ -41,6 +41,9 @@ int rlx_py_raise(rlx_status s)
     case RLX_ERR_NOMEM:
         exc = PyExc_MemoryError;
         break;
+    case RLX_ERR_INTERRUPTED:
+        exc = PyExc_KeyboardInterrupt;
+        break;
     default:
         exc = rlx_py_error_borrowed != NULL ? rlx_py_error_borrowed : PyExc_RuntimeError;
         break;

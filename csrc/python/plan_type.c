@@ -538,6 +538,7 @@ static PyObject *plan_run(struct plan_object *self, PyObject *args, PyObject *kw
     if (plan_acquire(self) < 0)
         goto error;
     locked = 1;
+    rlx_py_sigint_begin();
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n_in && s == RLX_OK; i++)
         s = rlx_plan_set_input(self->plan, (int)i, &tensors[i]);
@@ -547,7 +548,7 @@ static PyObject *plan_run(struct plan_object *self, PyObject *args, PyObject *kw
     if (s == RLX_OK)
         s = rlx_plan_run(self->plan);
     Py_END_ALLOW_THREADS
-    if (rlx_py_raise(s))
+    if (rlx_py_sigint_end(s) < 0 || rlx_py_raise(s))
         goto error;
     outs = PyList_New(n_out);
     if (outs == NULL)

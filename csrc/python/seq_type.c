@@ -12,8 +12,8 @@
  * GIL released); distinct sequences of one model run on any threads (their plan runs take turns
  * inside the model). Python callbacks (on_token, adjust) run with the GIL held and the lock held
  * by this thread; a callback that re-enters the same sequence gets an exception, not a deadlock.
- * generate() checks for signals after every token: Ctrl-C stops it with KeyboardInterrupt, the
- * tokens generated so far kept in the history.
+ * Ctrl-C stops a forward pass before its next kernel (interrupt.c) and raises KeyboardInterrupt:
+ * the history and the cache are as before that step, the tokens generate() made before it kept.
  */
 #define NO_IMPORT_ARRAY
 #include "bindings.h"
@@ -158,15 +158,21 @@ static PyObject *seq_append(struct seq_object *self, PyObject *arg)
 
 /* ---- forward and sampling ----------------------------------------------------------------- */
 
-/* Runs the forward pass with the GIL released; the lock must be held. */
+/* Runs the forward pass with the GIL released, Ctrl-C stopping it (the lock must be held); on
+ * RLX_ERR_INTERRUPTED the exception (KeyboardInterrupt) is already set. */
 static rlx_status forward(struct seq_object *self, int cached, const float **logits)
 {
     rlx_status s;
+    rlx_py_sigint_begin();
     Py_BEGIN_ALLOW_THREADS
     s = cached ? rlx_seq_logits_cached(self->seq, logits) : rlx_seq_logits_naive(self->seq, logits);
     Py_END_ALLOW_THREADS
+    rlx_py_sigint_end(s);
     return s;
 }
+
+/* rlx_py_raise, except for an interrupt, whose exception forward() has set. */
+static int raise_step(rlx_status s) { return s == RLX_ERR_INTERRUPTED ? -1 : rlx_py_raise(s); }
 
 static PyObject *logits_array(struct seq_object *self, const float *logits)
 {
@@ -185,7 +191,7 @@ static PyObject *seq_logits(struct seq_object *self, PyObject *args, PyObject *k
     rlx_status s = forward(self, cached, &logits);
     PyObject *out = s == RLX_OK ? logits_array(self, logits) : NULL;
     seq_release(self);
-    if (rlx_py_raise(s)) return NULL;
+    if (raise_step(s)) return NULL;
     return out;
 }
 
@@ -197,7 +203,7 @@ static long long step_locked(struct seq_object *self, const struct rlx_sample_op
     const float *logits;
     int32_t tok = -1;
     rlx_status s = forward(self, cached, &logits);
-    if (rlx_py_raise(s)) return -1;
+    if (raise_step(s)) return -1;
     if (adjust != Py_None) {
         PyObject *arr = logits_array(self, logits);
         if (arr == NULL) return -1;
@@ -367,9 +373,11 @@ static PyObject *seq_forward(struct seq_object *self, PyObject *args, PyObject *
     int64_t rows;
     rlx_status s;
     const float *h = hidden ? PyArray_DATA(hidden) : NULL;
+    rlx_py_sigint_begin();
     Py_BEGIN_ALLOW_THREADS
     s = rlx_seq_forward(self->seq, h, n, cached != 0, &y, &rows);
     Py_END_ALLOW_THREADS
+    rlx_py_sigint_end(s);
     if (s == RLX_OK) { /* copy out while the lock keeps the sequence's buffer stable */
         int64_t begin, end;
         unsigned ends;
@@ -383,7 +391,7 @@ static PyObject *seq_forward(struct seq_object *self, PyObject *args, PyObject *
         }
     }
     seq_release(self);
-    if (rlx_py_raise(s)) Py_CLEAR(out);
+    if (raise_step(s)) Py_CLEAR(out);
 error:
     Py_XDECREF(hidden);
     return out;

@@ -163,6 +163,14 @@ static void test_block(struct rlx_device *dev, bool fuse)
     CHECK(rlx_plan_run(p) == RLX_ERR_INVALID, "missing input rejected");
     bad.shape[1] = D;
     CHECK(rlx_plan_set_input(p, 0, &bad) == RLX_OK && rlx_plan_run(p) == RLX_OK, "usable after errors");
+    /* rlx_interrupt: runs stop with RLX_ERR_INTERRUPTED until the flag is cleared */
+    rlx_interrupt();
+    CHECK(rlx_interrupted() && rlx_plan_set_input(p, 0, &bad) == RLX_OK && rlx_plan_run(p) == RLX_ERR_INTERRUPTED &&
+              strcmp(rlx_status_name(RLX_ERR_INTERRUPTED), "RLX_ERR_INTERRUPTED") == 0,
+          "interrupted run");
+    rlx_interrupt_clear();
+    CHECK(!rlx_interrupted() && rlx_plan_set_input(p, 0, &bad) == RLX_OK && rlx_plan_run(p) == RLX_OK,
+          "runs after clear: %s", rlx_last_error());
     rlx_plan_free(p);
 }
 

@@ -310,3 +310,53 @@ def test_load_state_refuses_what_does_not_fit(device):
     fresh = rlx.Generator(CFG, W, device=device)
     fresh.load_state(state)
     assert fresh.tokens == keep and fresh.save_state() == state
+
+
+# ---- Ctrl-C ----------------------------------------------------------------------------------
+
+def test_ctrl_c_stops_a_step_midway_and_leaves_the_sequence_as_before():
+    # One forward pass over 2048 positions on "ref" takes seconds; SIGINT a second into it. If the
+    # pass ran to its end (Ctrl-C seen only between tokens), the token would be in the history.
+    script = textwrap.dedent("""
+        import sys, time, numpy as np, rlx
+        from rlx.weights import expected_weights
+        cfg = rlx.LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                              max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1e4,
+                              tie_word_embeddings=True)
+        rng = np.random.default_rng(0)
+        w = {n: (rng.standard_normal(s) / np.sqrt(s[-1])).astype(np.float32)
+             for n, s in expected_weights(cfg).items()}
+        gen = rlx.Generator(cfg, w, device="ref")
+        ids = [int(i) for i in rng.integers(0, 64, 2048)]
+        gen.prefill(ids)
+        for how in ("naive", "cached"):
+            print("ready", flush=True)
+            try:
+                gen.generate(5) if how == "naive" else gen.generate_cached(5)
+                print("not interrupted", flush=True)
+            except KeyboardInterrupt:
+                print(how, len(gen.tokens), gen.kv_len, flush=True)
+            sys.stdin.readline()
+        gen.truncate(8)
+        fresh = rlx.Generator(cfg, w, device="ref")
+        fresh.prefill(ids[:8])
+        print("same", gen.generate_cached(4) == fresh.generate_cached(4), flush=True)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(Path(rlx.__file__).parents[1])})
+    try:
+        lines = []
+        for _ in range(2):
+            assert child.stdout.readline() == "ready\n", child.stderr.read()
+            threading.Event().wait(1.0)
+            child.send_signal(2)  # SIGINT
+            lines.append(child.stdout.readline().split())
+            child.stdin.write("\n")
+            child.stdin.flush()
+        lines.append(child.stdout.readline().split())
+        assert child.wait(timeout=120) == 0, child.stderr.read()
+    finally:
+        child.kill()
+    assert lines == [["naive", "2048", "0"], ["cached", "2048", "0"], ["same", "True"]]

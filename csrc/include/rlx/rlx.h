@@ -41,6 +41,7 @@ enum {
     RLX_ERR_STATE = -7,       /* call not valid in the object's current state */
     RLX_ERR_IO = -8,          /* file or network failure */
     RLX_ERR_INTERNAL = -9,    /* a bug in rlx */
+    RLX_ERR_INTERRUPTED = -10, /* rlx_interrupt() stopped the work; the object is as before the call */
 };
 
 /* The message of the last failing call on this thread ("" if none). Valid until the next
@@ -48,6 +49,14 @@ enum {
 const char *rlx_last_error(void);
 /* A short name for a status ("RLX_ERR_SHAPE"). */
 const char *rlx_status_name(rlx_status s);
+
+/* Interruption: rlx_interrupt() makes every plan run in progress stop before its next kernel and
+ * return RLX_ERR_INTERRUPTED (a sequence then keeps its history and cache as before the step), and
+ * so every run started until rlx_interrupt_clear(). Process-wide; async-signal-safe (it only sets
+ * a flag), so a SIGINT handler may call it. */
+void rlx_interrupt(void);
+void rlx_interrupt_clear(void);
+bool rlx_interrupted(void);
 
 /* Logging: the core reports notable events (never errors, which are statuses) through one
  * callback. Default: none (silent). The callback may be called from any thread. */
