@@ -40,7 +40,7 @@ EXT_SUFFIX := $(shell $(if $(wildcard $(VPY)),$(VPY),$(PYTHON)) -c 'import sysco
 EXT_SO     := rlx/_C$(EXT_SUFFIX)
 CSRC_FILES := $(shell find csrc -type f \( -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.comp' -o -name '*.glsl' \) 2>/dev/null | LC_ALL=C sort)
 
-.PHONY: help setup build demo test test-py test-c test-asan bench bench-quick clean distclean FORCE
+.PHONY: help setup build demo test test-py test-c test-tsan test-asan bench bench-quick clean distclean FORCE
 
 help:
 	@sed -n '3,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -120,6 +120,8 @@ test-py: build
 	$(VPY) -m pytest tests -q
 test-c: $(STAMPS)/apt.mk
 	PYTHON=$(VPY) tools/run_c_tests.sh
+test-tsan: $(STAMPS)/apt.mk
+	PYTHON=$(VPY) tools/run_c_tests.sh --tsan
 test-asan: $(VENV)/.rlx-deps
 	PYTHON=$(VPY) tools/run_asan_tests.sh
 

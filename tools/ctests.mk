@@ -8,9 +8,12 @@
 # Other tests/c/*.c files (not test_*) are shared helpers linked into every test.
 # Every recipe removes its target first, so a failed compile never leaves a
 # stale object or program behind (run_c_tests.sh asks `make -q` what is current).
+#
+#   make -f tools/ctests.mk OUT=build/tsan SANITIZE=-fsanitize=thread    a sanitizer build elsewhere
 
 CC      ?= cc
-OUT     := build/ctests
+OUT     ?= build/ctests
+SANITIZE ?=
 CORE    := $(shell find csrc -name '*.c' -not -path 'csrc/python/*' -not -path 'csrc/distributed/mpi*' 2>/dev/null | LC_ALL=C sort)
 TESTS   := $(sort $(wildcard tests/c/test_*.c))
 HELPERS := $(filter-out $(TESTS),$(sort $(wildcard tests/c/*.c)))
@@ -22,11 +25,11 @@ BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas
 # OpenSSL's libcrypto (csrc/distributed/auth.c; Debian: libssl-dev).
 CRYPTO_CFLAGS := $(shell pkg-config --cflags libcrypto 2>/dev/null)
 CRYPTO_LIBS   := $(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
-RLX_CFLAGS  := -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE
+RLX_CFLAGS  := -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE $(SANITIZE)
 CPPFLAGS    := -Icsrc/include -Icsrc -Itests/c $(BLAS_CFLAGS) $(CRYPTO_CFLAGS) \
                -DRLX_BUILD_CC='"$(CC) (C tests)"' -DRLX_BUILD_CFLAGS='"$(RLX_CFLAGS)"' \
                -DRLX_BUILD_BLAS='"openblas"' -DRLX_C_TESTS=1
-LDLIBS      := $(BLAS_LIBS) $(CRYPTO_LIBS) -lpthread -lm
+LDLIBS      := $(SANITIZE) $(BLAS_LIBS) $(CRYPTO_LIBS) -lpthread -lm
 
 all: $(BINS)
 

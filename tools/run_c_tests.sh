@@ -4,18 +4,30 @@
 # Prints one line per test and a final line `N passed, M failed`; exits
 # non-zero when any test or the build failed. Logs: build/ctests/logs/.
 #
-#   tools/run_c_tests.sh [NAME ...]   run only tests/c/test_NAME.c (or test_NAME)
-#   RLX_NO_VALGRIND=1                 run the programs directly (quick local loop)
+#   tools/run_c_tests.sh [NAME ...]         run only tests/c/test_NAME.c (or test_NAME)
+#   tools/run_c_tests.sh --tsan [NAME ...]  a ThreadSanitizer build (build/tsan) run directly, not
+#                                           under valgrind: the pool, sequences stepped from
+#                                           several threads (test_model), the TCP mesh (test_tcp)
+#   RLX_NO_VALGRIND=1                       run the programs directly (quick local loop)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 OUT=build/ctests
+MAKE_VARS=()
+if [ "${1:-}" = --tsan ]; then
+  shift
+  OUT=build/tsan
+  # The baseline kernels only: ifunc resolvers run before TSan's runtime starts (cpu.h).
+  MAKE_VARS=(OUT=$OUT "SANITIZE=-fsanitize=thread -DRLX_CPU_NO_CLONES")
+  export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tools/tsan.supp"
+  RLX_NO_VALGRIND=1
+fi
 mkdir -p "$OUT/logs"
 
 # -k: one test that fails to compile must not hide the others (it is reported
 # as FAIL below, "not built").
 build_ok=1
-if ! make -s -k -f tools/ctests.mk -j"$(nproc)" all; then
+if ! make -s -k -f tools/ctests.mk -j"$(nproc)" "${MAKE_VARS[@]}" all; then
   echo "C tests: build failed (see the compiler output above)" >&2
   build_ok=0
 fi
@@ -37,7 +49,7 @@ for src in "${tests[@]}"; do
   name=$(basename "$src" .c)
   bin="$OUT/bin/$name"; log="$OUT/logs/$name.log"
   start=$EPOCHREALTIME
-  if [ ! -x "$bin" ] || { [ $build_ok = 0 ] && ! make -s -q -f tools/ctests.mk "$bin" 2>/dev/null; }; then
+  if [ ! -x "$bin" ] || { [ $build_ok = 0 ] && ! make -s -q -f tools/ctests.mk "${MAKE_VARS[@]}" "$bin" 2>/dev/null; }; then
     echo "FAIL $name (not built)"; failed=$((failed + 1)); continue
   fi
   "${VALGRIND[@]}" "$bin" > "$log" 2>&1

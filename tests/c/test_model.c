@@ -11,6 +11,7 @@
  * tests/models.)
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -318,6 +319,62 @@ static void test_blocks(struct rlx_device *dev)
     for (int i = 0; i < n_bufs; i++) free(bufs[i]);
 }
 
+/* Threads: four sequences of one model stepped from four threads at once (their plan runs take
+ * turns inside the model; the pool and the plan cache are shared) give the tokens each gives
+ * alone. Run under ThreadSanitizer by tools/run_c_tests.sh --tsan. */
+#define N_THREADS 4
+#define N_STEPS 8
+struct seq_job {
+    struct rlx_model *m;
+    int32_t prompt[3];
+    int32_t got[N_STEPS];
+    rlx_status status;
+};
+
+static void *run_job(void *arg)
+{
+    struct seq_job *j = arg;
+    struct rlx_seq *s = NULL;
+    j->status = rlx_seq_create(j->m, RLX_F16, &s);
+    if (j->status == RLX_OK) j->status = rlx_seq_prefill(s, j->prompt, 3);
+    for (int i = 0; i < N_STEPS && j->status == RLX_OK; i++) {
+        const float *lg;
+        j->status = rlx_seq_logits_cached(s, &lg);
+        if (j->status != RLX_OK) break;
+        j->got[i] = argmax(lg, 37);
+        j->status = rlx_seq_append(s, &j->got[i], 1);
+    }
+    rlx_seq_free(s);
+    return NULL;
+}
+
+static void test_threads(struct rlx_device *dev)
+{
+    struct rlx_model_config c = tiny;
+    c.max_position_embeddings = 16;
+    struct rlx_model *m = NULL;
+    CHECK(rlx_model_create(&c, dev, 0, c.n_layers, RLX_BLOCK_EMBED | RLX_BLOCK_HEAD, &m) == RLX_OK, "create");
+    if (!m) return;
+    n_bufs = 0;
+    load(&m, 1, &c);
+    CHECK(rlx_model_set_policy(m, RLX_POLICY_DYNAMIC, 1, RLX_POLICY_BUCKETED, 16) == RLX_OK, "policy");
+    struct seq_job alone[N_THREADS], together[N_THREADS];
+    for (int t = 0; t < N_THREADS; t++) {
+        alone[t] = (struct seq_job){.m = m, .prompt = {t + 1, 2 * t + 3, 5}};
+        together[t] = alone[t];
+        run_job(&alone[t]);
+    }
+    pthread_t th[N_THREADS];
+    for (int t = 0; t < N_THREADS; t++) CHECK(pthread_create(&th[t], NULL, run_job, &together[t]) == 0, "thread");
+    for (int t = 0; t < N_THREADS; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < N_THREADS; t++)
+        CHECK(alone[t].status == RLX_OK && together[t].status == RLX_OK &&
+                  memcmp(alone[t].got, together[t].got, sizeof alone[t].got) == 0,
+              "%s: sequence %d stepped beside three others gives its tokens alone", rlx_device_name(dev), t);
+    rlx_model_free(m);
+    for (int i = 0; i < n_bufs; i++) free(bufs[i]);
+}
+
 static void test_missing_weight(struct rlx_device *cpu)
 {
     struct rlx_model_config c = {.vocab_size = 11, .hidden_size = 8, .intermediate_size = 8, .n_layers = 1,
@@ -367,6 +424,7 @@ int main(void)
                 if (k == 0 || p == 1) test_cached_equals_naive(devs[d], policies[p], kvs[k]);
         test_sequences(devs[d]);
         test_blocks(devs[d]);
+        test_threads(devs[d]);
     }
     test_missing_weight(devs[0]);
     for (int d = 0; d < 2; d++) rlx_device_free(devs[d]);

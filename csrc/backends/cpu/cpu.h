@@ -14,8 +14,13 @@
 #include <stdint.h>
 
 /* The ISAs each hot loop is compiled for; the loader picks one per machine (cpuid), so the build
- * never depends on -march. */
+ * never depends on -march. A ThreadSanitizer build compiles the baseline only (RLX_CPU_NO_CLONES):
+ * the loader runs ifunc resolvers before TSan's runtime is up, and instrumented ones crash. */
+#ifdef RLX_CPU_NO_CLONES
+#define RLX_CPU_CLONES
+#else
 #define RLX_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 
 /* 16 floats: one zmm on avx512f, two ymm on avx2, four xmm on the baseline. Loaded and stored
  * with memcpy, so pointers need no alignment. */
