@@ -38,7 +38,7 @@ import numpy as np
 from rlx import _C
 from rlx import dtypes as _dtypes
 from rlx.config import ModelConfig, load_config
-from rlx.weights import _c_config, check_weights, dtype_summary, load_weights
+from rlx.weights import _c_config, check_weights, dtype_summary, load_weights, watch_sources
 
 __all__ = ["SampleOpts", "Sequence", "Generator", "soft_memory_budget", "DEFAULT_KV_DTYPE"]
 
@@ -236,6 +236,7 @@ class Generator(Sequence):
         arrays["rope.inv_freq"] = config.rope_inv_freq()
         self._device = device
         self._model = _C.Model(_c_config(config), arrays, device)
+        watch_sources(self._model, arrays)
         self._prefill_policy = ("oneshot", 1)
         self._decode_policy = ("oneshot", 1)
         budget, hint = soft_memory_budget()

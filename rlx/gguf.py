@@ -59,6 +59,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from rlx.config import ModelConfig, config_from_dict
 from rlx.errors import ConfigError, WeightsError
+from rlx.weights import map_file
 
 __all__ = ["ARCHITECTURES", "TENSOR_NAMES", "GGUFFile", "GGUFTensor", "config_from_gguf",
            "llama3_rope_factors", "permute_qk", "unpermute_qk"]
@@ -230,7 +231,7 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
         try:
-            self.buffer = np.memmap(self.path, mode="r")
+            self.buffer = map_file(self.path)
         except ValueError as e:  # an empty file cannot be mapped
             raise WeightsError(f"{self.path}: not a GGUF file ({e})") from None
         self.metadata: dict[str, Any] = {}

@@ -19,7 +19,7 @@ from rlx import _C
 from rlx.config import ModelConfig
 from rlx.distributed.partition import BlockSpec, block_role, pipeline_layer_range
 from rlx.generator import _kv_dtype, soft_memory_budget
-from rlx.weights import _c_config, check_weights, dtype_summary
+from rlx.weights import _c_config, check_weights, dtype_summary, watch_sources
 
 
 class PipelineStage:
@@ -38,6 +38,7 @@ class PipelineStage:
         arrays["rope.inv_freq"] = config.rope_inv_freq()
         self._model = _C.Model(_c_config(config), arrays, device, layer_begin=self.spec.layer_begin,
                                layer_end=self.spec.layer_end, embed=self.spec.embed, head=self.spec.head)
+        watch_sources(self._model, arrays)
         budget, hint = soft_memory_budget()
         self._model.set_memory_budget(budget, hint)
         self._c = _C.Sequence(self._model, _kv_dtype(kv_dtype))

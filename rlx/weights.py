@@ -69,7 +69,7 @@ def _load_file(path: str, out: dict[str, np.ndarray]) -> None:
         raise WeightsError(f"{path}: not a valid safetensors file ({e})") from None
     size = os.path.getsize(path)
     start, header = _parse_header(path, size)
-    data = np.memmap(path, dtype=np.uint8, mode="r") if size > start else np.zeros(0, np.uint8)
+    data = map_file(path) if size > start else np.zeros(0, np.uint8)
     for name in names:
         info = header.get(name)
         try:
@@ -89,6 +89,31 @@ def _load_file(path: str, out: dict[str, np.ndarray]) -> None:
             arr = arr.copy()
         arr.flags.writeable = False
         out[name] = arr
+
+
+def map_file(path: str) -> np.memmap:
+    """The file mapped read-only (uint8), remembering the file as it was (`rlx_source`: path and
+    os.stat) so that a model reading views of it can tell when it is modified in place."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    data.rlx_source = (os.path.abspath(path), os.stat(path))
+    return data
+
+
+def watch_sources(model, weights: dict) -> None:
+    """Tells the _C.Model that reads these weights which files (map_file) some of them are views
+    of, as they were when mapped: every run then raises rlx.Error once one is modified in place
+    or truncated, instead of computing with changed bytes (or dying of SIGBUS)."""
+    found: dict[str, os.stat_result] = {}
+    for arr in weights.values():
+        a = arr.raw if isinstance(arr, Packed) else arr
+        while a is not None:
+            src = getattr(a, "rlx_source", None)
+            if src is not None:
+                found.setdefault(src[0], src[1])
+                break
+            a = getattr(a, "base", None)
+    for path, st in found.items():
+        model.add_source(path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def load_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:

@@ -185,6 +185,15 @@ void rlx_model_weights(const struct rlx_model *m, int *count, size_t *bytes)
     *bytes = rlx_weights_bytes(m->weights);
 }
 
+rlx_status rlx_model_add_source(struct rlx_model *m, const char *path, uint64_t dev, uint64_t ino, int64_t size,
+                                int64_t mtime_ns)
+{
+    rlx_model_lock(m);
+    rlx_status s = rlx_weights_add_source(m->weights, path, dev, ino, size, mtime_ns);
+    rlx_model_unlock(m);
+    return s;
+}
+
 void rlx_model_stats(struct rlx_model *m, struct rlx_model_stats *out)
 {
     rlx_model_lock(m);

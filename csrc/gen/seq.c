@@ -229,7 +229,9 @@ static rlx_status run_locked(struct rlx_seq *s, enum plan_kind kind, const float
         }
     }
     s->profile_valid = false;
+    RLX_TRY(rlx_weights_check(m->weights));
     RLX_TRY(rlx_plan_run(sl->plan));
+    RLX_TRY(rlx_weights_check(m->weights)); /* a weights file truncated during the run: garbage */
     if (m->profiling) s->profile_valid = rlx_plan_profile(sl->plan, s->profile) == RLX_OK;
     if (m->ends & RLX_BLOCK_HEAD) {
         RLX_TRY(rlx_plan_read_output(sl->plan, sl->out_y, s->logits, sizeof(float) * (size_t)m->cfg.vocab_size));

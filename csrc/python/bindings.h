@@ -106,7 +106,11 @@ void rlx_py_lock_fini(struct rlx_py_lock *l);
 int rlx_py_lock_acquire(struct rlx_py_lock *l, const char *what);
 void rlx_py_lock_release(struct rlx_py_lock *l);
 
-/* Ctrl-C during a long core call (interrupt.c): begin before releasing the GIL, end after taking it
+/* The SIGBUS handler that turns a fault in a weights file truncated underneath into an error
+ * (signals.c); installed once, at import. -1 with an exception set on failure. */
+int rlx_py_sigbus_install(void);
+
+/* Ctrl-C during a long core call (signals.c): begin before releasing the GIL, end after taking it
  * back, with the call's status. end returns -1 with KeyboardInterrupt set (or what Python's SIGINT
  * handler raised) when the call was interrupted, else 0. GIL held for both. */
 void rlx_py_sigint_begin(void);

@@ -261,7 +261,24 @@ PyObject *rlx_py_decoder_params(PyObject *module, PyObject *args, PyObject *kwar
     return out;
 }
 
+/* add_source(path, st_dev, st_ino, st_size, st_mtime_ns): a file the weights were read from in place. */
+static PyObject *model_add_source(struct model_object *self, PyObject *args)
+{
+    PyObject *path;
+    unsigned long long dev, ino;
+    long long size, mtime;
+    if (!PyArg_ParseTuple(args, "O&KKLL:add_source", PyUnicode_FSConverter, &path, &dev, &ino, &size, &mtime))
+        return NULL;
+    rlx_status s = rlx_model_add_source(self->model, PyBytes_AS_STRING(path), dev, ino, size, mtime);
+    Py_DECREF(path);
+    if (rlx_py_raise(s)) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef model_methods[] = {
+    {"add_source", (PyCFunction)model_add_source, METH_VARARGS,
+     "add_source(path, st_dev, st_ino, st_size, st_mtime_ns)\n\nA file the weights were read from in place, as "
+     "os.stat saw it at load: every run raises rlx.Error once it is modified in place or truncated."},
     {"set_weight", (PyCFunction)model_set_weight, METH_VARARGS,
      "set_weight(name, array_or_raw)\n\nStores a weight (see Model); drops the compiled plans."},
     {"set_policy", (PyCFunction)model_set_policy, METH_VARARGS,

@@ -183,6 +183,8 @@ static int module_exec(PyObject *module)
     if (PyModule_AddObjectRef(module, "Error", st->error) < 0)
         return -1;
     rlx_py_errors_set(st->error);
+    if (rlx_py_sigbus_install() < 0)
+        return -1;
     for (size_t i = 0; i < sizeof add_types / sizeof add_types[0]; i++) {
         if (add_types[i](module, st) < 0)
             return -1;

@@ -12,7 +12,7 @@
  * GIL released); distinct sequences of one model run on any threads (their plan runs take turns
  * inside the model). Python callbacks (on_token, adjust) run with the GIL held and the lock held
  * by this thread; a callback that re-enters the same sequence gets an exception, not a deadlock.
- * Ctrl-C stops a forward pass before its next kernel (interrupt.c) and raises KeyboardInterrupt:
+ * Ctrl-C stops a forward pass before its next kernel (signals.c) and raises KeyboardInterrupt:
  * the history and the cache are as before that step, the tokens generate() made before it kept.
  */
 #define NO_IMPORT_ARRAY

@@ -5,10 +5,13 @@
  * are by exact name over a flat array: a model has a few hundred weights and binding happens per
  * compile, not per step. Never copies a weight it can use in place; never prints.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/core.h"
+#include "runtime/guard.h"
 #include "runtime/plan.h"
 
 struct weight {
@@ -18,6 +21,14 @@ struct weight {
     int64_t shape[RLX_MAX_DIMS];
     size_t bytes;
     struct rlx_buffer *buf;     /* owned by the store: a wrapper or an upload */
+    int guard;                  /* registration of the host memory used in place, or -1 */
+};
+
+/* A file weights were read from, as it was at load. */
+struct source {
+    char *path;
+    uint64_t dev, ino;
+    int64_t size, mtime_ns;
 };
 
 struct rlx_weights {
@@ -25,6 +36,9 @@ struct rlx_weights {
     struct weight *w;           /* (n) */
     int n, cap;
     size_t bytes;
+    struct source *src;         /* (n_src) */
+    int n_src, cap_src;
+    atomic_int faulted;         /* a read of a weight faulted (guard.c) */
 };
 
 rlx_status rlx_weights_create(struct rlx_device *dev, struct rlx_weights **out)
@@ -40,7 +54,12 @@ rlx_status rlx_weights_create(struct rlx_device *dev, struct rlx_weights **out)
 void rlx_weights_free(struct rlx_weights *ws)
 {
     if (!ws) return;
-    for (int i = 0; i < ws->n; i++) rlx_dev_free(ws->dev, ws->w[i].buf);
+    for (int i = 0; i < ws->n; i++) {
+        rlx_guard_remove(ws->w[i].guard);
+        rlx_dev_free(ws->dev, ws->w[i].buf);
+    }
+    for (int i = 0; i < ws->n_src; i++) free(ws->src[i].path);
+    free(ws->src);
     free(ws->w);
     free(ws);
 }
@@ -62,26 +81,38 @@ rlx_status rlx_weights_set(struct rlx_weights *ws, const char *name, const struc
     rlx_status s = rlx_shape_bytes(t->dtype, t->ndim, t->shape, &bytes);
     if (s != RLX_OK) return rlx_error_context(s, "weight '%s'", name);
     if (!t->data && bytes) return rlx_set_error(RLX_ERR_INVALID, "weight '%s': no data", name);
+    /* guarded while it is read: for good when used in place, during the upload otherwise */
+    int guard;
+    RLX_TRY(rlx_guard_add(t->data, bytes, &ws->faulted, &guard));
     struct rlx_buffer *b = NULL;
     size_t cap = 0;
     s = rlx_dev_place(ws->dev, t->data, bytes, &b, &cap);
+    if (s == RLX_OK && !b->wrapped) {
+        rlx_guard_remove(guard);
+        guard = -1;
+    }
+    if (s == RLX_OK) s = rlx_weights_check(ws);
     if (s != RLX_OK) {
+        rlx_guard_remove(guard);
         rlx_dev_free(ws->dev, b);
         return rlx_error_context(s, "weight '%s'", name);
     }
     struct weight *w = find(ws, name);
     if (w) {
+        rlx_guard_remove(w->guard);
         rlx_dev_free(ws->dev, w->buf);
         ws->bytes -= w->bytes;
     } else {
         s = rlx_grow(&ws->w, &ws->cap, ws->n + 1);
         if (s != RLX_OK) {
+            rlx_guard_remove(guard);
             rlx_dev_free(ws->dev, b);
             return s;
         }
         w = &ws->w[ws->n++];
         strcpy(w->name, name);
     }
+    w->guard = guard;
     w->dtype = t->dtype;
     w->ndim = t->ndim;
     memcpy(w->shape, t->shape, sizeof w->shape);
@@ -99,6 +130,40 @@ rlx_status rlx_weights_info(const struct rlx_weights *ws, const char *name, enum
     if (dt) *dt = w->dtype;
     if (ndim) *ndim = w->ndim;
     if (shape) memcpy(shape, w->shape, sizeof w->shape);
+    return RLX_OK;
+}
+
+rlx_status rlx_weights_add_source(struct rlx_weights *ws, const char *path, uint64_t dev, uint64_t ino, int64_t size,
+                                  int64_t mtime_ns)
+{
+    if (!path || !path[0]) return rlx_set_error(RLX_ERR_INVALID, "weights source: no path");
+    RLX_TRY(rlx_grow(&ws->src, &ws->cap_src, ws->n_src + 1));
+    char *copy = rlx_calloc(strlen(path) + 1, 1);
+    if (!copy) return RLX_ERR_NOMEM;
+    strcpy(copy, path);
+    ws->src[ws->n_src++] = (struct source){copy, dev, ino, size, mtime_ns};
+    return RLX_OK;
+}
+
+rlx_status rlx_weights_check(const struct rlx_weights *ws)
+{
+    if (atomic_load(&ws->faulted))
+        return rlx_set_error(RLX_ERR_IO, "a weights file was truncated while the model used it (a read of its "
+                             "mapped pages faulted; they now read as zeros): load the model again");
+    for (int i = 0; i < ws->n_src; i++) {
+        const struct source *f = &ws->src[i];
+        struct stat st;
+        if (stat(f->path, &st) != 0) {
+            if (errno == ENOENT) continue; /* removed: the mapping keeps the file's data */
+            return rlx_set_error(RLX_ERR_IO, "weights file %s: cannot stat it (%s)", f->path, strerror(errno));
+        }
+        if ((uint64_t)st.st_dev != f->dev || (uint64_t)st.st_ino != f->ino) continue; /* replaced: ours intact */
+        const int64_t mtime = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+        if ((int64_t)st.st_size != f->size || mtime != f->mtime_ns)
+            return rlx_set_error(RLX_ERR_IO, "weights file %s was modified in place since it was loaded (size %lld -> "
+                                 "%lld bytes): the model reads it in place, so load the model again", f->path,
+                                 (long long)f->size, (long long)st.st_size);
+    }
     return RLX_OK;
 }
 

@@ -9,9 +9,13 @@
  * `make test`.
  */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "backends/backend.h"
 #include "ir/graph.h"
@@ -299,6 +303,54 @@ static void test_weight_store(void)
     rlx_device_free(ref);
 }
 
+/* A weight read in place from a mapped file: the store names the file once it is modified in place;
+ * a read of a page the file lost (SIGBUS) is absorbed by rlx_guard_fault (the handler a binding
+ * installs) and the store's check then fails; memory outside every store is not rlx's. */
+static void on_sigbus(int sig, siginfo_t *info, void *uctx)
+{
+    (void)uctx;
+    if (!rlx_guard_fault(info->si_addr)) signal(sig, SIG_DFL);
+}
+
+static void test_mapped_file(struct rlx_device *cpu)
+{
+    char path[] = "/tmp/rlx-test-mapped-XXXXXX";
+    int fd = mkstemp(path);
+    const long page = sysconf(_SC_PAGESIZE);
+    const size_t bytes = 4 * (size_t)page;
+    CHECK(fd >= 0 && ftruncate(fd, (off_t)bytes) == 0, "a file of four pages");
+    float *map = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    CHECK(map != MAP_FAILED, "mapped");
+    struct stat st;
+    fstat(fd, &st);
+    struct rlx_weights *ws = NULL;
+    rlx_weights_create(cpu, &ws);
+    struct rlx_host_tensor t = {.data = map, .dtype = RLX_F32, .ndim = 1, .shape = {(int64_t)(bytes / 4)}};
+    CHECK(rlx_weights_set(ws, "w", &t) == RLX_OK &&
+              rlx_weights_add_source(ws, path, (uint64_t)st.st_dev, (uint64_t)st.st_ino, (int64_t)st.st_size,
+                                     (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec) == RLX_OK &&
+              rlx_weights_check(ws) == RLX_OK,
+          "a mapped weight and its file");
+    struct sigaction sa = {.sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO}, old;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &old);
+    CHECK(ftruncate(fd, page) == 0, "truncate to one page");
+    CHECK(rlx_weights_check(ws) == RLX_ERR_IO && strstr(rlx_last_error(), "modified in place") &&
+              strstr(rlx_last_error(), path),
+          "the check names the file (%s)", rlx_last_error());
+    volatile float *v = map;
+    float sum = v[0] + v[bytes / 4 - 1]; /* the last page is gone: SIGBUS, absorbed; it reads 0 */
+    CHECK(sum == 0 && rlx_weights_check(ws) == RLX_ERR_IO && strstr(rlx_last_error(), "truncated while"),
+          "a faulting read is absorbed and the store refuses from then on (%s)", rlx_last_error());
+    CHECK(!rlx_guard_fault((char *)map - page), "an address outside every store is not rlx's");
+    sigaction(SIGBUS, &old, NULL);
+    rlx_weights_free(ws);
+    CHECK(!rlx_guard_fault(map), "a freed store's memory is not guarded any more");
+    munmap(map, bytes);
+    close(fd);
+    unlink(path);
+}
+
 /* A state (a small "cache" of rows) bound per run: cache_write puts each run's rows at their
  * positions, attention reads every row written so far; rows survive between runs, and a position
  * outside the state is RLX_ERR_RANGE. */
@@ -468,6 +520,7 @@ int main(void)
     test_errors(devs[0]);
     test_log_callback(devs[0]);
     test_weight_store();
+    test_mapped_file(devs[0]);
     test_overflow(devs[0]);
     test_dtypes();
     for (int d = 0; d < 2; d++) rlx_device_free(devs[d]);

@@ -147,6 +147,10 @@ struct rlx_device *rlx_model_device(const struct rlx_model *m);
 void rlx_model_block(const struct rlx_model *m, int64_t *begin, int64_t *end, unsigned *ends);
 /* The store's weight count and bytes. */
 void rlx_model_weights(const struct rlx_model *m, int *count, size_t *bytes);
+/* A file the weights were read from in place (rlx_weights_add_source): every run then fails with
+ * RLX_ERR_IO once it is modified in place or truncated. */
+rlx_status rlx_model_add_source(struct rlx_model *m, const char *path, uint64_t dev, uint64_t ino, int64_t size,
+                                int64_t mtime_ns);
 
 struct rlx_model_stats {
     int64_t prefill_compiles, decode_compiles, plan_hits;

@@ -384,6 +384,20 @@ rlx_status rlx_weights_info(const struct rlx_weights *w, const char *name, enum 
                             int64_t shape[RLX_MAX_DIMS]);
 int rlx_weights_count(const struct rlx_weights *w);
 size_t rlx_weights_bytes(const struct rlx_weights *w);   /* sum of the weights' sizes */
+/* Files that change under a loaded model. A weight used in place may be a view of a memory-mapped
+ * file; rlx_weights_add_source records such a file with its identity at load (st_dev, st_ino,
+ * size, mtime in ns). rlx_weights_check fails with RLX_ERR_IO naming the file when it has been
+ * modified in place since (same inode, another size or mtime; a file replaced by a rename leaves
+ * the mapping intact and is not an error), or when a read of a weight faulted (the file was
+ * truncated: see rlx_guard_fault). The model runs it before and after every plan run. */
+rlx_status rlx_weights_add_source(struct rlx_weights *w, const char *path, uint64_t dev, uint64_t ino, int64_t size,
+                                  int64_t mtime_ns);
+rlx_status rlx_weights_check(const struct rlx_weights *w);
+/* For a SIGBUS handler (the Python binding installs one): when addr lies in a weight some store
+ * uses in place, maps a page of zeros over its page, marks the store (its next check fails) and
+ * returns true, so the faulting read completes; false otherwise (not rlx's: chain to the previous
+ * handler). Async-signal-safe. */
+bool rlx_guard_fault(void *addr);
 /* Binds every param of the plan to the store's weight of the same name (no copy). Fails naming the
  * first param the store lacks or holds with another dtype or shape; the plan's earlier bindings
  * then stay as they were. */
