@@ -127,7 +127,8 @@ def _normalize_rope_scaling(scaling: Any, max_position_embeddings: int) -> dict 
     if rope_type == "default":
         return None
     if rope_type != "llama3":
-        raise _error("rope_scaling.rope_type", f"= {_show(rope_type)} is not supported (supported: 'default', 'llama3')")
+        raise _error("rope_scaling.rope_type",
+                     f"= {_show(rope_type)} is not supported (supported: 'default', 'llama3')")
     out: dict[str, Any] = {"rope_type": "llama3"}
     for key in ("factor", "low_freq_factor", "high_freq_factor"):
         if key not in scaling:

@@ -75,10 +75,12 @@ class Tokenizer:
 
 def _load_or_explain(cls: Callable[[str], Tokenizer], arg: str, files: str) -> Tokenizer:
     """cls(arg), with any failure of the tokenizer libraries (they raise plain Exception, OSError,
-    RuntimeError, ValueError, ...) or of reading tokenizer_config.json turned into a ConfigError."""
+    RuntimeError, ValueError, ...) or of reading tokenizer_config.json turned into a ConfigError.
+    A library that is not installed (ImportError) and MemoryError are not the files' fault: they
+    pass through."""
     try:
         return cls(arg)
-    except MemoryError:
+    except (ImportError, MemoryError):
         raise
     except Exception as e:
         reason = f"{type(e).__name__}: {e}"

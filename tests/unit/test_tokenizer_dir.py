@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import os
 import signal
-from pathlib import Path
+import sys
 
 import pytest
 
@@ -126,4 +126,11 @@ def test_unusable_tokenizer_files(tmp_path, files):
 def test_error_is_a_value_error(tmp_path):
     """from_dir raised ValueError before; ConfigError is one, so callers catching it still do."""
     with pytest.raises(ValueError):
+        Tokenizer.from_dir(tmp_path)
+
+
+def test_a_missing_library_is_not_the_files_fault(tmp_path, monkeypatch):
+    (tmp_path / "tokenizer.json").write_text(tokenizer_json())
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers -> ImportError
+    with pytest.raises(ImportError):
         Tokenizer.from_dir(tmp_path)
