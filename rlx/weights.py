@@ -19,11 +19,12 @@ A directory is a unit that must not reach outside itself. Its files (model.safet
 shards named by model.safetensors.index.json) must be plain relative names whose real path
 (symlinks resolved) lies inside the directory's real path; absolute names, `..` and symlinks that
 escape are refused with WeightsError. The one widening: a Hugging Face cache snapshot
-(<cache>/models--org--name/snapshots/<rev>/) links its files to ../../blobs/, so there the
-repository folder (models--org--name/) is the bound. A file passed by its own path is the caller's
-choice and is read wherever it is. Each tensor must come from exactly one file, and from the shard
-the index names for it: a tensor in two files, in a shard the index does not name for it, or in
-the index but in no shard raises WeightsError naming the tensor and the files.
+(<cache>/models--org--name/snapshots/<rev>/, or a subfolder of it) links its files to the
+repository's blobs/, so there the repository folder (models--org--name/) is the bound. A file
+passed by its own path is the caller's choice and is read wherever it is. Each tensor must come
+from exactly one file, and from the shard the index names for it: a tensor in two files, in a
+shard the index does not name for it, or in the index but in no shard raises WeightsError naming
+the tensor and the files.
 
 `expected_weights(cfg)` lists every tensor the decoder needs with its HF shape, and
 `check_weights(cfg, weights)` verifies a dict (loaded or built in memory) against it.
@@ -147,13 +148,17 @@ def _load_file(path: str) -> dict[str, np.ndarray]:
 
 def _confinement_root(model_dir: str) -> str:
     """The real path a directory's weight files must lie in: the directory itself, or for a
-    Hugging Face cache snapshot (<repo>/snapshots/<rev>, files linked to <repo>/blobs/) the repo."""
+    Hugging Face cache snapshot (<repo>/snapshots/<rev>[/subfolder], files linked to
+    <repo>/blobs/) the repo."""
     real = os.path.realpath(model_dir)
-    snapshots = os.path.dirname(real)
-    repo = os.path.dirname(snapshots)
-    if (os.path.basename(snapshots) == "snapshots" and os.path.basename(repo).startswith("models--")
-            and os.path.isdir(os.path.join(repo, "blobs"))):
-        return repo
+    d = real
+    while os.path.dirname(d) != d:
+        parent = os.path.dirname(d)
+        repo = os.path.dirname(parent)
+        if (os.path.basename(parent) == "snapshots" and os.path.basename(repo).startswith("models--")
+                and os.path.isdir(os.path.join(repo, "blobs"))):
+            return repo
+        d = parent
     return real
 
 

@@ -100,6 +100,10 @@ def test_hugging_face_cache_layout(tmp_path):
     (snap / "s2.safetensors").symlink_to("../../blobs/beef")
     index(snap, {"a": "s1.safetensors", "b": "s2.safetensors"})
     assert set(load_weights(snap)) == {"a", "b"}
+    sub = snap / "sub"  # a model in a subfolder of the snapshot
+    sub.mkdir()
+    (sub / "model.safetensors").symlink_to("../../../blobs/f00d")
+    assert set(load_weights(sub)) == {"a"}
     save_file(EVIL, str(tmp_path / "hub" / "other"))  # still nothing outside the repo folder
     (snap / "s2.safetensors").unlink()
     (snap / "s2.safetensors").symlink_to("../../../other")
