@@ -611,11 +611,14 @@ def config_from_gguf(gguf_file: GGUFFile | str | os.PathLike) -> ModelConfig:
 
 
 def is_gguf(path: str | os.PathLike) -> bool:
-    """Whether path is a file that starts with the GGUF magic."""
+    """Whether path is a regular file that starts with the GGUF magic (never opens anything else:
+    a FIFO would block)."""
     try:
+        if not os.path.isfile(path):
+            return False
         with open(path, "rb") as f:
             return f.read(4) == b"GGUF"
-    except (IsADirectoryError, FileNotFoundError, PermissionError, OSError):
+    except (OSError, ValueError):  # ValueError: an embedded NUL in the path
         return False
 
 

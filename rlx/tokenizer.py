@@ -5,6 +5,9 @@ package, or a SentencePiece model (``tokenizer.model`` or a single ``*.model`` f
 model has one, ``decode(ids)`` returns text, and ``decode_continuation(prefix, new)`` returns the
 text that ``new`` adds after ``prefix`` (so leading spaces and multi-byte characters come out
 right when text is streamed token by token).
+
+``Tokenizer.from_dir`` raises FileNotFoundError for a path that does not exist and rlx.ConfigError
+for everything else that is wrong with the directory or its tokenizer files.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import Sequence
+from typing import Callable, Sequence
+
+from rlx.errors import ConfigError
 
 
 class Tokenizer:
@@ -22,16 +27,35 @@ class Tokenizer:
 
     @staticmethod
     def from_dir(path: str | os.PathLike) -> "Tokenizer":
+        """The tokenizer of a model directory: tokenizer.json (with tokenizer_config.json when
+        present) through `tokenizers`, else tokenizer.model, else the one regular *.model file,
+        through `sentencepiece`. FileNotFoundError when path does not exist; rlx.ConfigError (a
+        ValueError) when it is not a directory, holds no tokenizer or several *.model files, or
+        the tokenizer files cannot be loaded (the message names them and the library's reason)."""
         path = os.fspath(path)
-        if os.path.isfile(os.path.join(path, "tokenizer.json")):
-            return HFTokenizer(path)
-        models = sorted(glob.glob(os.path.join(path, "tokenizer.model")) or glob.glob(os.path.join(path, "*.model")))
-        if len(models) == 1:
-            return SentencePieceTokenizer(models[0])
+        if not os.path.isdir(path):
+            if os.path.lexists(path):
+                raise ConfigError(f"{path}: not a directory (pass the model directory, which holds tokenizer.json "
+                                  "or a SentencePiece *.model file)")
+            raise FileNotFoundError(f"no such directory: {path}")
+        hf = os.path.join(path, "tokenizer.json")
+        if os.path.lexists(hf):
+            if not os.path.isfile(hf):  # a directory, a FIFO (opening one blocks), a dangling link
+                raise ConfigError(f"{hf}: not a regular file")
+            return _load_or_explain(HFTokenizer, path, f"{hf} (with tokenizer_config.json beside it)")
+        sp = os.path.join(path, "tokenizer.model")
+        if os.path.lexists(sp):
+            if not os.path.isfile(sp):
+                raise ConfigError(f"{sp}: not a regular file")
+            models = [sp]
+        else:  # glob.escape: a directory named like "llama[1]" is a path, not a pattern
+            models = sorted(m for m in glob.glob(os.path.join(glob.escape(path), "*.model")) if os.path.isfile(m))
         if len(models) > 1:
-            raise ValueError(f"{path}: several SentencePiece models ({', '.join(map(os.path.basename, models))}); "
-                             "keep one, or name it tokenizer.model")
-        raise ValueError(f"{path}: no tokenizer found (expected tokenizer.json or a SentencePiece *.model file)")
+            raise ConfigError(f"{path}: several SentencePiece models ({', '.join(map(os.path.basename, models))}); "
+                              "keep one, or name it tokenizer.model")
+        if not models:
+            raise ConfigError(f"{path}: no tokenizer found (expected tokenizer.json or a SentencePiece *.model file)")
+        return _load_or_explain(SentencePieceTokenizer, models[0], models[0])
 
     @staticmethod
     def from_pretrained(path: str | os.PathLike) -> "Tokenizer":
@@ -63,6 +87,20 @@ class Tokenizer:
         while text.endswith("\ufffd"):
             text = text[:-1]
         return text
+
+
+def _load_or_explain(cls: Callable[[str], Tokenizer], arg: str, files: str) -> Tokenizer:
+    """cls(arg), with any failure of the tokenizer libraries (they raise plain Exception, OSError,
+    RuntimeError, ValueError, ...) or of reading tokenizer_config.json turned into a ConfigError.
+    A library that is not installed (ImportError) and MemoryError are not the files' fault: they
+    pass through."""
+    try:
+        return cls(arg)
+    except (ImportError, MemoryError):
+        raise
+    except Exception as e:
+        reason = f"{type(e).__name__}: {e}"
+        raise ConfigError(f"{files}: not a usable tokenizer ({reason[:300]})") from None
 
 
 class SentencePieceTokenizer(Tokenizer):

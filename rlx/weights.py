@@ -11,8 +11,20 @@ Other stored dtypes are refused with WeightsError.
 
 The `safetensors` package validates each file (safe_open); rlx then parses the header itself
 (8-byte little-endian length, then JSON {name: {dtype, shape, data_offsets}}) to locate each
-tensor in the map, because safetensors' NumPy path copies. Any truncated or malformed file
-raises WeightsError naming the file.
+tensor in the map, because safetensors' NumPy path copies, and checks every entry again rather
+than trusting that validation. Any truncated or malformed file raises WeightsError naming the
+file; a path that does not exist raises FileNotFoundError.
+
+A directory is a unit that must not reach outside itself. Its files (model.safetensors, or the
+shards named by model.safetensors.index.json) must be plain relative names whose real path
+(symlinks resolved) lies inside the directory's real path; absolute names, `..` and symlinks that
+escape are refused with WeightsError. The one widening: a Hugging Face cache snapshot
+(<cache>/models--org--name/snapshots/<rev>/, or a subfolder of it) links its files to the
+repository's blobs/, so there the repository folder (models--org--name/) is the bound. A file
+passed by its own path is the caller's choice and is read wherever it is. Each tensor must come
+from exactly one file, and from the shard the index names for it: a tensor in two files, in a
+shard the index does not name for it, or in the index but in no shard raises WeightsError naming
+the tensor and the files.
 
 `expected_weights(cfg)` lists every tensor the decoder needs with its HF shape (from the C
 decoder builder, the one place the names live), and `check_weights(cfg, weights)` verifies a dict
@@ -23,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import struct
 
@@ -37,6 +50,31 @@ __all__ = ["load_weights", "expected_weights", "check_weights", "block_params", 
 # safetensors dtype names rlx reads -> rlx dtypes (sizes and NumPy dtypes come from rlx.dtypes)
 _SAFETENSORS = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 _MAX_MESSAGE = 2000
+_MAX_HEADER_BYTES = 100_000_000   # safetensors' own bound on the JSON header
+_MAX_INDEX_BYTES = 64 << 20       # model.safetensors.index.json: some 100 KB for the largest models
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+
+
+def _reject_duplicate_keys(pairs: list) -> dict:
+    """json object_pairs_hook: a JSON object naming one key twice is malformed (json would keep the last)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r:.200} appears twice")
+        out[key] = value
+    return out
+
+
+def _loads(raw: bytes, what: str):
+    """The JSON value in raw; WeightsError (naming `what`) when it is not UTF-8 JSON without
+    duplicate keys, or nests too deeply, or holds a number too long to read."""
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys)
+    except RecursionError:
+        raise WeightsError(f"{what}: JSON nested too deeply") from None
+    except ValueError as e:  # UnicodeDecodeError, JSONDecodeError, duplicate keys, Python's int digit limit
+        raise WeightsError(f"{what} ({e})") from None
 
 
 def _parse_header(path: str, size: int) -> tuple[int, dict]:
@@ -48,47 +86,122 @@ def _parse_header(path: str, size: int) -> tuple[int, dict]:
         (n,) = struct.unpack("<Q", head)
         if n > size - 8:
             raise WeightsError(f"{path}: truncated safetensors file (header of {n} bytes, file of {size})")
+        if n > _MAX_HEADER_BYTES:
+            raise WeightsError(f"{path}: safetensors header of {n} bytes exceeds the format's {_MAX_HEADER_BYTES}")
         raw = f.read(n)
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise WeightsError(f"{path}: malformed safetensors header ({e})") from None
+    header = _loads(raw, f"{path}: malformed safetensors header")
     if not isinstance(header, dict):
         raise WeightsError(f"{path}: malformed safetensors header (not a JSON object)")
     return 8 + n, header
 
 
-def _load_file(path: str, out: dict[str, np.ndarray]) -> None:
-    """Adds every tensor of one safetensors file to out."""
+def _is_uint(value) -> bool:
+    """An int in [0, 2**63): safetensors' sizes and offsets."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+def _tensor_view(path: str, name: str, info, data: np.ndarray, start: int, size: int) -> np.ndarray:
+    """The read-only array of one header entry, a view of data (the file's map) where possible."""
+    if not isinstance(info, dict):
+        raise WeightsError(f"{path}: malformed header entry for tensor '{name}' (not a JSON object)")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str):
+        raise WeightsError(f"{path}: malformed header entry for tensor '{name}' (dtype {dtype!r:.100})")
+    if dtype not in _SAFETENSORS:
+        raise WeightsError(f"{path}: tensor '{name}' has dtype {dtype:.40}; rlx reads F32, F16 and BF16")
+    if not isinstance(shape, list) or len(shape) > 32 or not all(_is_uint(s) for s in shape):
+        raise WeightsError(f"{path}: malformed header entry for tensor '{name}' (shape {shape!r:.100})")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_uint(o) for o in offsets)
+            and offsets[0] <= offsets[1]):
+        raise WeightsError(f"{path}: malformed header entry for tensor '{name}' (data_offsets {offsets!r:.100})")
+    begin, end = offsets
+    shape = tuple(shape)
+    numel = math.prod(shape)  # a Python int: no overflow
+    rdt = _dtypes.DTYPES[_SAFETENSORS[dtype]]
+    if end - begin != numel * rdt.type_size or start + end > size:
+        raise WeightsError(f"{path}: tensor '{name}' data_offsets {begin}..{end} do not fit shape {shape} "
+                           f"{dtype} in a file of {size} bytes")
+    raw = data[start + begin: start + end]
+    try:  # zero-copy views of the read-only map
+        arr = raw.view(rdt.numpy).reshape(shape)
+    except ValueError as e:  # a dim numpy cannot represent, even with no elements
+        raise WeightsError(f"{path}: tensor '{name}' has shape {shape}, which NumPy cannot hold ({e})") from None
+    if not arr.flags.aligned:  # f32 after odd-sized f16/bf16 tensors only; C needs aligned data
+        arr = arr.copy()
+    arr.flags.writeable = False
+    return arr
+
+
+def _load_file(path: str) -> dict[str, np.ndarray]:
+    """Every tensor of one safetensors file."""
     from safetensors import safe_open  # imported here so `import rlx` stays light
 
+    hint = " (a JSON file: pass the model directory, or a .safetensors file)" if path.endswith(".json") else ""
     try:
         with safe_open(path, framework="numpy") as f:
             names = list(f.keys())
     except Exception as e:  # SafetensorError and OSError both mean: not a usable file
-        raise WeightsError(f"{path}: not a valid safetensors file ({e})") from None
+        raise WeightsError(f"{path}: not a valid safetensors file ({e}){hint}") from None
     size = os.path.getsize(path)
     start, header = _parse_header(path, size)
+    if set(names) != set(header) - {"__metadata__"}:
+        raise WeightsError(f"{path}: the safetensors header lists other tensors than the safetensors package reads")
     data = map_file(path) if size > start else np.zeros(0, np.uint8)
-    for name in names:
-        info = header.get(name)
-        try:
-            dtype, shape, (begin, end) = info["dtype"], tuple(int(s) for s in info["shape"]), info["data_offsets"]
-        except (TypeError, KeyError, ValueError) as e:
-            raise WeightsError(f"{path}: malformed header entry for tensor '{name}' ({e})") from None
-        if dtype not in _SAFETENSORS:
-            raise WeightsError(f"{path}: tensor '{name}' has dtype {dtype}; rlx reads F32, F16 and BF16")
-        numel = int(np.prod(shape, dtype=np.int64))
-        rdt = _dtypes.DTYPES[_SAFETENSORS[dtype]]
-        if end - begin != numel * rdt.type_size or start + end > size:
-            raise WeightsError(f"{path}: tensor '{name}' data_offsets {begin}..{end} do not fit shape {shape} "
-                               f"{dtype} in a file of {size} bytes")
-        raw = data[start + begin: start + end]
-        arr = raw.view(rdt.numpy).reshape(shape)  # zero-copy, read-only memmap view
-        if not arr.flags.aligned:  # only after odd-sized 16-bit tensors; C reads aligned values
-            arr = arr.copy()
-        arr.flags.writeable = False
-        out[name] = arr
+    return {name: _tensor_view(path, name, header[name], data, start, size) for name in names}
+
+
+def _confinement_root(model_dir: str) -> str:
+    """The real path a directory's weight files must lie in: the directory itself, or for a
+    Hugging Face cache snapshot (<repo>/snapshots/<rev>[/subfolder], files linked to
+    <repo>/blobs/) the repo."""
+    real = os.path.realpath(model_dir)
+    d = real
+    while os.path.dirname(d) != d:
+        parent = os.path.dirname(d)
+        repo = os.path.dirname(parent)
+        if (os.path.basename(parent) == "snapshots" and os.path.basename(repo).startswith("models--")
+                and os.path.isdir(os.path.join(repo, "blobs"))):
+            return repo
+        d = parent
+    return real
+
+
+def _model_file(model_dir: str, root: str, name: str, source: str) -> str:
+    """The path of file `name` (a relative name from `source`) of model_dir, confined to root."""
+    parts = name.replace("\\", "/").split("/")
+    if not name or "\0" in name or os.path.isabs(name) or ".." in parts:
+        raise WeightsError(f"{source}: shard name {name!r:.200} is not a plain relative name inside {model_dir}")
+    full = os.path.join(model_dir, name)
+    real = os.path.realpath(full)
+    if os.path.commonpath([real, root]) != root:
+        raise WeightsError(f"{source}: {name!r:.200} resolves to {real}, outside {root}; weights are read only "
+                           "from inside the model directory (link the whole directory, or pass the file's own path)")
+    if not os.path.isfile(real):
+        if os.path.lexists(full):
+            raise WeightsError(f"{source}: {name!r:.200} is not a regular file")
+        raise WeightsError(f"{source}: shard {name!r:.200} does not exist")
+    return full
+
+
+def _read_index(index: str) -> dict[str, str]:
+    """{tensor: shard name (normalised)} from model.safetensors.index.json; WeightsError when malformed."""
+    if not os.path.isfile(index):
+        raise WeightsError(f"{index}: not a regular file")
+    with open(index, "rb") as f:
+        raw = f.read(_MAX_INDEX_BYTES + 1)
+    if len(raw) > _MAX_INDEX_BYTES:
+        raise WeightsError(f"{index}: larger than {_MAX_INDEX_BYTES} bytes; not a shard index")
+    doc = _loads(raw, f"{index}: malformed index")
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict):
+        raise WeightsError(f"{index}: malformed index (no 'weight_map' object)")
+    out = {}
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise WeightsError(f"{index}: malformed index (tensor '{tensor:.200}' maps to {shard!r:.100}, "
+                               "not a file name)")
+        out[tensor] = os.path.normpath(shard) if shard else shard
+    return out
 
 
 def map_file(path: str) -> np.memmap:
@@ -119,39 +232,44 @@ def watch_sources(model, weights: dict) -> None:
 def load_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Loads a Hugging Face directory (model.safetensors, or shards listed by
     model.safetensors.index.json), a single .safetensors file, or a GGUF file (block-quantized
-    tensors as Packed, executed packed) into {name: read-only array}."""
+    tensors as Packed, executed packed) into {name: read-only array}. FileNotFoundError when path,
+    or the directory's weights, do not exist; WeightsError for everything else (module note:
+    malformed files, shards outside the directory, duplicates)."""
     path = os.fspath(path)
     from rlx import gguf  # imported here: rlx.gguf imports rlx.config, which is light
 
     if gguf.is_gguf(path):
         return gguf.model_weights(path)
-    weight_map: dict | None = None
+    weight_map: dict[str, str] | None = None
     if os.path.isfile(path):
-        files = [path]
+        files = {path: path}
     elif os.path.isdir(path):
-        index = os.path.join(path, "model.safetensors.index.json")
-        single = os.path.join(path, "model.safetensors")
-        if os.path.isfile(index):
-            try:
-                with open(index, encoding="utf-8") as f:
-                    weight_map = json.load(f)["weight_map"]
-                shards = sorted(set(weight_map.values()))
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-                raise WeightsError(f"{index}: malformed index ({e!r})") from None
-            files = [os.path.join(path, s) for s in shards]
-            for fpath in files:
-                if not os.path.isfile(fpath):
-                    raise WeightsError(f"{index}: shard {os.path.basename(fpath)} does not exist")
-        elif os.path.isfile(single):
-            files = [single]
+        root = _confinement_root(path)
+        index = os.path.join(path, INDEX_NAME)
+        if os.path.lexists(index):
+            weight_map = _read_index(index)
+            files = {s: _model_file(path, root, s, index) for s in sorted(set(weight_map.values()))}
+        elif os.path.lexists(os.path.join(path, SINGLE_NAME)):
+            files = {SINGLE_NAME: _model_file(path, root, SINGLE_NAME, path)}
         else:
-            raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
+            raise FileNotFoundError(f"no {SINGLE_NAME} or {INDEX_NAME} in {path}")
+    elif os.path.lexists(path):
+        raise WeightsError(f"{path}: not a safetensors file or a model directory")
     else:
         raise FileNotFoundError(f"no such file or directory: {path}")
 
     out: dict[str, np.ndarray] = {}
-    for fpath in files:
-        _load_file(fpath, out)
+    source: dict[str, str] = {}  # tensor -> the file it came from
+    for name, fpath in files.items():
+        for tensor, arr in _load_file(fpath).items():
+            if tensor in source:
+                raise WeightsError(f"{path}: tensor '{tensor}' is in two files: {source[tensor]} and {fpath}")
+            if weight_map is not None and weight_map.get(tensor) != name:
+                listed = weight_map.get(tensor)
+                where = "is not listed in the index" if listed is None else f"is listed in the index under {listed}"
+                raise WeightsError(f"{path}: tensor '{tensor}' is in shard {name} but {where}")
+            source[tensor] = fpath
+            out[tensor] = arr
     if weight_map is not None:
         missing = [n for n in weight_map if n not in out]
         if missing:

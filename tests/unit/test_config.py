@@ -73,7 +73,7 @@ def test_rope_layouts_agree():
 
 
 def test_generation_config_overrides_bos_eos(tmp_path):
-    write(tmp_path, LLAMA, {"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]})
+    write(tmp_path, dict(LLAMA, vocab_size=128256), {"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]})
     cfg = load_config(tmp_path)
     assert cfg.bos_token_id == 128000 and cfg.eos_token_ids == (128001, 128008, 128009)
     write(tmp_path, dict(LLAMA, eos_token_id=[7, 8]), {"eos_token_id": None})

@@ -1,0 +1,186 @@
+"""Writes the seed corpus of every fuzz target: tests/fuzz/corpus/<target>/seed-<name>, a few
+hundred bytes each, in the input format each target's module note describes. Seeds are small
+valid inputs (real Hugging Face config layouts, safetensors files in each dtype, sharded
+directories, both tokenizer kinds) plus the edge cases found by hand, so that the fuzzer starts
+from inputs that reach deep into the loaders. Old seed-* files are replaced; inputs the fuzzer
+added to a corpus directory are not touched.
+
+    python tests/fuzz/make_corpus.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import io
+import json
+import os
+
+import numpy as np
+
+from fuzz_common import join
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+LLAMA = {"model_type": "llama", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+         "rope_theta": 10000.0, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2}
+STORIES260K = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+               "intermediate_size": 172, "num_hidden_layers": 5, "num_attention_heads": 8, "num_key_value_heads": 4,
+               "head_dim": 8, "vocab_size": 512, "max_position_embeddings": 512, "rms_norm_eps": 1e-05,
+               "rope_theta": 10000.0, "rope_scaling": None, "hidden_act": "silu", "attention_bias": False,
+               "mlp_bias": False, "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+               "initializer_range": 0.02, "use_cache": True, "torch_dtype": "float32"}
+LLAMA32_1B = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+              "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "head_dim": 64,
+              "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+              "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+              "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1,
+              "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0,
+                                                      "low_freq_factor": 1.0,
+                                                      "original_max_position_embeddings": 8192,
+                                                      "rope_type": "llama3"},
+              "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+              "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": 128256}
+QWEN3_06B = {"architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+             "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+             "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+             "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+             "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+             "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": True,
+             "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
+             "use_sliding_window": False, "vocab_size": 151936}
+QWEN3_SLIDING = {"model_type": "qwen3", "vocab_size": 131, "hidden_size": 64, "intermediate_size": 96,
+                 "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                 "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+                 "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1,
+                 "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+                 "tie_word_embeddings": True, "attention_bias": True}
+
+
+def js(value) -> bytes:
+    return json.dumps(value).encode()
+
+
+def config_seeds() -> dict[str, bytes]:
+    v5 = {k: v for k, v in LLAMA32_1B.items() if k not in ("rope_scaling", "rope_theta")}
+    v5["rope_parameters"] = dict(LLAMA32_1B["rope_scaling"], rope_theta=500000.0)
+    return {
+        "llama-dir": b"\x00" + js(LLAMA),
+        "llama-file-path": b"\x01" + js(LLAMA),
+        "llama-generation": b"\x02" + join(js(LLAMA), js({"bos_token_id": 1, "eos_token_id": [2, 3]})),
+        "stories260k": b"\x02" + join(js(STORIES260K), js({"bos_token_id": 1, "eos_token_id": 2, "do_sample": False})),
+        "llama-3.2-1b": b"\x00" + js(LLAMA32_1B),
+        "llama-rope-parameters-v5": b"\x00" + js(v5),
+        "qwen3-0.6b": b"\x02" + join(js(QWEN3_06B), js({"bos_token_id": 151643, "eos_token_id": [151645, 151643]})),
+        "qwen3-sliding": b"\x00" + js(QWEN3_SLIDING),
+        "qwen3-moe": b"\x00" + js(dict(QWEN3_06B, model_type="qwen3_moe", num_experts=8)),
+        "config-is-a-directory": b"\x04",
+        "not-utf8": b"\x00" + js(LLAMA)[:20] + b"\xff" + js(LLAMA)[20:],
+        "nan-and-infinity": b"\x00" + js(dict(LLAMA, rms_norm_eps=float("nan"), rope_theta=float("inf"))),
+        "huge-ints": b"\x00" + js(dict(LLAMA, num_hidden_layers=10**9, vocab_size=2**64)),
+        "nested": b"\x00" + b'{"model_type": ' + b"[" * 600 + b"]" * 600 + b"}",
+    }
+
+
+def safetensors_bytes(tensors: dict, metadata: dict | None = None) -> bytes:
+    from safetensors.numpy import save
+
+    return save(tensors, metadata=metadata)
+
+
+def raw_safetensors(header: dict, body: bytes) -> bytes:
+    h = json.dumps(header).encode()
+    return len(h).to_bytes(8, "little") + h + body
+
+
+def weights_seeds() -> dict[str, bytes]:
+    import ml_dtypes
+
+    f32 = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "n": np.ones(3, np.float32)}
+    half = {"h": np.arange(4, dtype=np.float16), "b": np.arange(3, dtype=np.float32).astype(ml_dtypes.bfloat16)}
+    unaligned = raw_safetensors({"a": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 6]},
+                                 "b": {"dtype": "F32", "shape": [2], "data_offsets": [6, 14]}}, bytes(range(14)))
+    odd = raw_safetensors({"e": {"dtype": "F32", "shape": [0, 5], "data_offsets": [0, 0]},
+                           "s": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]},
+                           "i": {"dtype": "I32", "shape": [1], "data_offsets": [4, 8]}}, bytes(8))
+    s1, s2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    shard1, shard2 = safetensors_bytes({"a": np.ones(2, np.float32)}), safetensors_bytes({"b": np.zeros(3, np.float32)})
+
+    def index(weight_map):
+        return js({"metadata": {"total_size": 20}, "weight_map": weight_map})
+
+    return {
+        "single-f32": b"\x00" + safetensors_bytes(f32),
+        "single-f16-bf16": b"\x00" + safetensors_bytes(half),
+        "single-metadata-file-path": b"\x01" + safetensors_bytes(f32, {"format": "pt"}),
+        "unaligned-f32": b"\x00" + unaligned,
+        "empty-scalar-int": b"\x00" + odd,
+        "sharded": b"\x02" + join(index({"a": s1, "b": s2}), shard1, shard2),
+        "sharded-duplicate": b"\x02" + join(index({"a": s1, "b": s2}), shard1, safetensors_bytes(
+            {"a": np.ones(2, np.float32), "b": np.zeros(3, np.float32)})),
+        "sharded-wrong-shard": b"\x02" + join(index({"a": s2, "b": s1}), shard1, shard2),
+        "sharded-escapes": b"\x03" + join(index({"a": "link.safetensors", "b": "../outside.safetensors",
+                                                 "c": "alias.safetensors", "d": "/etc/passwd"}), shard1, shard2),
+        "sharded-bad-names": b"\x02" + join(index({"a": 5, "b": ["x"], "c": "", "d": "./" + s2}), shard1, shard2),
+    }
+
+
+def tokenizer_json() -> bytes:
+    import tokenizers
+
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2, "<s>": 3},
+                                                           unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    return tok.to_str().encode()
+
+
+def sentencepiece_model() -> bytes:
+    import sentencepiece as spm
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(["hello world", "the cat sat on the mat"] * 20),
+                                   model_writer=buf, vocab_size=20, model_type="char", minloglevel=2,
+                                   normalization_rule_name="identity", character_coverage=1.0, num_threads=1)
+    return buf.getvalue()
+
+
+def tokenizer_seeds() -> dict[str, bytes]:
+    tj, sp = tokenizer_json(), sentencepiece_model()
+    cfg = js({"bos_token": "<s>", "add_bos_token": True})
+    cfg_dict = js({"bos_token": {"content": "<s>", "lstrip": False}, "add_bos_token": True})
+
+    def seed(kinds, flags, *contents):
+        return bytes(kinds) + bytes([flags]) + join(*contents)
+
+    return {
+        "hf": seed([1, 1, 0, 0, 0], 0, tj, cfg),
+        "hf-bos-dict": seed([1, 1, 0, 0, 0], 0, tj, cfg_dict),
+        "hf-file-path": seed([1, 0, 0, 0, 0], 1, tj),
+        "sp-tokenizer-model": seed([0, 0, 1, 0, 0], 0, b"", b"", sp),
+        "sp-other-model-glob-name": seed([0, 0, 0, 1, 0], 2, b"", b"", b"", sp),
+        "sp-two-models": seed([0, 0, 0, 1, 1], 0, b"", b"", b"", sp, sp),
+        "sp-symlink": seed([0, 0, 4, 0, 0], 0, b"", b"", b"", b"", b"", sp),
+        "not-regular-files": seed([2, 5, 3, 5, 2], 0),
+        "empty": seed([0, 0, 0, 0, 0], 0),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(HERE, "corpus"))
+    args = ap.parse_args()
+    for target, seeds in (("config_file", config_seeds()), ("weights_file", weights_seeds()),
+                          ("tokenizer_dir", tokenizer_seeds())):
+        d = os.path.join(args.out, target)
+        os.makedirs(d, exist_ok=True)
+        for old in glob.glob(os.path.join(d, "seed-*")):
+            os.unlink(old)
+        for name, data in seeds.items():
+            with open(os.path.join(d, f"seed-{name}"), "wb") as f:
+                f.write(data)
+        print(f"{target}: {len(seeds)} seeds, {sum(map(len, seeds.values()))} bytes -> {d}")
+
+
+if __name__ == "__main__":
+    main()
