@@ -152,7 +152,8 @@ static PyObject *quantize(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "Os:quantize", &x_obj, &name)) return NULL;
     enum rlx_dtype dt;
     if (rlx_py_raise(rlx_dtype_parse(name, &dt))) return NULL;
-    PyArrayObject *x = (PyArrayObject *)PyArray_FROM_OTF(x_obj, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY);
+    PyArrayObject *x =
+        (PyArrayObject *)PyArray_FROM_OTF(x_obj, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
     if (x == NULL) return NULL;
     PyObject *out = NULL;
     const int nd = PyArray_NDIM(x);
