@@ -6,6 +6,7 @@ references (``rlx.reference``).
 
     g = rlx.Graph(); x = g.input("x", ("SEQ", 64)); ...
     plan = rlx.compile(g, device="cpu"); plan.set_param(...); outs = plan.run({"x": x_array})
+    rlx.quantize("path/to/hf-model", "model.gguf", type="q4_k_m")   # GGUF files llama.cpp reads
 
 Errors: bad arguments, shapes, dtypes and names raise ValueError; allocation failures raise
 MemoryError; anything else from the core raises ``rlx.Error`` (a RuntimeError).
@@ -22,6 +23,7 @@ from rlx.tokenizer import Tokenizer
 from rlx.compile_cache import CompileCache
 from rlx.graph import Graph, Plan, Value, compile
 from rlx.weights import Packed, load_weights
+from rlx.quantize import quantize
 from rlx import dtypes
 
 __version__ = "0.1.0"
@@ -54,6 +56,7 @@ __all__ = [
     "Qwen3Config",
     "load_config",
     "load_weights",
+    "quantize",
     "ConfigError",
     "WeightsError",
     "__version__",

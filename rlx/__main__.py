@@ -3,6 +3,7 @@
     python -m rlx generate --model DIR|FILE.gguf --prompt TEXT [--max-new-tokens N] [--temperature T] ...
     python -m rlx demo      # stories260K from ../shared when present, else a tiny random model
     python -m rlx info      # build facts (BLAS, ISA, backends, threads)
+    python -m rlx quantize SRC DST [--type q4_k_m]              # HF dir or GGUF -> GGUF (rlx/quantize.py)
     python -m rlx pipeline --model DIR --world N --prompt TEXT   # N ranks on this host (TCP)
     mpirun -np N python -m rlx pipeline --model DIR --prompt TEXT # N ranks under MPI
 """
@@ -101,6 +102,21 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quantize(args: argparse.Namespace) -> int:
+    import rlx
+
+    t0 = time.perf_counter()
+    types = rlx.quantize(args.src, args.dst, type=args.type, progress=not args.quiet, threads=args.threads or None,
+                         allow_requantize=args.allow_requantize)
+    counts: dict[str, int] = {}
+    for t in types.values():
+        counts[t] = counts.get(t, 0) + 1
+    size = os.path.getsize(args.dst)
+    print(f"[rlx] {args.dst}: {len(types)} tensors ({', '.join(f'{n} {t}' for t, n in sorted(counts.items()))}), "
+          f"{size / 2**20:.1f} MiB, {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return 0
+
+
 def _pipeline(args: argparse.Namespace, argv: list[str]) -> int:
     from rlx.distributed import MpiTransport, TcpTransport
     from rlx.distributed.launch import run_rank, spawn, under_mpirun
@@ -142,6 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo", help="generate with stories260K (or a tiny random model)")
     sampling(d)
     sub.add_parser("info", help="build facts")
+    qp = sub.add_parser("quantize", help="write a Hugging Face directory or GGUF file as a (quantised) GGUF file")
+    qp.add_argument("src", help="Hugging Face model directory or GGUF file")
+    qp.add_argument("dst", help="GGUF file to write")
+    qp.add_argument("--type", default="q4_k_m", help="q4_k_m (default), q8_0, q4_0, q6_k, f16, ... "
+                    "(rlx/quantize.py lists them all)")
+    qp.add_argument("--threads", type=int, default=0, help="quantisation threads (default: all)")
+    qp.add_argument("--allow-requantize", action="store_true", help="requantise a source that is already quantised")
+    qp.add_argument("--quiet", action="store_true", help="no line per tensor")
     pp = sub.add_parser("pipeline", help="pipeline-parallel generation over N ranks (TCP on this host, or MPI)")
     pp.add_argument("--model", required=True)
     pp.add_argument("--prompt", required=True)
@@ -164,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             return _demo(args)
         if args.cmd == "pipeline":
             return _pipeline(args, raw)
+        if args.cmd == "quantize":
+            return _quantize(args)
         return _info(args)
     except (ValueError, OSError, RuntimeError) as e:
         print(f"rlx: error: {e}", file=sys.stderr)

@@ -83,11 +83,12 @@ class Model:
         return f"Model({self.generator!r})"
 
 
-def load(path: str | os.PathLike, device: str = "cpu", kv_dtype: str | None = None) -> Model:
+def load(path: str | os.PathLike, device: str = "cpu", kv_dtype: str | None = None, dtype: str | None = None) -> Model:
     """Loads a Hugging Face model directory (config.json + generation_config.json, safetensors
     weights, a tokenizer) or a GGUF file (its metadata, tensors as stored, quantized ones executed
-    packed, and the tokenizer its metadata describes). Decoding plans are compiled once with
-    symbolic shapes."""
+    packed, and the tokenizer its metadata describes). dtype: the matrices converted once at load
+    ("f32", "bf16", "f16") or quantised in memory as rlx.quantize would write them ("q8_0",
+    "q4_k_m", ...: rlx/quantize.py). Decoding plans are compiled once with symbolic shapes."""
     from rlx import gguf
 
     if gguf.is_gguf(path):
@@ -95,6 +96,6 @@ def load(path: str | os.PathLike, device: str = "cpu", kv_dtype: str | None = No
         config, weights, tokenizer = gguf.model_config(gf), gguf.model_weights(gf), Tokenizer.from_gguf(gf)
     else:
         config, weights, tokenizer = load_config(path), load_weights(path), Tokenizer.from_pretrained(path)
-    gen = Generator(config, weights, device=device, kv_dtype=kv_dtype)
+    gen = Generator(config, weights, device=device, dtype=dtype, kv_dtype=kv_dtype)
     gen.with_dynamic_prefill_cache().with_dynamic_decode_cache()
     return Model(config, gen, tokenizer)

@@ -220,7 +220,8 @@ class Generator(Sequence):
     weights: {Hugging Face tensor name: array}. Each matrix (projections, embedding, LM head) keeps
     the dtype it is stored in (float32, float16, bfloat16, or packed block weights:
     rlx.weights.Packed), so a file that mixes dtypes runs as it is; dtype="f32" / "bf16" / "f16"
-    converts every matrix once instead. Arrays used in place (zero-copy on the cpu device) must stay
+    converts every matrix once instead, and a block type or recipe ("q8_0", "q4_k_m") quantises the
+    matrices in memory as rlx.quantize would write them (rlx/quantize.py). Arrays used in place (zero-copy on the cpu device) must stay
     unchanged while the generator lives; norms and biases are used as float32. Missing, extra or
     mis-shaped tensors raise rlx.WeightsError. kv_dtype: the KV cache dtype of its sequences
     ("f16" by default; "f32", "bf16").

@@ -61,7 +61,7 @@ from rlx.config import ModelConfig, config_from_dict
 from rlx.errors import ConfigError, WeightsError
 from rlx.weights import map_file
 
-__all__ = ["ARCHITECTURES", "TENSOR_NAMES", "GGUFFile", "GGUFTensor", "config_from_gguf",
+__all__ = ["ARCHITECTURES", "TENSOR_NAMES", "GGUFFile", "GGUFTensor", "config_from_gguf", "gguf_name",
            "llama3_rope_factors", "permute_qk", "unpermute_qk"]
 
 _MAGIC = b"GGUF"
@@ -138,6 +138,17 @@ def _hf_name(gguf_name: str, arch: str) -> str | None:
     if arch not in archs:
         raise KeyError(gguf_name)
     return hf if hf is None or layer is None else hf.format(i=layer)
+
+
+def gguf_name(hf_name: str, arch: str) -> str:
+    """The GGUF name of a Hugging Face tensor name for `arch` (the inverse of the TENSOR_NAMES
+    table); KeyError when the table has none."""
+    m = re.match(r"model\.layers\.(0|[1-9][0-9]*)\.(.+)\Z", hf_name)
+    key, layer = ("model.layers.{i}." + m.group(2), m.group(1)) if m else (hf_name, None)
+    for g, (hf, archs) in TENSOR_NAMES.items():
+        if hf == key and arch in archs:
+            return g if layer is None else g.format(i=layer)
+    raise KeyError(hf_name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -411,6 +422,10 @@ class GGUFFile:
                 heads = self.get(f"{arch}.attention.head_count_kv", int, heads)
             return unpermute_qk(t.data, heads)
         return t.data
+
+    def value_type(self, key: str) -> GGUFValueType:
+        """The stored GGUF value type of metadata key `key` (KeyError when absent)."""
+        return GGUFValueType(self._types[key])
 
     def get(self, key: str, kind: type, default: Any = ...) -> Any:
         """Metadata value `key` checked to be a `kind` (int, float, bool, str, list): `default`

@@ -351,16 +351,18 @@ def _shape_of(arr) -> tuple[int, ...]:
 def check_weights(cfg, weights: dict, block=None, dtype: str | None = None) -> dict:
     """Checks weights against `expected_weights(cfg, block)` and returns {name: value} holding
     exactly the expected names, ready for the C model: each matrix in its own dtype (float32,
-    float16, bfloat16 arrays, or Packed block weights), or converted to `dtype` ("f32", "bf16",
-    "f16") when given; norms and biases as float32. block narrows the expected names to a pipeline
+    float16, bfloat16 arrays, or Packed block weights), or converted to `dtype` when given: "f32",
+    "bf16", "f16", or a block type / quantisation recipe ("q8_0", "q4_k_m": each matrix quantised
+    as rlx.quantize would write it, see rlx/quantize.py); norms and biases as float32. block narrows the expected names to a pipeline
     stage's block: names outside it are neither required nor reported as extra. Missing, extra or
     mis-shaped tensors raise one WeightsError listing every problem (tensor name, expected and
     actual shapes; the message is capped in length). A tied model may carry an lm_head.weight of
     shape (V, H): it is ignored. Arrays already in the wanted dtype and layout are returned as they
     are (zero-copy); others are converted once (rounding to nearest even when narrowing)."""
-    if dtype is not None and (dtype not in _dtypes.DTYPES or _dtypes.DTYPES[dtype].numpy is None
-                              or not _dtypes.DTYPES[dtype].is_float):
-        raise ValueError(f"weight dtype must be one of f32, bf16, f16, got {dtype!r}")
+    if dtype is not None and dtype not in ("f32", "bf16", "f16"):
+        from rlx.quantize import quantize_weights  # ValueError naming the known types
+
+        weights, dtype = quantize_weights(cfg, weights, dtype), None
     params = {name: (shape, kind) for name, shape, kind in block_params(cfg, block) if kind != "derived"}
     whole = None if block is None else set(expected_weights(cfg))
     problems: list[str] = []

@@ -1,9 +1,9 @@
 /*
  * dtype.c - the dtype traits table (name, block size, bytes per block, conversion of whole blocks
- * to f32), the size of n elements, and scalar conversions between the floating-point storage
- * formats. Every size of a tensor in the core comes from rlx_dtype_bytes / rlx_shape_bytes, so a
- * block type (GGUF's Q8_0: 32 elements in 34 bytes; Q4_K: 256 in 144) needs nothing more than its
- * row here (and its layout in quants.c).
+ * to f32 and from f32), the size of n elements, and scalar conversions between the floating-point
+ * storage formats. Every size of a tensor in the core comes from rlx_dtype_bytes / rlx_shape_bytes,
+ * so a block type (GGUF's Q8_0: 32 elements in 34 bytes; Q4_K: 256 in 144) needs nothing more than
+ * its row here (and its layout in quants.c, its quantiser in quantize.c).
  *
  * The rows are listed once (DTYPE_ROWS); the table and a count of its rows are both made from
  * that list, and two static assertions lock them to the enum: the list has exactly
@@ -44,28 +44,58 @@ static void u8_to_f32(float *dst, const void *src, int64_t n)
     for (int64_t i = 0; i < n; i++) dst[i] = (float)v[i];
 }
 
+/* ---- conversions from f32 (the block types' are in quantize.c) ---------------------------- */
+
+static int64_t f32_from_f32(void *dst, const float *src, int64_t n)
+{
+    memcpy(dst, src, (size_t)n * sizeof *src);
+    return -1;
+}
+
+static int64_t f16_from_f32(void *dst, const float *src, int64_t n)
+{
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n; i++) {
+        const uint16_t h = rlx_f32_to_f16(src[i]);
+        memcpy((uint8_t *)dst + 2 * i, &h, 2);
+        if ((h & 0x7c00u) == 0x7c00u && bad < 0) bad = i;
+    }
+    return bad;
+}
+
+static int64_t bf16_from_f32(void *dst, const float *src, int64_t n)
+{
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n; i++) {
+        const uint16_t h = rlx_f32_to_bf16(src[i]);
+        memcpy((uint8_t *)dst + 2 * i, &h, 2);
+        if ((h & 0x7f80u) == 0x7f80u && bad < 0) bad = i;
+    }
+    return bad;
+}
+
 /* ---- the table ---------------------------------------------------------------------------- */
 
-/* X(id, name, block_size, type_size, is_float, to_f32) */
+/* X(id, name, block_size, type_size, is_float, to_f32, from_f32) */
 #define DTYPE_ROWS(X)                                                                              \
-    X(RLX_F32, "f32", 1, 4, true, f32_to_f32)                                                      \
-    X(RLX_F16, "f16", 1, 2, true, f16_to_f32)                                                      \
-    X(RLX_BF16, "bf16", 1, 2, true, bf16_to_f32)                                                   \
-    X(RLX_I32, "i32", 1, 4, false, i32_to_f32)                                                     \
-    X(RLX_U8, "u8", 1, 1, false, u8_to_f32)                                                        \
-    X(RLX_Q8_0, "q8_0", 32, RLX_Q8_0_BYTES, true, rlx_q8_0_to_f32)                                 \
-    X(RLX_Q4_0, "q4_0", 32, RLX_Q4_0_BYTES, true, rlx_q4_0_to_f32)                                 \
-    X(RLX_Q4_1, "q4_1", 32, RLX_Q4_1_BYTES, true, rlx_q4_1_to_f32)                                 \
-    X(RLX_Q5_0, "q5_0", 32, RLX_Q5_0_BYTES, true, rlx_q5_0_to_f32)                                 \
-    X(RLX_Q5_1, "q5_1", 32, RLX_Q5_1_BYTES, true, rlx_q5_1_to_f32)                                 \
-    X(RLX_Q2_K, "q2_k", 256, RLX_Q2_K_BYTES, true, rlx_q2_k_to_f32)                                \
-    X(RLX_Q3_K, "q3_k", 256, RLX_Q3_K_BYTES, true, rlx_q3_k_to_f32)                                \
-    X(RLX_Q4_K, "q4_k", 256, RLX_Q4_K_BYTES, true, rlx_q4_k_to_f32)                                \
-    X(RLX_Q5_K, "q5_k", 256, RLX_Q5_K_BYTES, true, rlx_q5_k_to_f32)                                \
-    X(RLX_Q6_K, "q6_k", 256, RLX_Q6_K_BYTES, true, rlx_q6_k_to_f32)
+    X(RLX_F32, "f32", 1, 4, true, f32_to_f32, f32_from_f32)                                        \
+    X(RLX_F16, "f16", 1, 2, true, f16_to_f32, f16_from_f32)                                        \
+    X(RLX_BF16, "bf16", 1, 2, true, bf16_to_f32, bf16_from_f32)                                    \
+    X(RLX_I32, "i32", 1, 4, false, i32_to_f32, NULL)                                               \
+    X(RLX_U8, "u8", 1, 1, false, u8_to_f32, NULL)                                                  \
+    X(RLX_Q8_0, "q8_0", 32, RLX_Q8_0_BYTES, true, rlx_q8_0_to_f32, rlx_q8_0_from_f32)              \
+    X(RLX_Q4_0, "q4_0", 32, RLX_Q4_0_BYTES, true, rlx_q4_0_to_f32, rlx_q4_0_from_f32)              \
+    X(RLX_Q4_1, "q4_1", 32, RLX_Q4_1_BYTES, true, rlx_q4_1_to_f32, rlx_q4_1_from_f32)              \
+    X(RLX_Q5_0, "q5_0", 32, RLX_Q5_0_BYTES, true, rlx_q5_0_to_f32, rlx_q5_0_from_f32)              \
+    X(RLX_Q5_1, "q5_1", 32, RLX_Q5_1_BYTES, true, rlx_q5_1_to_f32, rlx_q5_1_from_f32)              \
+    X(RLX_Q2_K, "q2_k", 256, RLX_Q2_K_BYTES, true, rlx_q2_k_to_f32, rlx_q2_k_from_f32)             \
+    X(RLX_Q3_K, "q3_k", 256, RLX_Q3_K_BYTES, true, rlx_q3_k_to_f32, rlx_q3_k_from_f32)             \
+    X(RLX_Q4_K, "q4_k", 256, RLX_Q4_K_BYTES, true, rlx_q4_k_to_f32, rlx_q4_k_from_f32)             \
+    X(RLX_Q5_K, "q5_k", 256, RLX_Q5_K_BYTES, true, rlx_q5_k_to_f32, rlx_q5_k_from_f32)             \
+    X(RLX_Q6_K, "q6_k", 256, RLX_Q6_K_BYTES, true, rlx_q6_k_to_f32, rlx_q6_k_from_f32)
 
-#define AS_ROW(id, nm, bs, ts, fl, fn)                                                             \
-    [id] = {.name = nm, .block_size = bs, .type_size = ts, .is_float = fl, .to_f32 = fn},
+#define AS_ROW(id, nm, bs, ts, fl, to, from)                                                       \
+    [id] = {.name = nm, .block_size = bs, .type_size = ts, .is_float = fl, .to_f32 = to, .from_f32 = from},
 #define PLUS_ONE(...) +1
 
 static const struct rlx_dtype_traits dtype_table[] = {DTYPE_ROWS(AS_ROW)};

@@ -141,6 +141,44 @@ done:
     return out;
 }
 
+/* quantize(x, dtype) -> uint8 array (rows, bytes per row): x (..., cols) converted to float32 (a
+ * copy only when it is not C-contiguous float32), each row of cols values quantised to dtype by
+ * rlx_quantize with the GIL released; rows = the product of the leading dims (1 for a vector). */
+static PyObject *quantize(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *x_obj;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "Os:quantize", &x_obj, &name)) return NULL;
+    enum rlx_dtype dt;
+    if (rlx_py_raise(rlx_dtype_parse(name, &dt))) return NULL;
+    PyArrayObject *x =
+        (PyArrayObject *)PyArray_FROM_OTF(x_obj, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (x == NULL) return NULL;
+    PyObject *out = NULL;
+    const int nd = PyArray_NDIM(x);
+    if (nd < 1) {
+        PyErr_SetString(PyExc_ValueError, "quantize: x must have at least one dimension");
+        goto done;
+    }
+    const npy_intp cols = PyArray_DIM(x, nd - 1), rows = cols ? PyArray_SIZE(x) / cols : 0;
+    size_t row_bytes;
+    if (rlx_py_raise(rlx_dtype_bytes(dt, cols, &row_bytes))) goto done;
+    npy_intp dims[2] = {rows, (npy_intp)row_bytes};
+    out = PyArray_SimpleNew(2, dims, NPY_UINT8);
+    if (out == NULL) goto done;
+    const float *src = PyArray_DATA(x);
+    void *dst = PyArray_DATA((PyArrayObject *)out);
+    rlx_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = rlx_quantize(dt, src, (int64_t)rows, (int64_t)cols, dst);
+    Py_END_ALLOW_THREADS
+    if (rlx_py_raise(s)) Py_CLEAR(out);
+done:
+    Py_DECREF(x);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"build_info", build_info, METH_NOARGS,
      "build_info() -> dict[str, str | int]\n\nStatic build facts (blas, blas_config, cc, cflags, isa, "
@@ -153,6 +191,11 @@ static PyMethodDef module_methods[] = {
     {"to_f32", to_f32, METH_VARARGS,
      "to_f32(raw: uint8 array of whole blocks, dtype: str) -> float32 array\n\nThe core's conversion of a dtype's "
      "blocks to f32 (dequantisation for the GGUF block types)."},
+    {"quantize", quantize, METH_VARARGS,
+     "quantize(x: float array (..., cols), dtype: str) -> uint8 array (rows, bytes per row)\n\nEach row of x "
+     "(as float32) converted to dtype: f32, f16, bf16 or a GGUF block type, quantised as gguf-py / ggml do (GIL "
+     "released). ValueError for rows that are not whole blocks, NaN or inf in x, or values too large for the "
+     "dtype's f16 scales."},
     {"dtypes", dtypes, METH_NOARGS,
      "dtypes() -> tuple[dict, ...]\n\nThe core's dtype traits (id, name, block_size, type_size, is_float), in id "
      "order."},

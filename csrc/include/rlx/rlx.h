@@ -100,6 +100,11 @@ struct rlx_dtype_traits {
     /* dst (n) f32 = the n elements at src converted exactly (integers, f16, bf16) or dequantised
      * (block types); n a whole number of blocks. */
     void (*to_f32)(float *dst, const void *src, int64_t n);
+    /* dst = the n f32 values at src (whole blocks, all finite) converted: rounded to nearest even
+     * (f16, bf16) or quantised as ggml does (block types; csrc/core/quantize.c). Returns -1, or the
+     * first block (element, for f16 / bf16) that overflowed to inf: use rlx_quantize, which checks.
+     * NULL for the dtypes that hold no real numbers (i32, u8). */
+    int64_t (*from_f32)(void *dst, const float *src, int64_t n);
 };
 
 /* The traits of dt, or NULL when dt is out of range. */
@@ -114,6 +119,13 @@ rlx_status rlx_shape_bytes(enum rlx_dtype dt, int ndim, const int64_t *shape, si
 /* Parses a dtype's name or an alias: "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16",
  * "i32"/"int32", "u8"/"uint8"/"bool", and the block types' names ("q8_0", "q4_k", ...). */
 rlx_status rlx_dtype_parse(const char *name, enum rlx_dtype *out);
+/* dst (rows, bytes of cols elements of dt) = x (rows, cols) f32 converted to dt row by row with
+ * the traits' from_f32: bit for bit what gguf-py's quantize gives for f16, bf16, Q8_0, Q4_0, Q4_1,
+ * Q5_0 and Q5_1, ggml's reference scale searches for the K types. RLX_ERR_SHAPE when cols is not
+ * a whole number of blocks, RLX_ERR_INVALID naming the row and column of a NaN or infinity in x
+ * (nothing written), RLX_ERR_RANGE naming the row and block whose f16 scale (or f16 / bf16 value)
+ * would overflow (dst then holds the rows before it), RLX_ERR_DTYPE for i32 / u8. */
+rlx_status rlx_quantize(enum rlx_dtype dt, const float *x, int64_t rows, int64_t cols, void *dst);
 
 /* ---------------------------------------------------------------------------------------------
  * Symbolic dims
