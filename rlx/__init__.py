@@ -12,6 +12,7 @@ MemoryError; anything else from the core raises ``rlx.Error`` (a RuntimeError).
 """
 
 from rlx import _C
+from rlx import logs
 from rlx._C import Device, Error, build_info, get_num_threads, set_num_threads
 from rlx.config import LlamaConfig, Qwen3Config, load_config
 from rlx.errors import ConfigError, WeightsError
