@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from rlx.engine import Generation, GenerationOptions, Piece, Stream, TokenLogprob
 
-__all__ = ["completion", "chat_completion", "prompt_ids"]
+__all__ = ["Call", "completion", "chat_completion", "prepare_completion", "prepare_chat_completion", "prompt_ids"]
 
 # The keyword arguments both kinds take, mapped onto GenerationOptions.
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "stop", "presence_penalty",
@@ -83,15 +83,42 @@ def _head(kind: str, model) -> dict:
 
 # -- text completions ---------------------------------------------------------------------------
 
-def completion(model, prompt: str | list[int], max_tokens: int | None = 16, *, stream: bool = False,
-               echo: bool = False, logprobs: int | None = None, stream_options: dict | None = None,
-               **sampling: Any) -> dict | Stream:
-    """See the module docstring; sampling keywords: temperature, top_p, top_k, min_p,
-    repeat_penalty, seed, stop, presence_penalty, frequency_penalty, logit_bias,
-    logits_processor, stopping_criteria."""
+class Call:
+    """A checked completion not run yet: ``generation``; ``result()`` runs it to the response
+    dict, ``stream()`` returns a Stream of chunks. (The server cancels ``generation`` when its
+    client goes away.)"""
+
+    def __init__(self, generation: Generation, result: Callable[[], dict], chunks: Callable[[], Iterator[dict]]):
+        self.generation = generation
+        self._result, self._chunks = result, chunks
+
+    def result(self) -> dict:
+        return self._result()
+
+    def stream(self) -> Stream:
+        return Stream(self._chunks(), self.generation)
+
+
+def _check_sampling(sampling: dict) -> None:
     unknown = set(sampling) - set(_SAMPLING)
     if unknown:
         raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+
+
+def completion(model, prompt: str | list[int], max_tokens: int | None = 16, *, stream: bool = False,
+               **kwargs: Any) -> dict | Stream:
+    """See the module docstring and prepare_completion."""
+    call = prepare_completion(model, prompt, max_tokens, stream=stream, **kwargs)
+    return call.stream() if stream else call.result()
+
+
+def prepare_completion(model, prompt: str | list[int], max_tokens: int | None = 16, *, stream: bool = False,
+                       echo: bool = False, logprobs: int | None = None, stream_options: dict | None = None,
+                       **sampling: Any) -> Call:
+    """A checked text completion; sampling keywords: temperature, top_p, top_k, min_p,
+    repeat_penalty, seed, stop, presence_penalty, frequency_penalty, logit_bias,
+    logits_processor, stopping_criteria."""
+    _check_sampling(sampling)
     include_usage = _check_stream_options(stream, stream_options)
     if not isinstance(echo, bool):
         raise TypeError(f"echo must be a bool, got {type(echo).__name__}")
@@ -106,7 +133,7 @@ def completion(model, prompt: str | list[int], max_tokens: int | None = 16, *, s
         return {"text": text, "index": 0, "logprobs": _legacy_logprobs(tokens, shift) if lp_on else None,
                 "finish_reason": finish}
 
-    if not stream:
+    def result() -> dict:
         pieces = list(gen)
         tokens = gen.prompt_logprobs + [_shifted(t, len(echo_text)) for p in pieces for t in p.tokens]
         text = echo_text + "".join(p.text for p in pieces)
@@ -125,7 +152,7 @@ def completion(model, prompt: str | list[int], max_tokens: int | None = 16, *, s
         finally:
             it.close()
 
-    return Stream(chunks(), gen)
+    return Call(gen, result, chunks)
 
 
 def _shifted(t: TokenLogprob, shift: int) -> TokenLogprob:
@@ -135,15 +162,20 @@ def _shifted(t: TokenLogprob, shift: int) -> TokenLogprob:
 # -- chat completions ---------------------------------------------------------------------------
 
 def chat_completion(model, messages: list, max_tokens: int | None = None, *, stream: bool = False,
-                    logprobs: bool = False, top_logprobs: int | None = None, tools: list | None = None,
-                    chat_template_kwargs: dict | None = None, stream_options: dict | None = None,
-                    **sampling: Any) -> dict | Stream:
+                    **kwargs: Any) -> dict | Stream:
+    """See the module docstring and prepare_chat_completion."""
+    call = prepare_chat_completion(model, messages, max_tokens, stream=stream, **kwargs)
+    return call.stream() if stream else call.result()
+
+
+def prepare_chat_completion(model, messages: list, max_tokens: int | None = None, *, stream: bool = False,
+                            logprobs: bool = False, top_logprobs: int | None = None, tools: list | None = None,
+                            chat_template_kwargs: dict | None = None, stream_options: dict | None = None,
+                            **sampling: Any) -> Call:
     """The model's chat template over messages (with the generation prompt), then a completion of
-    it; see the module docstring. chat_template_kwargs are extra template variables
-    (enable_thinking=False for Qwen3, ...)."""
-    unknown = set(sampling) - set(_SAMPLING)
-    if unknown:
-        raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+    it, checked. chat_template_kwargs are extra template variables (enable_thinking=False for
+    Qwen3, ...)."""
+    _check_sampling(sampling)
     include_usage = _check_stream_options(stream, stream_options)
     if not isinstance(logprobs, bool):
         raise TypeError(f"logprobs must be a bool for chat completions (top_logprobs=n for alternatives), "
@@ -157,8 +189,9 @@ def chat_completion(model, messages: list, max_tokens: int | None = None, *, str
     n_top = (top_logprobs or 0) if logprobs else None
     gen = Generation(model, ids, GenerationOptions(max_tokens=max_tokens, logprobs=n_top, **sampling))
     head = _head("chat.completion", model)
+    chunk_head = {**head, "object": "chat.completion.chunk"}
 
-    if not stream:
+    def result() -> dict:
         pieces = list(gen)
         tokens = [t for p in pieces for t in p.tokens]
         message = {"role": "assistant", "content": "".join(p.text for p in pieces)}
@@ -166,11 +199,9 @@ def chat_completion(model, messages: list, max_tokens: int | None = None, *, str
                                      "logprobs": _chat_logprobs(tokens) if logprobs else None,
                                      "finish_reason": gen.finish_reason}], "usage": gen.usage}
 
-    head["object"] = "chat.completion.chunk"
-
     def chunk(delta: dict, piece: Piece | None = None, finish: str | None = None) -> dict:
         lp = _chat_logprobs(piece.tokens) if (logprobs and piece is not None) else None
-        return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
+        return {**chunk_head, "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
 
     def chunks() -> Iterator[dict]:
         it = iter(gen)
@@ -180,8 +211,8 @@ def chat_completion(model, messages: list, max_tokens: int | None = None, *, str
                 yield chunk({"content": piece.text}, piece)
             yield chunk({}, finish=gen.finish_reason)
             if include_usage:
-                yield {**head, "choices": [], "usage": gen.usage}
+                yield {**chunk_head, "choices": [], "usage": gen.usage}
         finally:
             it.close()
 
-    return Stream(chunks(), gen)
+    return Call(gen, result, chunks)
