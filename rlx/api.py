@@ -313,8 +313,10 @@ def generation_defaults(path: str | os.PathLike) -> dict:
     return out
 
 
-def _model_path(path: str | os.PathLike) -> tuple[str, bool]:
-    """(path, is_gguf), or an error that says what was expected where."""
+def model_path(path: str | os.PathLike) -> tuple[str, bool]:
+    """(path, is_gguf) for a model directory (with config.json) or a GGUF file, or an error that
+    says what was expected where (NotADirectoryError for another file, IsADirectoryError for a
+    directory without config.json, naming the .gguf files it holds)."""
     from rlx import gguf
 
     path = os.fspath(path)
@@ -367,7 +369,7 @@ def load(path: str | os.PathLike, device: str = "cpu", kv_dtype: str | None = No
     symbolic shapes."""
     from rlx import gguf
 
-    path, is_gguf = _model_path(path)
+    path, is_gguf = model_path(path)
     if is_gguf:
         gf = gguf.GGUFFile(path)
         config, weights, tokenizer = gguf.model_config(gf), gguf.model_weights(gf), Tokenizer.from_gguf(gf)

@@ -216,6 +216,8 @@ def test_paths_of_the_wrong_kind_say_what_was_expected(tmp_path):
         rlx.load(tmp_path)
     with pytest.raises(FileNotFoundError, match="no such file"):
         rlx.load(tmp_path / "missing")
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        rlx.Generator.from_pretrained(STORIES / "model.safetensors")
 
 
 @needs_stories
