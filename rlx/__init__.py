@@ -1,24 +1,34 @@
-"""rlx: an ML compiler and runtime for LLM inference.
+"""rlx: an LLM inference compiler and runtime with a C core. Start here:
 
-The C core (graph builder, passes, kernels, backends) lives in the extension ``rlx._C``; this
-package adds the Python-side builder (``rlx.Graph``), configs, weight loading and the NumPy
-references (``rlx.reference``).
+    import rlx
+    model = rlx.load("path/to/model")          # a Hugging Face directory or a .gguf file
+    model.generate("Once upon a time", max_new_tokens=64)              # -> str (transformers' names)
+    model.create_completion("Once upon a time", max_tokens=32, stop=["."])   # OpenAI-shaped dict
+    model.create_chat_completion([{"role": "user", "content": "Hi"}])      # the model's chat template
+    for chunk in model.create_chat_completion(messages, stream=True): ...   # chunks as they come
+    # python -m rlx serve --model PATH          an OpenAI-compatible HTTP server
+    rlx.quantize("path/to/hf-model", "model.gguf", type="q4_k_m")   # a GGUF file llama.cpp reads
 
-    g = rlx.Graph(); x = g.input("x", ("SEQ", 64)); ...
-    plan = rlx.compile(g, device="cpu"); plan.set_param(...); outs = plan.run({"x": x_array})
-    rlx.quantize("path/to/hf-model", "model.gguf", type="q4_k_m")   # GGUF files llama.cpp reads
+Underneath (see each name's help): rlx.Generator / rlx.Sequence (token ids in and out, KV caches,
+fork / extend / truncate / save_state), rlx.SampleOpts, rlx.load_config / rlx.load_weights,
+rlx.Tokenizer, rlx.ChatTemplate, and the compiler: rlx.Graph -> rlx.compile(g, device="cpu") ->
+plan.run({...}); rlx.CompileCache; rlx.quantize. The C core is the extension rlx._C (typed in rlx/_C.pyi).
 
-Errors: bad arguments, shapes, dtypes and names raise ValueError; allocation failures raise
-MemoryError; anything else from the core raises ``rlx.Error`` (a RuntimeError).
+Errors: bad arguments, shapes, dtypes and names raise ValueError (TypeError for a wrong type);
+allocation failures raise MemoryError; anything else from the core raises ``rlx.Error`` (a
+RuntimeError). Logging goes to the standard logging module under "rlx", quiet by default
+(rlx.logs).
 """
 
 from rlx import _C
+from rlx import logs
 from rlx._C import Device, Error, build_info, get_num_threads, set_num_threads
 from rlx.config import LlamaConfig, Qwen3Config, load_config
 from rlx.errors import ConfigError, WeightsError
 from rlx.generator import Generator, SampleOpts, Sequence
 from rlx.stages import PipelineDecodeStage, PipelineStage
 from rlx.api import Model, load
+from rlx.chat_template import ChatTemplate
 from rlx.tokenizer import Tokenizer
 from rlx.compile_cache import CompileCache
 from rlx.graph import Graph, Plan, Value, compile
@@ -40,6 +50,7 @@ __all__ = [
     "PipelineDecodeStage",
     "Model",
     "load",
+    "ChatTemplate",
     "Tokenizer",
     "SampleOpts",
     "Graph",

@@ -1,17 +1,25 @@
 """The rlx command line.
 
     python -m rlx generate --model DIR|FILE.gguf --prompt TEXT [--max-new-tokens N] [--temperature T] ...
+    echo TEXT | python -m rlx generate --model DIR          # the prompt from stdin
+    python -m rlx chat --model DIR [--system TEXT]          # an interactive chat (the model's template)
+    python -m rlx serve --model DIR [--host 127.0.0.1 --port 8000]   # OpenAI-compatible HTTP server
     python -m rlx demo      # stories260K from ../shared when present, else a tiny random model
     python -m rlx info      # build facts (BLAS, ISA, backends, threads)
     python -m rlx quantize SRC DST [--type q4_k_m]              # HF dir or GGUF -> GGUF (rlx/quantize.py)
     python -m rlx pipeline --model DIR --world N --prompt TEXT   # N ranks on this host (TCP)
     mpirun -np N python -m rlx pipeline --model DIR --prompt TEXT # N ranks under MPI
+    python -m rlx --version
+
+Arguments are checked before anything is loaded or printed; a bad one exits with status 2 and a
+message on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 import tempfile
 import time
@@ -34,12 +42,12 @@ def _run_generate(model_dir: str, prompt: str, args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model = rlx.load(model_dir, device=args.device)
     t_load = time.perf_counter() - t0
-    sys.stdout.write(prompt)
-    sys.stdout.flush()
     t0 = time.perf_counter()
     stream = model.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repetition_penalty=args.repetition_penalty, seed=args.seed, stream=True)
+    sys.stdout.write(prompt)  # after the checks that generate makes
+    sys.stdout.flush()
     for delta in stream:
         sys.stdout.write(delta)
         sys.stdout.flush()
@@ -76,7 +84,7 @@ def _demo(args: argparse.Namespace) -> int:
     stories = _shared_stories()
     if stories:
         print(f"[rlx] demo: stories260K (a real 260K-parameter TinyStories Llama) from {stories}", file=sys.stderr)
-        args.max_new_tokens = args.max_new_tokens or 64
+        args.max_new_tokens = 64 if args.max_new_tokens is None else args.max_new_tokens
         return _run_generate(stories, "Once upon a time", args)
     import rlx
 
@@ -87,7 +95,7 @@ def _demo(args: argparse.Namespace) -> int:
         gen = rlx.Generator.from_pretrained(d, device=args.device).with_dynamic_decode_cache()
         gen.prefill([1, 10, 20, 30])
         t0 = time.perf_counter()
-        ids = gen.generate_cached(args.max_new_tokens or 32)
+        ids = gen.generate_cached(32 if args.max_new_tokens is None else args.max_new_tokens)
         dt = time.perf_counter() - t0
     print("generated ids:", ids)
     print(f"[rlx] {len(ids)} tokens in {dt:.3f} s ({len(ids) / dt:.1f} tok/s)", file=sys.stderr)
@@ -121,7 +129,9 @@ def _pipeline(args: argparse.Namespace, argv: list[str]) -> int:
     from rlx.distributed import MpiTransport, TcpTransport
     from rlx.distributed.launch import run_rank, spawn, under_mpirun
 
-    args.max_new_tokens = args.max_new_tokens or 64
+    args.max_new_tokens = 64 if args.max_new_tokens is None else args.max_new_tokens
+    if args.seed is None:  # rank 0 samples; the others never draw
+        args.seed = secrets.randbits(63)
     if args.mpi or under_mpirun():
         with MpiTransport(timeout=args.timeout) as t:
             return run_rank(args, t)
@@ -136,25 +146,144 @@ def _pipeline(args: argparse.Namespace, argv: list[str]) -> int:
         return run_rank(args, t)
 
 
+def _chat(args: argparse.Namespace) -> int:
+    """A read-eval-print loop over the model's chat template: each line is a user turn, the reply
+    streams to stdout; the conversation's sequence is kept, so a turn prefills only its new tokens.
+    /reset starts over, /exit (or end of input) ends; the prefix-reuse totals go to stderr."""
+    import rlx
+
+    if args.threads:
+        rlx.set_num_threads(args.threads)
+    template = None
+    if args.chat_template:
+        with open(args.chat_template, encoding="utf-8") as f:
+            template = f.read()
+    model = rlx.load(args.model, device=args.device, chat_template=template)
+    if model.chat_template is None:
+        raise ValueError(f"{args.model} has no chat template: give one with --chat-template FILE.jinja")
+    interactive = sys.stdin.isatty()
+    if interactive:
+        try:
+            import readline  # noqa: F401  (line editing and history for input())
+        except ImportError:
+            pass
+        print(f"[rlx] chatting with {model.name}; /reset starts over, /exit or Ctrl-D ends", file=sys.stderr)
+    start = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(start)
+    turns = 0
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except EOFError:
+            break
+        if line.strip() in ("/exit", "/quit"):
+            break
+        if line.strip() == "/reset":
+            messages = list(start)
+            continue
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        reply = []
+        try:
+            for chunk in model.create_chat_completion(
+                    messages, max_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                    top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repetition_penalty, seed=args.seed,
+                    stream=True):
+                delta = chunk["choices"][0]["delta"].get("content", "")
+                reply.append(delta)
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+        except KeyboardInterrupt:  # stops this reply; the chat goes on
+            sys.stdout.write(" [interrupted]")
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        messages.append({"role": "assistant", "content": "".join(reply)})
+        turns += 1
+    st = model.stats
+    print(f"[rlx] {turns} turns; prompt tokens {st['prompt_tokens']}, of which {st['cached_tokens']} came from the "
+          f"cache (prefix reuse) and {st['prefill_tokens']} were prefilled", file=sys.stderr)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise RuntimeError(f"the server needs starlette and uvicorn ({e}): pip install 'rlx[serve]'") from None
+    import rlx
+    from rlx.server import serve
+
+    if args.threads:
+        rlx.set_num_threads(args.threads)
+    model = rlx.load(args.model, device=args.device, cached_sequences=args.cached_sequences, name=args.name)
+    serve(model, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def _number(kind, lo=None, hi=None, lo_open=False):
+    """An argparse type: a number of `kind` in the range (checked before anything runs)."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a{'n integer' if kind is int else ' number'}: {text!r}") from None
+        if (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"{text} is outside {'(' if lo_open else '['}{lo}, "
+                                             f"{hi if hi is not None else 'inf'}]")
+        return v
+    return parse
+
+
+def _existing_path(text: str) -> str:
+    if not os.path.exists(text):
+        raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
+    import rlx
+
     p = argparse.ArgumentParser(prog="python -m rlx", description="rlx: LLM inference with a C core.")
+    p.add_argument("--version", action="version", version=f"rlx {rlx.__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="log rlx's INFO lines to stderr")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    def sampling(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--max-new-tokens", type=int, default=0, help="tokens to generate (default 64)")
-        sp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-        sp.add_argument("--top-k", type=int, default=0)
-        sp.add_argument("--top-p", type=float, default=1.0)
-        sp.add_argument("--min-p", type=float, default=0.0)
-        sp.add_argument("--repetition-penalty", type=float, default=1.0)
-        sp.add_argument("--seed", type=int, default=0)
-        sp.add_argument("--device", default="cpu", help="cpu or ref")
-        sp.add_argument("--threads", type=int, default=0, help="CPU threads (default: all)")
+    def sampling(sp: argparse.ArgumentParser, default_tokens: int = 64) -> None:
+        sp.add_argument("--max-new-tokens", type=_number(int, 0), default=None,
+                        help=f"tokens to generate (default {default_tokens}; 0 generates none)")
+        sp.add_argument("--temperature", type=_number(float, 0.0), default=None,
+                        help="0 = greedy (default: the model's generation_config, else greedy)")
+        sp.add_argument("--top-k", type=_number(int, 0), default=None)
+        sp.add_argument("--top-p", type=_number(float, 0.0, 1.0, lo_open=True), default=None)
+        sp.add_argument("--min-p", type=_number(float, 0.0, 1.0), default=None)
+        sp.add_argument("--repetition-penalty", type=_number(float, 0.0, lo_open=True), default=None)
+        sp.add_argument("--seed", type=int, default=None, help="an int reproduces; default: random")
+        sp.add_argument("--device", default="cpu", choices=rlx.backends())
+        sp.add_argument("--threads", type=_number(int, 0), default=0, help="CPU threads (default: all)")
 
-    g = sub.add_parser("generate", help="generate text from a Hugging Face model directory")
-    g.add_argument("--model", required=True, help="model directory (config.json, safetensors, tokenizer) or GGUF file")
-    g.add_argument("--prompt", required=True)
+    g = sub.add_parser("generate", help="generate text from a model directory or GGUF file")
+    g.add_argument("--model", required=True, type=_existing_path,
+                   help="model directory (config.json, safetensors, tokenizer) or GGUF file")
+    g.add_argument("--prompt", default=None, help="the prompt (default: read from stdin)")
     sampling(g)
+    c = sub.add_parser("chat", help="an interactive chat over the model's chat template (lines from stdin)")
+    c.add_argument("--model", required=True, type=_existing_path)
+    c.add_argument("--system", default=None, help="a system message")
+    c.add_argument("--chat-template", default=None, type=_existing_path,
+                   help="a Jinja chat template file, for a model without one")
+    sampling(c, default_tokens=512)
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
+    sv.add_argument("--model", required=True, type=_existing_path)
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=_number(int, 0, 65535), default=8000, help="0 picks a free port")
+    sv.add_argument("--name", default=None, help="the model's name in the API (default: its file or folder name)")
+    sv.add_argument("--cached-sequences", type=_number(int, 0), default=4,
+                    help="finished requests' sequences kept for prefix reuse (default 4)")
+    sv.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    sv.add_argument("--device", default="cpu", choices=rlx.backends())
+    sv.add_argument("--threads", type=_number(int, 0), default=0)
     d = sub.add_parser("demo", help="generate with stories260K (or a tiny random model)")
     sampling(d)
     sub.add_parser("info", help="build facts")
@@ -167,23 +296,42 @@ def main(argv: list[str] | None = None) -> int:
     qp.add_argument("--allow-requantize", action="store_true", help="requantise a source that is already quantised")
     qp.add_argument("--quiet", action="store_true", help="no line per tensor")
     pp = sub.add_parser("pipeline", help="pipeline-parallel generation over N ranks (TCP on this host, or MPI)")
-    pp.add_argument("--model", required=True)
+    pp.add_argument("--model", required=True, type=_existing_path)
     pp.add_argument("--prompt", required=True)
-    pp.add_argument("--world", type=int, default=2, help="ranks to start on this host (ignored under mpirun)")
+    pp.add_argument("--world", type=_number(int, 1), default=2, help="ranks to start on this host (ignored under mpirun)")
     pp.add_argument("--recompute", action="store_true", help="recompute each block per step (no KV cache)")
-    pp.add_argument("--max-past", type=int, default=0, help="bucketed decode plans up to this past length")
+    pp.add_argument("--max-past", type=_number(int, 0), default=0, help="bucketed decode plans up to this past length")
     pp.add_argument("--mpi", action="store_true", help="use MPI (automatic under mpirun)")
-    pp.add_argument("--timeout", type=float, default=60.0, help="seconds any rank waits for another")
+    pp.add_argument("--timeout", type=_number(float, 0.0, lo_open=True), default=60.0,
+                    help="seconds any rank waits for another")
     pp.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     pp.add_argument("--addrs", default=None, help=argparse.SUPPRESS)
     pp.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
     sampling(pp)
     raw = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(raw)
+    if args.verbose:
+        rlx.logs.log_to_stderr()
+    if args.cmd == "pipeline":  # the pipeline's SampleOpts take plain values
+        for name, off in (("temperature", 0.0), ("top_k", 0), ("top_p", 1.0), ("min_p", 0.0),
+                          ("repetition_penalty", 1.0)):
+            if getattr(args, name) is None:
+                setattr(args, name, off)
     try:
         if args.cmd == "generate":
-            args.max_new_tokens = args.max_new_tokens or 64
-            return _run_generate(args.model, args.prompt, args)
+            args.max_new_tokens = 64 if args.max_new_tokens is None else args.max_new_tokens
+            prompt = args.prompt
+            if prompt is None:
+                if sys.stdin.isatty():
+                    p.error("generate: give --prompt TEXT, or pipe the prompt on stdin")
+                prompt = sys.stdin.read()
+                prompt = prompt[:-1] if prompt.endswith("\n") else prompt  # echo's newline
+            return _run_generate(args.model, prompt, args)
+        if args.cmd == "chat":
+            args.max_new_tokens = 512 if args.max_new_tokens is None else args.max_new_tokens
+            return _chat(args)
+        if args.cmd == "serve":
+            return _serve(args)
         if args.cmd == "demo":
             return _demo(args)
         if args.cmd == "pipeline":
@@ -191,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "quantize":
             return _quantize(args)
         return _info(args)
-    except (ValueError, OSError, RuntimeError) as e:
+    except (ValueError, TypeError, OSError, RuntimeError) as e:
         print(f"rlx: error: {e}", file=sys.stderr)
         return 2
 

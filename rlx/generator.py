@@ -249,7 +249,9 @@ class Generator(Sequence):
                         kv_dtype: str | None = None) -> "Generator":
         """A Hugging Face model directory (config.json + safetensors) or a GGUF file."""
         from rlx import gguf
+        from rlx.api import model_path
 
+        path, _ = model_path(path)  # a clear error for a file where the directory is expected
         if gguf.is_gguf(path):
             gf = gguf.GGUFFile(path)
             return cls(gguf.model_config(gf), gguf.model_weights(gf), device=device, dtype=dtype, kv_dtype=kv_dtype)

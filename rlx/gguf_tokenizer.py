@@ -40,7 +40,7 @@ import numpy as np
 
 from rlx.errors import ConfigError
 from rlx.gguf import GGUFFile
-from rlx.tokenizer import Tokenizer
+from rlx.tokenizer import Tokenizer, check_text
 
 __all__ = ["PRE_TOKENIZER_REGEXES", "GGUFTokenizer", "build_hf_tokenizer"]
 
@@ -192,6 +192,7 @@ class GGUFTokenizer(Tokenizer):
         return self._tok
 
     def encode(self, text: str, add_bos: bool = True, parse_special: bool = True) -> list[int]:
+        check_text(text)
         with self._lock:
             self._tok.encode_special_tokens = not parse_special
             ids = self._tok.encode(text, add_special_tokens=False).ids

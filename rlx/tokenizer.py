@@ -20,6 +20,14 @@ from typing import Callable, Sequence
 from rlx.errors import ConfigError
 
 
+def check_text(text) -> str:
+    """text, or TypeError: a list of strings is not a text (encode one string per call)."""
+    if not isinstance(text, str):
+        raise TypeError(f"encode takes one str, got {type(text).__name__}"
+                        + (" (encode each string separately)" if isinstance(text, (list, tuple)) else ""))
+    return text
+
+
 class Tokenizer:
     """Common interface; build one with ``Tokenizer.from_dir(path)``."""
 
@@ -112,7 +120,7 @@ class SentencePieceTokenizer(Tokenizer):
         self.bos_id = bos if bos >= 0 else None
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        ids = list(self._sp.encode(text))
+        ids = list(self._sp.encode(check_text(text)))
         return ([self.bos_id] if add_bos and self.bos_id is not None else []) + ids
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -138,7 +146,7 @@ class HFTokenizer(Tokenizer):
                 self.bos_id = self._tok.token_to_id(bos)
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=add_bos).ids
+        ids = self._tok.encode(check_text(text), add_special_tokens=add_bos).ids
         if add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id] + ids
         return ids

@@ -36,6 +36,7 @@ struct rlx_py_state {
     PyTypeObject *plan_type;     /* _C.Plan (plan_type.c) */
     PyTypeObject *model_type;    /* _C.Model (model_type.c) */
     PyTypeObject *seq_type;      /* _C.Sequence (seq_type.c) */
+    PyObject *log_callback;      /* the callable set_log_callback installed in the core, or NULL */
 };
 
 /* The module definition (module.c); heap types are created with PyType_FromModuleAndSpec so that

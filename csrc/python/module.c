@@ -6,6 +6,10 @@
  * the order of the `add_types` table below, so adding a type is one line there. This file never
  * holds type-specific code and never keeps Python objects in C globals (the one exception,
  * rlx_py_error_borrowed, is a borrowed alias of the state's rlx.Error; see bindings.h).
+ *
+ * The core's log callback (rlx_set_log_callback) is process-wide; set_log_callback installs a
+ * trampoline whose user pointer is this module's state, so the Python callable lives in the state
+ * and is read only with the GIL held (the core may log from any thread, GIL held or not).
  */
 #include "bindings.h"
 
@@ -179,7 +183,52 @@ done:
     return out;
 }
 
+/* The core's log callback: takes the GIL (the core may log from a pool thread, or from a thread
+ * that released it around a run), calls st->log_callback(level, msg), and reports an exception it
+ * raises as unraisable (a log line must never fail a run). Nothing once the interpreter is going. */
+static void log_trampoline(enum rlx_log_level level, const char *msg, void *user)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    if (!Py_IsInitialized() || Py_IsFinalizing()) return;
+#else
+    if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
+#endif
+    struct rlx_py_state *st = user;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *fn = st->log_callback;
+    if (fn != NULL) {
+        Py_INCREF(fn); /* the callback may replace itself */
+        PyObject *r = PyObject_CallFunction(fn, "is", (int)level, msg);
+        if (r == NULL) PyErr_WriteUnraisable(fn);
+        Py_XDECREF(r);
+        Py_DECREF(fn);
+    }
+    PyGILState_Release(gil);
+}
+
+static PyObject *set_log_callback(PyObject *module, PyObject *fn)
+{
+    struct rlx_py_state *st = rlx_py_state_of_module(module);
+    if (st == NULL) return NULL;
+    if (fn != Py_None && !PyCallable_Check(fn)) {
+        PyErr_Format(PyExc_TypeError, "set_log_callback: expected a callable or None, got %T", fn);
+        return NULL;
+    }
+    if (fn == Py_None) {
+        rlx_set_log_callback(NULL, NULL);
+        Py_CLEAR(st->log_callback);
+    } else {
+        Py_XSETREF(st->log_callback, Py_NewRef(fn));
+        rlx_set_log_callback(log_trampoline, st);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"set_log_callback", set_log_callback, METH_O,
+     "set_log_callback(fn: Callable[[int, str], object] | None) -> None\n\nfn(level, message) receives the core's "
+     "log lines (level 0 debug, 1 info, 2 warning), from any thread, with the GIL held; None stops them. "
+     "rlx.logs routes them to the logging module (logger 'rlx.core')."},
     {"build_info", build_info, METH_NOARGS,
      "build_info() -> dict[str, str | int]\n\nStatic build facts (blas, blas_config, cc, cflags, isa, "
      "backends) plus the current num_threads."},
@@ -246,6 +295,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->plan_type);
     Py_VISIT(st->model_type);
     Py_VISIT(st->seq_type);
+    Py_VISIT(st->log_callback);
     return 0;
 }
 
@@ -254,6 +304,9 @@ static int module_clear(PyObject *module)
     struct rlx_py_state *st = (struct rlx_py_state *)PyModule_GetState(module);
     if (st == NULL)
         return 0;
+    if (st->log_callback != NULL)
+        rlx_set_log_callback(NULL, NULL); /* before the callable and the state go */
+    Py_CLEAR(st->log_callback);
     if (st->error != NULL)
         rlx_py_errors_clear(st->error);
     Py_CLEAR(st->error);
