@@ -1,7 +1,7 @@
 # rlx — set-up, build and test entry points.
 #
 #   make demo    set up (apt, .venv, editable build) and generate text
-#   make test    set up and run every test: pytest, C tests under valgrind, ASan+UBSan, fuzz (5 s a target)
+#   make test    set up and run every test: pytest, C tests under valgrind and TSan, ASan+UBSan, fuzz (5 s a target)
 #   make fuzz    fuzz the config / weights / tokenizer loaders, 1,000,000 inputs a target (~40 min)
 #   make build   set up and build the extension in place (rlx/_C*.so)
 #   make bench   set up the benchmark extras and run rlx beside llama.cpp and transformers
@@ -41,11 +41,7 @@ EXT_SUFFIX := $(shell $(if $(wildcard $(VPY)),$(VPY),$(PYTHON)) -c 'import sysco
 EXT_SO     := rlx/_C$(EXT_SUFFIX)
 CSRC_FILES := $(shell find csrc -type f \( -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.comp' -o -name '*.glsl' \) 2>/dev/null | LC_ALL=C sort)
 
-<<<<<<< HEAD
-.PHONY: help setup build demo test test-py test-c test-tsan test-asan bench bench-quick clean distclean FORCE
-=======
-.PHONY: help setup build demo test test-py test-c test-asan fuzz bench bench-quick clean distclean FORCE
->>>>>>> config-hardening
+.PHONY: help setup build demo test test-py test-c test-tsan test-asan fuzz bench bench-quick clean distclean FORCE
 
 help:
 	@sed -n '3,9p' Makefile | sed 's/^# \{0,1\}//'
