@@ -94,6 +94,15 @@ def _spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]
     return [(m[3], m[4]) for m in merges]
 
 
+def _bpe(gf: GGUFFile, models, *args, **kwargs):
+    """tokenizers.models.BPE(*args, **kwargs); the library's own error (a merge naming a token the
+    vocabulary lacks, ...) as ConfigError naming the file."""
+    try:
+        return models.BPE(*args, **kwargs)
+    except Exception as e:  # the Rust library raises plain Exception
+        raise ConfigError(f"{gf.path}: the tokenizer metadata is inconsistent ({e})") from None
+
+
 def build_hf_tokenizer(gf: GGUFFile):
     """(tokenizers.Tokenizer, facts dict) for the file's vocabulary; see the module docstring.
     facts: model, pre, bos_id, eos_id, add_bos, add_eos, add_space_prefix."""
@@ -110,8 +119,8 @@ def build_hf_tokenizer(gf: GGUFFile):
         if not all(f"<0x{b:02X}>" in vocab for b in range(256)):
             raise ConfigError(f"{gf.path}: SPM vocabulary lacks some of the 256 <0xXX> byte tokens")
         unk = gf.get("tokenizer.ggml.unknown_token_id", int, 0)
-        bpe = models.BPE(vocab, _spm_merges(tokens, scores), unk_token=tokens[unk] if 0 <= unk < len(tokens) else None,
-                         fuse_unk=True, byte_fallback=True)
+        bpe = _bpe(gf, models, vocab, _spm_merges(tokens, scores),
+                   unk_token=tokens[unk] if 0 <= unk < len(tokens) else None, fuse_unk=True, byte_fallback=True)
         tok = HFTok(bpe)
         add_space_prefix = gf.get("tokenizer.ggml.add_space_prefix", bool, True)
         norm = [normalizers.Replace(" ", "\u2581")]
@@ -135,7 +144,7 @@ def build_hf_tokenizer(gf: GGUFFile):
             if cut < 0:
                 raise ConfigError(f"{gf.path}: tokenizer.ggml.merges entry {m!r} is not 'left right'")
             merges.append((m[:cut], m[cut + 1:]))
-        tok = HFTok(models.BPE(vocab, merges, ignore_merges=ignore_merges))
+        tok = HFTok(_bpe(gf, models, vocab, merges, ignore_merges=ignore_merges))
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in regexes]
             + [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])

@@ -2,7 +2,7 @@
 # Runs the coverage-guided fuzz targets of tests/fuzz/ (atheris + libFuzzer), one after another.
 #   tools/run_fuzz.sh --time S [target...]   each target for S seconds   (make test: 5 s each)
 #   tools/run_fuzz.sh --runs N [target...]   each target for N inputs    (make fuzz: 1,000,000 each)
-# Targets: config_file weights_file tokenizer_dir (default: all). Each starts from its committed
+# Targets: config_file weights_file tokenizer_dir gguf_file (default: all). Each starts from its committed
 # seeds (tests/fuzz/corpus/<target>/, read only) and the crash files of earlier findings
 # (tests/fuzz/crashes/<target>-*), mutates with its dictionary (tests/fuzz/<target>.dict: the
 # format's keys), and keeps what it learns in a temporary corpus that is thrown away.
@@ -22,7 +22,7 @@ case "$1" in
 esac
 shift 2
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config_file weights_file tokenizer_dir)
+[ ${#targets[@]} -gt 0 ] || targets=(config_file weights_file tokenizer_dir gguf_file)
 
 if ! "$PYTHON" -c 'import atheris' 2>/dev/null; then
   echo "error: atheris is not installed in $PYTHON (pip install -e '.[test]')" >&2
@@ -43,9 +43,11 @@ for t in "${targets[@]}"; do
   cp tests/fuzz/crashes/"$t"-* "$work/seeds-$t"/ 2>/dev/null
   dict=()
   [ -f "tests/fuzz/$t.dict" ] && dict=(-dict="tests/fuzz/$t.dict")
+  max_len=8192
+  [ "$t" = gguf_file ] && max_len=65536   # a GGUF file with a vocabulary and tensors
   log="$work/$t.log"
   start=$(date +%s%N)
-  "$PYTHON" "tests/fuzz/$t.py" "${limit[@]}" "${dict[@]}" -max_len=8192 -timeout=10 -rss_limit_mb=3072 \
+  "$PYTHON" "tests/fuzz/$t.py" "${limit[@]}" "${dict[@]}" -max_len=$max_len -timeout=10 -rss_limit_mb=3072 \
     -print_final_stats=1 -artifact_prefix="tests/fuzz/crashes/$t-" \
     "$work/corpus-$t" "$work/seeds-$t" >"$log" 2>&1
   rc=$?

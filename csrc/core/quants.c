@@ -212,3 +212,40 @@ void rlx_q6_k_to_f32(float *y, const void *src, int64_t n)
         }
     }
 }
+
+/* Where each block type keeps its f16 scale (and minimum, or -1): the layouts above. */
+static bool scale_offsets(enum rlx_dtype dt, int *d, int *m)
+{
+    switch (dt) {
+    case RLX_Q4_0: *d = 0, *m = -1; return true;
+    case RLX_Q4_1: *d = 0, *m = 2; return true;
+    case RLX_Q5_0: *d = 0, *m = -1; return true;
+    case RLX_Q5_1: *d = 0, *m = 2; return true;
+    case RLX_Q8_0: *d = 0, *m = -1; return true;
+    case RLX_Q2_K: *d = 80, *m = 82; return true;
+    case RLX_Q3_K: *d = 108, *m = -1; return true;
+    case RLX_Q4_K: *d = 0, *m = 2; return true;
+    case RLX_Q5_K: *d = 0, *m = 2; return true;
+    case RLX_Q6_K: *d = 208, *m = -1; return true;
+    default: return false;
+    }
+}
+
+/* An f16 whose exponent bits are all ones: infinite or NaN. */
+static bool half_nonfinite(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return (h & 0x7C00) == 0x7C00;
+}
+
+int64_t rlx_blocks_nonfinite(enum rlx_dtype dt, const void *src, int64_t n)
+{
+    int d, m;
+    const struct rlx_dtype_traits *t = rlx_dtype_traits(dt);
+    if (!t || !scale_offsets(dt, &d, &m)) return -1;
+    const uint8_t *b = src;
+    for (int64_t blk = 0; blk < n / t->block_size; blk++, b += t->type_size)
+        if (half_nonfinite(b + d) || (m >= 0 && half_nonfinite(b + m))) return blk;
+    return -1;
+}

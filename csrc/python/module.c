@@ -145,6 +145,33 @@ done:
     return out;
 }
 
+/* blocks_nonfinite(raw, dtype) -> int: rlx_blocks_nonfinite over whole blocks (-1: none). */
+static PyObject *blocks_nonfinite(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *raw_obj;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "Os:blocks_nonfinite", &raw_obj, &name)) return NULL;
+    enum rlx_dtype dt;
+    if (rlx_py_raise(rlx_dtype_parse(name, &dt))) return NULL;
+    const struct rlx_dtype_traits *t = rlx_dtype_traits(dt);
+    PyArrayObject *raw = (PyArrayObject *)PyArray_FROM_OTF(raw_obj, NPY_UINT8, NPY_ARRAY_IN_ARRAY);
+    if (raw == NULL) return NULL;
+    const size_t nbytes = (size_t)PyArray_NBYTES(raw);
+    PyObject *out = NULL;
+    if (nbytes % t->type_size) {
+        PyErr_Format(PyExc_ValueError, "%zu bytes are not whole %s blocks of %zu bytes", nbytes, t->name, t->type_size);
+    } else {
+        int64_t bad;
+        Py_BEGIN_ALLOW_THREADS
+        bad = rlx_blocks_nonfinite(dt, PyArray_DATA(raw), (int64_t)(nbytes / t->type_size) * t->block_size);
+        Py_END_ALLOW_THREADS
+        out = PyLong_FromLongLong(bad);
+    }
+    Py_DECREF(raw);
+    return out;
+}
+
 /* quantize(x, dtype) -> uint8 array (rows, bytes per row): x (..., cols) converted to float32 (a
  * copy only when it is not C-contiguous float32), each row of cols values quantised to dtype by
  * rlx_quantize with the GIL released; rows = the product of the leading dims (1 for a vector). */
@@ -240,6 +267,9 @@ static PyMethodDef module_methods[] = {
     {"to_f32", to_f32, METH_VARARGS,
      "to_f32(raw: uint8 array of whole blocks, dtype: str) -> float32 array\n\nThe core's conversion of a dtype's "
      "blocks to f32 (dequantisation for the GGUF block types)."},
+    {"blocks_nonfinite", blocks_nonfinite, METH_VARARGS,
+     "blocks_nonfinite(raw: uint8 array of whole blocks, dtype: str) -> int\n\nThe first block whose f16 scale or "
+     "minimum is NaN or infinite, or -1 (always -1 for dtypes without scales). Weights with one are refused."},
     {"quantize", quantize, METH_VARARGS,
      "quantize(x: float array (..., cols), dtype: str) -> uint8 array (rows, bytes per row)\n\nEach row of x "
      "(as float32) converted to dtype: f32, f16, bf16 or a GGUF block type, quantised as gguf-py / ggml do (GIL "

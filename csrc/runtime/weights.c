@@ -81,6 +81,11 @@ rlx_status rlx_weights_set(struct rlx_weights *ws, const char *name, const struc
     rlx_status s = rlx_shape_bytes(t->dtype, t->ndim, t->shape, &bytes);
     if (s != RLX_OK) return rlx_error_context(s, "weight '%s'", name);
     if (!t->data && bytes) return rlx_set_error(RLX_ERR_INVALID, "weight '%s': no data", name);
+    const struct rlx_dtype_traits *tr = rlx_dtype_traits(t->dtype);
+    const int64_t bad = rlx_blocks_nonfinite(t->dtype, t->data, (int64_t)(bytes / tr->type_size) * tr->block_size);
+    if (bad >= 0)
+        return rlx_set_error(RLX_ERR_INVALID, "weight '%s' (%s): block %lld has a NaN or infinite scale (a corrupt file)",
+                             name, rlx_dtype_name(t->dtype), (long long)bad);
     /* guarded while it is read: for good when used in place, during the upload otherwise */
     int guard;
     RLX_TRY(rlx_guard_add(t->data, bytes, &ws->faulted, &guard));

@@ -166,12 +166,94 @@ def tokenizer_seeds() -> dict[str, bytes]:
     }
 
 
+def gguf_bytes(arch: str, matrix_type: str, tokenizer: str | None = None, qk_norm: bool = False,
+               template: str | None = None) -> bytes:
+    """A tiny model (hidden 32, one layer, vocab 8) as a GGUF file: f32 vectors and embedding,
+    matrices of matrix_type (gguf-py's quantize), optional tokenizer metadata."""
+    import tempfile
+
+    import gguf
+    from gguf.constants import GGMLQuantizationType as T
+
+    rng = np.random.default_rng(0)
+    H, F, V, heads, kv, hd = 32, 32, 8, 2, 1, 16
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.gguf")
+        w = gguf.GGUFWriter(path, arch)
+        for key, kind, value in [
+            ("block_count", "uint32", 1), ("context_length", "uint32", 64), ("embedding_length", "uint32", H),
+            ("feed_forward_length", "uint32", F), ("attention.head_count", "uint32", heads),
+            ("attention.head_count_kv", "uint32", kv), ("attention.key_length", "uint32", hd),
+            ("attention.value_length", "uint32", hd), ("rope.dimension_count", "uint32", hd),
+            ("rope.freq_base", "float32", 10000.0), ("attention.layer_norm_rms_epsilon", "float32", 1e-6)]:
+            getattr(w, f"add_{kind}")(f"{arch}.{key}", value)
+        if tokenizer == "gpt2":
+            w.add_tokenizer_model("gpt2")
+            w.add_tokenizer_pre("qwen2")
+            w.add_token_list(["h", "e", "l", "o", "he", "ll", "hell", "hello"])
+            w.add_token_merges(["h e", "l l", "he ll", "hell o"])
+            w.add_eos_token_id(7)
+        elif tokenizer == "llama":
+            w.add_tokenizer_model("llama")
+            toks = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)] + ["\u2581hello", "\u2581world"]
+            w.add_token_list(toks)
+            w.add_token_scores([0.0] * len(toks))
+            w.add_token_types([2, 3, 3] + [6] * 256 + [1, 1])
+            w.add_bos_token_id(1)
+            w.add_eos_token_id(2)
+        if template is not None:
+            w.add_chat_template(template)
+        qtype = getattr(T, matrix_type.upper())
+
+        def matrix(name, rows, cols):
+            x = (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+            if qtype == T.F32:
+                w.add_tensor(name, x)
+            else:
+                w.add_tensor(name, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
+
+        w.add_tensor("token_embd.weight", rng.standard_normal((V, H)).astype(np.float32))
+        w.add_tensor("output_norm.weight", np.ones(H, np.float32))
+        w.add_tensor("blk.0.attn_norm.weight", np.ones(H, np.float32))
+        w.add_tensor("blk.0.ffn_norm.weight", np.ones(H, np.float32))
+        if qk_norm:
+            w.add_tensor("blk.0.attn_q_norm.weight", np.ones(hd, np.float32))
+            w.add_tensor("blk.0.attn_k_norm.weight", np.ones(hd, np.float32))
+        matrix("blk.0.attn_q.weight", heads * hd, H)
+        matrix("blk.0.attn_k.weight", kv * hd, H)
+        matrix("blk.0.attn_v.weight", kv * hd, H)
+        matrix("blk.0.attn_output.weight", H, heads * hd)
+        matrix("blk.0.ffn_gate.weight", F, H)
+        matrix("blk.0.ffn_up.weight", F, H)
+        matrix("blk.0.ffn_down.weight", H, F)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def gguf_seeds() -> dict[str, bytes]:
+    llama = gguf_bytes("llama", "q4_0", tokenizer="gpt2")
+    return {
+        "llama-q4_0-bpe": llama,
+        "qwen3-q8_0-template": gguf_bytes("qwen3", "q8_0", qk_norm=True,
+                                          template="{% for m in messages %}{{ m['content'] }}{% endfor %}"),
+        "llama-f32-spm": gguf_bytes("llama", "f32", tokenizer="llama"),
+        "llama-q5_1": gguf_bytes("llama", "q5_1"),
+        "truncated": llama[: len(llama) // 2],
+        "header-only": llama[:24],
+        "empty": b"",
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(HERE, "corpus"))
     args = ap.parse_args()
     for target, seeds in (("config_file", config_seeds()), ("weights_file", weights_seeds()),
-                          ("tokenizer_dir", tokenizer_seeds())):
+                          ("tokenizer_dir", tokenizer_seeds()), ("gguf_file", gguf_seeds())):
         d = os.path.join(args.out, target)
         os.makedirs(d, exist_ok=True)
         for old in glob.glob(os.path.join(d, "seed-*")):

@@ -13,7 +13,7 @@ import os
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TARGETS = ("config_file", "weights_file", "tokenizer_dir")
+TARGETS = ("config_file", "weights_file", "tokenizer_dir", "gguf_file")
 
 
 def inputs() -> list[tuple[str, str]]:

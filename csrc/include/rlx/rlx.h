@@ -119,6 +119,10 @@ rlx_status rlx_shape_bytes(enum rlx_dtype dt, int ndim, const int64_t *shape, si
 /* Parses a dtype's name or an alias: "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16",
  * "i32"/"int32", "u8"/"uint8"/"bool", and the block types' names ("q8_0", "q4_k", ...). */
 rlx_status rlx_dtype_parse(const char *name, enum rlx_dtype *out);
+/* The first block of the n elements at src (whole blocks of a block type) whose f16 scale or
+ * minimum is NaN or infinite (a corrupt file: every value of that block would be), or -1 when none;
+ * -1 for the other dtypes. Reads only the scales. */
+int64_t rlx_blocks_nonfinite(enum rlx_dtype dt, const void *src, int64_t n);
 /* dst (rows, bytes of cols elements of dt) = x (rows, cols) f32 converted to dt row by row with
  * the traits' from_f32: bit for bit what gguf-py's quantize gives for f16, bf16, Q8_0, Q4_0, Q4_1,
  * Q5_0 and Q5_1, ggml's reference scale searches for the K types. RLX_ERR_SHAPE when cols is not
@@ -388,7 +392,8 @@ struct rlx_weights;
 rlx_status rlx_weights_create(struct rlx_device *dev, struct rlx_weights **out);
 void rlx_weights_free(struct rlx_weights *w);   /* after the plans bound to it */
 /* Adds or replaces a weight. In place (zero-copy) where the device reads host memory: the memory
- * must then stay alive and unchanged as long as the store holds it; else uploaded now. Plans bound
+ * must then stay alive and unchanged as long as the store holds it; else uploaded now. A block
+ * type's weight with a NaN or infinite scale is refused (RLX_ERR_INVALID naming the block). Plans bound
  * to a weight that is replaced must be bound again (or freed) before they run. */
 rlx_status rlx_weights_set(struct rlx_weights *w, const char *name, const struct rlx_host_tensor *t);
 /* The dtype and shape of a weight; RLX_ERR_INVALID naming it when the store lacks it. */
