@@ -88,16 +88,19 @@ static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...)
     if (n > 0) *len += (size_t)n < cap - *len ? (size_t)n : cap - *len - 1;
 }
 
-static void put_info(char *buf, size_t cap, size_t *len, const struct rlx_vk_info *in)
+/* What a physical device offers, one "key=value" line each, keys prefixed with `pre`. */
+static void put_info(char *buf, size_t cap, size_t *len, const char *pre, const struct rlx_vk_info *in)
 {
-    put(buf, cap, len,
-        "device=%s\ndriver=%s\ntype=%s\napi=%u.%u.%u\nsubgroup_size=%u\ndevice_memory_bytes=%llu\n"
-        "device_memory_host_visible=%s\nmax_storage_buffer_range=%u\nstorage_offset_alignment=%llu\n"
-        "max_workgroup_invocations=%u\nmax_shared_memory=%u\nmax_allocation=%llu\ntimestamps=%s\n",
-        in->name, in->driver, in->type, VK_API_VERSION_MAJOR(in->api_version), VK_API_VERSION_MINOR(in->api_version),
-        VK_API_VERSION_PATCH(in->api_version), in->subgroup_size, (unsigned long long)in->device_local_bytes,
-        in->device_local_host_visible ? "yes" : "no", in->max_storage_range, (unsigned long long)in->storage_align,
-        in->max_wg_invocations, in->max_shared, (unsigned long long)in->max_alloc, in->timestamps ? "yes" : "no");
+    put(buf, cap, len, "%sdevice=%s\n%sdriver=%s\n%stype=%s\n%sapi=%u.%u.%u\n%ssubgroup_size=%u\n", pre, in->name, pre,
+        in->driver, pre, in->type, pre, VK_API_VERSION_MAJOR(in->api_version), VK_API_VERSION_MINOR(in->api_version),
+        VK_API_VERSION_PATCH(in->api_version), pre, in->subgroup_size);
+    put(buf, cap, len, "%sdevice_memory_bytes=%llu\n%sdevice_memory_host_visible=%s\n%smax_storage_buffer_range=%u\n",
+        pre, (unsigned long long)in->device_local_bytes, pre, in->device_local_host_visible ? "yes" : "no", pre,
+        in->max_storage_range);
+    put(buf, cap, len, "%sstorage_offset_alignment=%llu\n%smax_workgroup_invocations=%u\n%smax_shared_memory=%u\n",
+        pre, (unsigned long long)in->storage_align, pre, in->max_wg_invocations, pre, in->max_shared);
+    put(buf, cap, len, "%smax_allocation=%llu\n%stimestamps=%s\n", pre, (unsigned long long)in->max_alloc, pre,
+        in->timestamps ? "yes" : "no");
 }
 
 static void put_validation(char *buf, size_t cap, size_t *len, const char *prefix, bool on)
@@ -114,14 +117,18 @@ static void vk_describe(void *ctx, char *buf, size_t cap)
     if (cap) buf[0] = '\0';
     if (!ctx) { /* build info: whether Vulkan is usable here, and the validation count */
         const struct rlx_vk_probe *p = rlx_vk_probe();
-        if (p->preferred >= 0) put(buf, cap, &len, "vulkan=%s\n", p->dev[p->preferred].name);
-        else put(buf, cap, &len, "vulkan=unavailable: %s\n", p->why_none);
+        if (p->preferred >= 0) {
+            put(buf, cap, &len, "vulkan=%s\n", p->dev[p->preferred].name);
+            put_info(buf, cap, &len, "vulkan_", &p->dev[p->preferred]);
+        } else {
+            put(buf, cap, &len, "vulkan=unavailable: %s\n", p->why_none);
+        }
         const char *env = getenv("RLX_VULKAN_VALIDATION");
         put_validation(buf, cap, &len, "vulkan_", env && *env && strcmp(env, "0") != 0);
         return;
     }
     const struct rlx_vk_dev *d = ctx;
-    put_info(buf, cap, &len, &d->vk->info);
+    put_info(buf, cap, &len, "", &d->vk->info);
     put(buf, cap, &len, "binding_range=%llu\ntransfers=%s\n", (unsigned long long)d->max_range,
         d->staging || !d->vk->info.device_local_host_visible ? "staged" : "mapped");
     put_validation(buf, cap, &len, "", d->vk->validation);
@@ -135,7 +142,7 @@ static void vk_list_devices(char *buf, size_t cap)
     for (int i = 0; i < p->n; i++) {
         if (!p->dev[i].usable) continue;
         put(buf, cap, &len, "name=vulkan:%d\nbackend=vulkan\ndefault=%s\n", i, i == p->preferred ? "yes" : "no");
-        put_info(buf, cap, &len, &p->dev[i]);
+        put_info(buf, cap, &len, "", &p->dev[i]);
         put(buf, cap, &len, "\n");
     }
 }
