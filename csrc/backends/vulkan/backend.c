@@ -91,8 +91,9 @@ static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...)
 /* What a physical device offers, one "key=value" line each, keys prefixed with `pre`. */
 static void put_info(char *buf, size_t cap, size_t *len, const char *pre, const struct rlx_vk_info *in)
 {
-    put(buf, cap, len, "%sdevice=%s\n%sdriver=%s\n%stype=%s\n%sapi=%u.%u.%u\n%ssubgroup_size=%u\n", pre, in->name, pre,
-        in->driver, pre, in->type, pre, VK_API_VERSION_MAJOR(in->api_version), VK_API_VERSION_MINOR(in->api_version),
+    put(buf, cap, len, "%sdevice=%s\n%sdriver=%s\n%stype=%s\n%spci_id=%04x:%04x\n%sapi=%u.%u.%u\n%ssubgroup_size=%u\n",
+        pre, in->name, pre, in->driver, pre, in->type, pre, in->vendor_id, in->device_id, pre,
+        VK_API_VERSION_MAJOR(in->api_version), VK_API_VERSION_MINOR(in->api_version),
         VK_API_VERSION_PATCH(in->api_version), pre, in->subgroup_size);
     put(buf, cap, len, "%sdevice_memory_bytes=%llu\n%sdevice_memory_host_visible=%s\n%smax_storage_buffer_range=%u\n",
         pre, (unsigned long long)in->device_local_bytes, pre, in->device_local_host_visible ? "yes" : "no", pre,

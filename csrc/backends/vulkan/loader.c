@@ -45,12 +45,11 @@ static void load(void)
     }
 }
 
-rlx_status rlx_vk_load(const struct rlx_vk_gfn **out, PFN_vkGetInstanceProcAddr *gipa)
+rlx_status rlx_vk_load(const struct rlx_vk_gfn **out)
 {
     pthread_once(&load_once, load);
     if (!load_gipa) return rlx_set_error(RLX_ERR_UNSUPPORTED, "vulkan: %s", load_error);
     *out = &load_gfn;
-    if (gipa) *gipa = load_gipa;
     return RLX_OK;
 }
 
@@ -151,7 +150,6 @@ void rlx_vk_query(const struct rlx_vk_ifn *f, VkPhysicalDevice pd, struct rlx_vk
     in->max_wg_invocations = lim->maxComputeWorkGroupInvocations;
     for (int i = 0; i < 3; i++) in->max_wg_count[i] = lim->maxComputeWorkGroupCount[i];
     in->max_shared = lim->maxComputeSharedMemorySize;
-    in->max_push_constants = lim->maxPushConstantsSize;
     in->max_alloc = m3.maxMemoryAllocationSize;
     in->timestamp_period = lim->timestampPeriod;
 
@@ -230,7 +228,7 @@ rlx_status rlx_vk_instance_create(bool validation, VkInstance *out, struct rlx_v
                                   VkDebugUtilsMessengerEXT *messenger)
 {
     const struct rlx_vk_gfn *g;
-    RLX_TRY(rlx_vk_load(&g, NULL));
+    RLX_TRY(rlx_vk_load(&g));
     uint32_t version = 0;
     if (g->vkEnumerateInstanceVersion(&version) != VK_SUCCESS || version < VK_API_VERSION_1_2)
         return rlx_set_error(RLX_ERR_UNSUPPORTED, "vulkan: the loader offers Vulkan %u.%u; rlx needs 1.2",

@@ -113,7 +113,7 @@ struct rlx_vk_info {
     const char *type;                              /* "discrete", "integrated", "virtual", "cpu", "other" */
     uint32_t api_version, vendor_id, device_id;
     uint32_t subgroup_size;
-    uint32_t max_storage_range, max_wg_invocations, max_wg_count[3], max_shared, max_push_constants;
+    uint32_t max_storage_range, max_wg_invocations, max_wg_count[3], max_shared;
     uint64_t storage_align, max_alloc, device_local_bytes;
     bool device_local_host_visible;                /* the device-local heap is host-visible too */
     bool timestamps;
@@ -123,7 +123,7 @@ struct rlx_vk_info {
 };
 
 /* Loads libvulkan once per process; RLX_ERR_UNSUPPORTED with the reason when it cannot. */
-rlx_status rlx_vk_load(const struct rlx_vk_gfn **out, PFN_vkGetInstanceProcAddr *gipa);
+rlx_status rlx_vk_load(const struct rlx_vk_gfn **out);
 /* Fills the instance-level table of an instance (extension entry points may be NULL). */
 void rlx_vk_load_instance(VkInstance inst, struct rlx_vk_ifn *f);
 /* An instance for Vulkan 1.2; with validation: VK_LAYER_KHRONOS_validation (core and synchronisation
@@ -166,9 +166,6 @@ struct rlx_vk_context {
     struct rlx_vk_dfn fn;
     VkQueue queue;
     uint32_t queue_family;
-    uint32_t mem_device;         /* memory type of device buffers */
-    uint32_t mem_host;           /* host-visible, coherent memory type (staging, status words) */
-    bool device_mappable;        /* mem_device is host-visible and coherent */
     VkDescriptorSetLayout dsl;
     VkPipelineLayout layout;
     VkPipeline pipelines[RLX_VK_SHADER_COUNT]; /* made on first use */
