@@ -1,8 +1,9 @@
 # rlx — set-up, build and test entry points.
 #
 #   make demo    set up (apt, .venv, editable build) and generate text
-#   make test    set up and run every test: pytest, C tests under valgrind and TSan, ASan+UBSan, fuzz (5 s a target)
-#   make fuzz    fuzz the config / weights / tokenizer loaders, 1,000,000 inputs a target (~40 min)
+#   make test    set up and run every test: pytest, C tests under valgrind and TSan, ASan+UBSan, Vulkan,
+#                fuzz (5 s a target)
+#   make fuzz    fuzz the config / weights / tokenizer / GGUF loaders, 1,000,000 inputs a target
 #   make build   set up and build the extension in place (rlx/_C*.so)
 #   make bench   set up the benchmark extras and run rlx beside llama.cpp and transformers
 #   make bench-quick   the same, reduced (Qwen3-0.6B, 2 threads, 1 repetition: minutes)
@@ -27,8 +28,10 @@ VPY    := $(VENV)/bin/python
 VPIP   := $(VPY) -m pip --disable-pip-version-check
 STAMPS := build/stamps
 
-# System packages (Debian names). Add new ones here (e.g. Vulkan / MPI later).
-APT_PACKAGES := build-essential pkg-config libopenblas-dev libssl-dev valgrind openmpi-bin libopenmpi-dev
+# System packages (Debian names). Add new ones here. Vulkan: headers + loader, Mesa's lavapipe
+# (the CPU driver the tests run on), the shader compiler and validator, the validation layer.
+APT_PACKAGES := build-essential pkg-config libopenblas-dev libssl-dev valgrind openmpi-bin libopenmpi-dev \
+                libvulkan-dev mesa-vulkan-drivers glslc spirv-tools vulkan-validationlayers
 # A Debian system Python (or none at all) needs python3, its venv module and
 # its headers as packages too; a pyenv/other Python brings its own.
 PY_IS_OTHER := $(shell $(PYTHON) -c 'import sys; print(int(sys.base_prefix != "/usr"))' 2>/dev/null)
@@ -39,12 +42,13 @@ endif
 # Ask the venv's Python when there is one (it may differ from $(PYTHON)).
 EXT_SUFFIX := $(shell $(if $(wildcard $(VPY)),$(VPY),$(PYTHON)) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
 EXT_SO     := rlx/_C$(EXT_SUFFIX)
-CSRC_FILES := $(shell find csrc -type f \( -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.comp' -o -name '*.glsl' \) 2>/dev/null | LC_ALL=C sort)
+CSRC_FILES := $(shell find csrc -type f \( -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.comp' -o -name '*.glsl' -o -name '*.list' \) 2>/dev/null | LC_ALL=C sort)
 
-.PHONY: help setup build demo test test-py test-c test-tsan test-asan fuzz bench bench-quick clean distclean FORCE
+.PHONY: help setup build demo test test-py test-c test-tsan test-asan test-vulkan fuzz bench bench-quick clean \
+        distclean FORCE
 
 help:
-	@sed -n '3,9p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,10p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- set-up ----
 
@@ -100,7 +104,7 @@ $(STAMPS)/csrc-list: FORCE
 	@printf '%s\n' $(CSRC_FILES) > $@.tmp
 	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv -f $@.tmp $@; fi
 
-$(EXT_SO): $(CSRC_FILES) $(STAMPS)/csrc-list setup.py $(VENV)/.rlx-deps
+$(EXT_SO): $(CSRC_FILES) $(STAMPS)/csrc-list setup.py tools/build_shaders.py $(VENV)/.rlx-deps
 	@echo "== build_ext --inplace ($(EXT_SO))"
 	$(VPY) setup.py -q build_ext --inplace --force --build-temp build/temp
 	@touch $@
@@ -125,6 +129,10 @@ test-tsan: $(STAMPS)/apt.mk
 	PYTHON=$(VPY) tools/run_c_tests.sh --tsan
 test-asan: $(VENV)/.rlx-deps
 	PYTHON=$(VPY) tools/run_asan_tests.sh
+# tests/vulkan on lavapipe with validation (as `make test` runs it)
+test-vulkan: build
+	VK_DRIVER_FILES=$${VK_DRIVER_FILES:-$$(ls /usr/share/vulkan/icd.d/lvp_icd.*.json 2>/dev/null | head -1)} \
+	RLX_VULKAN_VALIDATION=1 $(VPY) -m pytest tests/vulkan -q
 
 # Coverage-guided fuzzing (tests/fuzz/, tests/README.md): each target for 1,000,000 inputs.
 fuzz: build

@@ -15,6 +15,12 @@ Metadata lives in pyproject.toml; this file only describes the extension.
 * libcrypto (OpenSSL): the TCP transport's HMAC-SHA-256 handshake and frame MACs and its
   random nonces (csrc/distributed/auth.c). Found through pkg-config (``libcrypto``), else the
   Debian paths; without it the build fails with a message naming libssl-dev.
+* Vulkan: ``csrc/backends/vulkan`` is built when the Vulkan headers (libvulkan-dev) and the shader
+  tools (glslc, spirv-val) are there: tools/build_shaders.py compiles the GLSL shaders into
+  SPIR-V C arrays under build/shaders (nothing binary is committed) and RLX_WITH_VULKAN is
+  defined. No link-time libvulkan: the backend loads libvulkan.so.1 with dlopen at run time, so
+  the extension imports on machines without Vulkan. Without the tools the build says why and
+  leaves the backend out.
 * MPI: ``csrc/distributed/mpi*.c`` are not part of ``rlx._C``; they form a second extension,
   ``rlx._mpi``, built only when ``mpicc --showme:compile`` / ``--showme:link`` work
   (flags taken from them). Without mpicc the build says why and skips it;
@@ -154,6 +160,28 @@ def c_string(value):
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+VULKAN_DIR = "csrc/backends/vulkan/"
+SHADER_OUT = os.path.join("build", "shaders")
+
+
+def find_vulkan():
+    """(include_dirs, None) when the Vulkan backend can be built, else (None, why not)."""
+    cflags = _pkg_config("vulkan", "--cflags") or []
+    inc = [f[2:] for f in cflags if f.startswith("-I")]
+    if not any(os.path.isfile(os.path.join(d, "vulkan", "vulkan.h")) for d in inc + ["/usr/include", "/usr/local/include"]):
+        return None, "vulkan/vulkan.h not found (Debian: apt-get install libvulkan-dev)"
+    if not shutil.which("glslc") or not shutil.which("spirv-val"):
+        return None, "glslc / spirv-val not found (Debian: apt-get install glslc spirv-tools)"
+    return inc, None
+
+
+def build_shaders():
+    """Compiles the shaders into build/shaders (only what changed), or exits with glslc's message."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "build_shaders.py"), SHADER_OUT])
+    if r.returncode != 0:
+        sys.exit("error: building the Vulkan shaders failed (see above)")
+
+
 def _csrc_files(*patterns):
     files = []
     for pat in patterns:
@@ -164,13 +192,13 @@ def _csrc_files(*patterns):
 MPI_SOURCES = ["csrc/distributed/mpi.c", "csrc/distributed/mpi_module.c"]
 
 
-def c_sources():
-    return [f for f in _csrc_files("*.c") if f not in MPI_SOURCES]
+def c_sources(vulkan=True):
+    return [f for f in _csrc_files("*.c") if f not in MPI_SOURCES and (vulkan or not f.startswith(VULKAN_DIR))]
 
 
 def c_depends():
     # build_ext only looks at sources and `depends` when deciding to rebuild.
-    return _csrc_files("*.h", "*.inc", "*.glsl", "*.comp")
+    return _csrc_files("*.h", "*.inc", "*.glsl", "*.comp", "*.list")
 
 
 class BuildExt(build_ext):
@@ -207,15 +235,22 @@ def make_extension():
     ]
     if _sanitize():
         macros.append(("RLX_SANITIZE", "1"))
+    vk_inc, why_not = find_vulkan()
+    if vk_inc is None:
+        print(f"rlx: building without the Vulkan backend: {why_not}", file=sys.stderr)
+    else:
+        build_shaders()
+        macros.append(("RLX_WITH_VULKAN", "1"))
 
     return Extension(
         "rlx._C",
-        sources=c_sources(),
+        sources=c_sources(vulkan=vk_inc is not None),
         depends=c_depends(),
-        include_dirs=["csrc/include", "csrc", numpy.get_include(), *blas_inc, *crypto_inc],
+        include_dirs=["csrc/include", "csrc", numpy.get_include(), *blas_inc, *crypto_inc,
+                      *([SHADER_OUT, *vk_inc] if vk_inc is not None else [])],
         library_dirs=blas_libdirs + crypto_libdirs,
         runtime_library_dirs=blas_libdirs + crypto_libdirs,
-        libraries=["openblas", "crypto", "pthread", "m"],
+        libraries=["openblas", "crypto", "pthread", "m", *(["dl"] if vk_inc is not None else [])],
         define_macros=macros,
         extra_compile_args=cflags,
         extra_link_args=ldflags,

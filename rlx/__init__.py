@@ -40,6 +40,12 @@ __version__ = "0.1.0"
 
 backends = _C.backends
 
+
+def devices() -> list[dict]:
+    """The devices that can be opened, each a dict: name (for ``device=``), backend, and for a GPU
+    its device name, driver, type, subgroup size, memory and limits (numbers as int)."""
+    return [{k: int(v) if v.isdigit() else v for k, v in d.items()} for d in _C.devices()]
+
 __all__ = [
     "Generator",
     "Sequence",
@@ -63,6 +69,7 @@ __all__ = [
     "set_num_threads",
     "get_num_threads",
     "backends",
+    "devices",
     "LlamaConfig",
     "Qwen3Config",
     "load_config",

@@ -15,6 +15,12 @@ CC      ?= cc
 OUT     ?= build/ctests
 SANITIZE ?=
 CORE    := $(shell find csrc -name '*.c' -not -path 'csrc/python/*' -not -path 'csrc/distributed/mpi*' 2>/dev/null | LC_ALL=C sort)
+# The Vulkan backend when its shaders can be built (glslc): tools/build_shaders.py writes them
+# into build/shaders as C; libvulkan itself is loaded at run time (dlopen).
+VULKAN  := $(if $(shell command -v glslc 2>/dev/null),1,)
+CORE    := $(if $(VULKAN),$(CORE),$(filter-out csrc/backends/vulkan/%,$(CORE)))
+SHADERS := build/shaders/rlx_vk_shader_ids.h
+SHADER_SRC := $(wildcard csrc/backends/vulkan/shaders/*)
 TESTS   := $(sort $(wildcard tests/c/test_*.c))
 HELPERS := $(filter-out $(TESTS),$(sort $(wildcard tests/c/*.c)))
 OBJS    := $(CORE:%.c=$(OUT)/obj/%.o) $(HELPERS:%.c=$(OUT)/obj/%.o)
@@ -30,6 +36,10 @@ CPPFLAGS    := -Icsrc/include -Icsrc -Itests/c $(BLAS_CFLAGS) $(CRYPTO_CFLAGS) \
                -DRLX_BUILD_CC='"$(CC) (C tests)"' -DRLX_BUILD_CFLAGS='"$(RLX_CFLAGS)"' \
                -DRLX_BUILD_BLAS='"openblas"' -DRLX_C_TESTS=1
 LDLIBS      := $(SANITIZE) $(BLAS_LIBS) $(CRYPTO_LIBS) -lpthread -lm
+ifneq ($(VULKAN),)
+CPPFLAGS    += -Ibuild/shaders -DRLX_WITH_VULKAN=1
+LDLIBS      += -ldl
+endif
 
 all: $(BINS)
 
@@ -42,6 +52,12 @@ $(OUT)/flags: FORCE
 $(OUT)/obj/%.o: %.c $(OUT)/flags
 	@mkdir -p $(dir $@); rm -f $@
 	$(CC) $(RLX_CFLAGS) $(CPPFLAGS) -MMD -MP -c $< -o $@
+
+# the generated shader headers exist before any Vulkan object compiles (the depfiles then track them)
+$(filter $(OUT)/obj/csrc/backends/vulkan/%,$(OBJS)): $(SHADERS)
+$(SHADERS): $(SHADER_SRC) tools/build_shaders.py
+	$(or $(PYTHON),python3) tools/build_shaders.py build/shaders
+	@touch $@
 
 $(OUT)/librlxcore.a: $(OBJS)
 	@rm -f $@

@@ -8,6 +8,10 @@
 # rlx._C comes from anywhere else. The in-place build (rlx/_C*.so) is untouched.
 #
 #   tools/run_asan_tests.sh [PYTEST ARGS...]   default: tests/unit tests/bindings tests/distributed/test_transport.py
+#                                              tests/vulkan
+# Vulkan (lavapipe, when VK_DRIVER_FILES selects it) runs in the sanitized process like any library;
+# leak detection stays off here, so Mesa's memory orphaned when the loader unloads the driver at
+# exit (VULKAN.md) needs no LD_PRELOAD of the driver.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -22,7 +26,7 @@ list="$TMP/csrc-list"
 
 # ---- build (only when something changed) -----------------------------------
 mkdir -p "$TMP"
-find csrc -type f \( -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.comp' -o -name '*.glsl' \) \
+find csrc -type f \( -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.comp' -o -name '*.glsl' -o -name '*.list' \) \
   | LC_ALL=C sort > "$list.new"
 stale=0
 if [ ! -f "$so" ] || ! cmp -s "$list.new" "$list"; then
@@ -75,7 +79,7 @@ if [ $# -gt 0 ]; then
   args=("$@")
 else
   args=()
-  for d in tests/unit tests/bindings tests/distributed/test_transport.py; do [ -e "$d" ] && args+=("$d"); done
+  for d in tests/unit tests/bindings tests/distributed/test_transport.py tests/vulkan; do [ -e "$d" ] && args+=("$d"); done
   if [ ${#args[@]} -eq 0 ]; then
     echo "asan: no tests/unit or tests/bindings directory; nothing to run"
     exit 0

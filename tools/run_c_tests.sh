@@ -40,8 +40,11 @@ else
   tests=(tests/c/test_*.c)
 fi
 
+# --keep-debuginfo: frames of libraries unloaded before exit (the Vulkan validation layer) stay
+# named, so tools/valgrind-vulkan.supp can match the layer's own leaks.
 VALGRIND=(valgrind --error-exitcode=1 --leak-check=full
-          --errors-for-leak-kinds=definite,indirect --track-origins=yes -q)
+          --errors-for-leak-kinds=definite,indirect --track-origins=yes -q
+          --keep-debuginfo=yes --suppressions=tools/valgrind-vulkan.supp)
 if [ "${RLX_NO_VALGRIND:-0}" != 0 ]; then VALGRIND=(); fi
 
 passed=0; failed=0

@@ -65,10 +65,18 @@ struct rlx_backend {
      * not NULL, receives each node's wall time (g->n_nodes entries; nodes not run get 0). */
     rlx_status (*plan_run)(void *ctx, void *state, const struct rlx_graph *g, const struct rlx_tensor *values,
                            double *node_seconds);
+    /* Optional (NULL for backends that always run: the host ones). usable: whether a device can be
+     * opened on this machine (rlx_backends() lists only those); list_devices: one record of
+     * "key=value" lines per device that can be opened, each ending with an empty line. */
+    bool (*usable)(void);
+    void (*list_devices)(char *buf, size_t cap);
 };
 
 extern const struct rlx_backend rlx_cpu_backend;
 extern const struct rlx_backend rlx_ref_backend;
+#ifdef RLX_WITH_VULKAN
+extern const struct rlx_backend rlx_vulkan_backend;
+#endif
 
 /* The backend with this name, or RLX_ERR_INVALID listing the ones compiled in. */
 rlx_status rlx_backend_find(const char *name, const struct rlx_backend **out);

@@ -59,6 +59,8 @@ void rlx_device_stats(const struct rlx_device *d, struct rlx_device_stats *out)
     out->wrapped_bytes = atomic_load(&d->wrapped_bytes);
 }
 
+bool rlx_device_zero_copy(const struct rlx_device *d) { return rlx_dev_can_wrap(d); }
+
 size_t rlx_device_describe(const struct rlx_device *d, char *buf, size_t cap)
 {
     if (cap) buf[0] = '\0';

@@ -49,7 +49,7 @@ PyObject *rlx_py_device_from(struct rlx_py_state *st, PyObject *obj)
 {
     if (PyObject_TypeCheck(obj, st->device_type)) return Py_NewRef(obj);
     if (!PyUnicode_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "device must be a str (\"cpu\", \"ref\") or an rlx Device, got %.200s",
+        PyErr_Format(PyExc_TypeError, "device must be a str (\"cpu\", \"ref\", \"vulkan\") or an rlx Device, got %.200s",
                      Py_TYPE(obj)->tp_name);
         return NULL;
     }
@@ -122,14 +122,23 @@ static PyMethodDef device_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *device_get_zero_copy(struct device_object *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(rlx_device_zero_copy(self->dev));
+}
+
 static PyGetSetDef device_getset[] = {
     {"name", (getter)device_get_name, NULL, "The device's name (\"cpu\").", NULL},
+    {"zero_copy", (getter)device_get_zero_copy, NULL,
+     "Whether kernels read host memory in place (cpu); False for devices with memory of their own (ref, vulkan), "
+     "to which every weight and input is uploaded.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyType_Slot device_slots[] = {
-    {Py_tp_doc, (void *)"Device(name): an open device (\"cpu\", \"ref\"); it owns the memory of the plans, models and "
-                        "sequences made on it."},
+    {Py_tp_doc, (void *)"Device(name): an open device (\"cpu\", \"ref\", \"vulkan\", \"vulkan:N\"; see rlx.devices()); it "
+                        "owns the memory of the plans, models and sequences made on it."},
     {Py_tp_new, (void *)device_new},
     {Py_tp_dealloc, (void *)device_dealloc},
     {Py_tp_repr, (void *)device_repr},

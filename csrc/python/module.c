@@ -112,6 +112,27 @@ error:
     return NULL;
 }
 
+/* rlx_devices_describe()'s records as a list of dicts of str. */
+static PyObject *devices(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    char buf[16384];
+    Py_BEGIN_ALLOW_THREADS
+    rlx_devices_describe(buf, sizeof buf); /* the first call probes the Vulkan driver */
+    Py_END_ALLOW_THREADS
+    PyObject *list = PyList_New(0);
+    for (char *rec = buf; list && *rec;) {
+        char *end = strstr(rec, "\n\n");
+        if (end) end[1] = '\0';
+        PyObject *d = rlx_py_key_values(rec);
+        if (!d || PyList_Append(list, d) < 0) Py_CLEAR(list);
+        Py_XDECREF(d);
+        rec = end ? end + 2 : rec + strlen(rec);
+    }
+    return list;
+}
+
 /* to_f32(raw, dtype) -> float32 array: the dtype table's conversion of whole blocks (the oracle
  * tests hold against gguf-py's dequantize). raw: a C-contiguous uint8 array of whole blocks. */
 static PyObject *to_f32(PyObject *module, PyObject *args)
@@ -263,7 +284,11 @@ static PyMethodDef module_methods[] = {
      "set_num_threads(n: int) -> None\n\nThreads for the CPU kernels and OpenBLAS together; n <= 0 "
      "restores the default (online CPUs)."},
     {"get_num_threads", get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
-    {"backends", backends, METH_NOARGS, "backends() -> list[str]\n\nThe backends compiled in."},
+    {"backends", backends, METH_NOARGS,
+     "backends() -> list[str]\n\nThe backends compiled in that can run here (\"vulkan\" only with a usable device)."},
+    {"devices", devices, METH_NOARGS,
+     "devices() -> list[dict[str, str]]\n\nThe devices that can be opened: name, backend, and for a GPU its name, "
+     "driver, type, subgroup size, memory and limits."},
     {"to_f32", to_f32, METH_VARARGS,
      "to_f32(raw: uint8 array of whole blocks, dtype: str) -> float32 array\n\nThe core's conversion of a dtype's "
      "blocks to f32 (dequantisation for the GGUF block types)."},

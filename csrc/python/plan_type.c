@@ -368,6 +368,31 @@ static int check_dtype(PyArrayObject *arr, int want, const char *what, PyObject 
     return -1;
 }
 
+/* set_param of a block-type weight given as (raw uint8 blocks, dtype name, logical shape): the
+ * tuple rlx.Packed.raw() makes (checked by rlx_py_host_tensor_from; dtype and shape by the core). */
+static PyObject *set_param_blocks(struct plan_object *self, Py_ssize_t idx, PyObject *name, PyObject *tuple)
+{
+    const char *cname = PyUnicode_AsUTF8(name);
+    struct rlx_host_tensor t;
+    PyObject *keep = NULL;
+    if (cname == NULL || rlx_py_host_tensor_from(tuple, cname, &t, &keep) < 0)
+        return NULL;
+    if (plan_acquire(self) < 0) {
+        Py_DECREF(keep);
+        return NULL;
+    }
+    rlx_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = rlx_plan_set_param(self->plan, (int)idx, &t);
+    Py_END_ALLOW_THREADS
+    int failed = rlx_py_raise(s) || PyDict_SetItem(self->params, name, keep) < 0;
+    plan_release(self);
+    Py_DECREF(keep);
+    if (failed)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *plan_set_param(struct plan_object *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"name", "array", NULL};
@@ -380,6 +405,8 @@ static PyObject *plan_set_param(struct plan_object *self, PyObject *args, PyObje
     Py_ssize_t idx = name_index(self->param_names, name, "param");
     if (idx < 0)
         goto error;
+    if (PyTuple_Check(obj))
+        return set_param_blocks(self, idx, name, obj);
     given = (PyArrayObject *)PyArray_FROM_O(obj);
     if (given == NULL)
         goto error;
@@ -680,7 +707,9 @@ static PyMethodDef plan_methods[] = {
      "set_param(name: str, array: np.ndarray) -> None\n\n"
      "Binds a weight. Zero-copy when the array is C-contiguous, aligned and of the param's dtype (the plan\n"
      "keeps a reference; later writes to the array are seen by later runs on host backends); a matching\n"
-     "dtype with another layout is copied once. Wrong dtype or shape, or an unknown name: ValueError."},
+     "dtype with another layout is copied once. A block-type (GGUF) param takes the tuple (raw uint8 blocks,\n"
+     "dtype name, logical shape), as rlx.Packed.raw() gives. Wrong dtype or shape, or an unknown name:\n"
+     "ValueError."},
     {"run", (PyCFunction)(void (*)(void))plan_run, METH_VARARGS | METH_KEYWORDS,
      "run(inputs: dict[str, np.ndarray], out: dict[str, np.ndarray] | None = None) -> list[np.ndarray]\n\n"
      "Runs the plan; returns the output arrays in output order: fresh ones, or for the outputs named in\n"

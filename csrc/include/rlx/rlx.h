@@ -260,16 +260,22 @@ void rlx_dim_format(const struct rlx_graph *g, const struct rlx_dim *d, char *bu
 /* ---------------------------------------------------------------------------------------------
  * Devices
  *
- * A device is an open instance of a backend ("cpu", "ref"; "name:arg" passes arg to the backend).
- * It owns the memory of everything made on it: plans' arenas, weight stores, KV caches. Free it
- * after all of those. One device may be used from several threads at once (by distinct plans,
- * stores and caches).
+ * A device is an open instance of a backend ("cpu", "ref", "vulkan"; "name:arg" passes arg to the
+ * backend: "vulkan:1" opens Vulkan device 1, "vulkan:staging" never maps device memory). It owns
+ * the memory of everything made on it: plans' arenas, weight stores, KV caches. Free it after all
+ * of those. One device may be used from several threads at once (by distinct plans, stores and
+ * caches).
  * ------------------------------------------------------------------------------------------- */
 
 struct rlx_device;
 
-/* Names of the backends compiled in, comma separated ("cpu,ref"). */
+/* Names of the backends compiled in that can run here, comma separated ("cpu,ref", and "vulkan" when
+ * a Vulkan driver offers a device it can run on). */
 const char *rlx_backends(void);
+/* The devices that can be opened: per device a record of "key=value" lines (name, backend, and for
+ * a GPU its name, driver, type, subgroup size, memory and limits), each record ending with an empty
+ * line, into buf (NUL-terminated, truncated to cap); returns the length written. */
+size_t rlx_devices_describe(char *buf, size_t cap);
 /* Opens a device; RLX_ERR_INVALID naming the backends compiled in for an unknown name. */
 rlx_status rlx_device_open(const char *name, struct rlx_device **out);
 void rlx_device_free(struct rlx_device *d);
@@ -286,6 +292,9 @@ struct rlx_device_stats {
     size_t wrapped_bytes;                              /* host memory used in place (live views) */
 };
 void rlx_device_stats(const struct rlx_device *d, struct rlx_device_stats *out);
+/* Whether the device's kernels read host memory in place (cpu: weights and inputs are not copied);
+ * false for devices with memory of their own (ref, vulkan), where every byte crosses by upload. */
+bool rlx_device_zero_copy(const struct rlx_device *d);
 
 /* ---------------------------------------------------------------------------------------------
  * Compile and run
@@ -430,7 +439,8 @@ void rlx_set_num_threads(int n);
 int rlx_get_num_threads(void);
 
 /* Static build facts: "key=value" lines (cc, cflags, backends, then each backend's: blas,
- * blas_config, blas_threads, isa for cpu). */
+ * blas_config, blas_threads, isa for cpu; vulkan (the device it would open, or why none),
+ * vulkan_validation, vulkan_validation_messages and vulkan_validation_last for vulkan). */
 const char *rlx_build_info(void);
 
 #ifdef __cplusplus
