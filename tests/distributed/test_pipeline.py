@@ -41,6 +41,8 @@ import pytest
 import rlx
 from rlx.distributed import PipelineCoordinator, ProcessGroup, TcpTransport, free_loopback_addrs
 
+from leakcheck import children
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
@@ -105,50 +107,10 @@ def stories():
     return rlx.load_config(STORIES_HF), rlx.load_weights(STORIES_HF), exp
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            # pid (comm) state ppid ...; comm may hold spaces or parentheses
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(d))
-    return out
-
-
-def _sockets() -> dict[int, str]:
-    out = {}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:"):
-            out[int(fd)] = link
-    return out
-
-
 @pytest.fixture(autouse=True)
-def nothing_left_behind():
-    threads = set(threading.enumerate())
-    socks = set(_sockets())
+def _no_leaks(nothing_left_behind):
+    """No thread, socket or child process left behind (tests/distributed/conftest.py)."""
     yield
-    deadline = time.monotonic() + 3.0
-    while True:
-        new_threads = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
-        new_socks = {fd: l for fd, l in _sockets().items() if fd not in socks}
-        kids = [p for p in _children(os.getpid())
-                if not open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"]
-        if not (new_threads or new_socks or kids) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert not new_threads, f"threads left running: {new_threads}"
-    assert not new_socks, f"sockets left open: {new_socks}"
-    assert not kids, f"child processes left running: {kids}"
 
 
 # -------------------------------------------------------------------------------------------------
@@ -651,7 +613,7 @@ def test_cli_with_a_rank_process_killed_exits_nonzero(stories):
         victim, deadline = None, time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
             if victim is None:
-                for pid in _children(proc.pid):
+                for pid in children(proc.pid):
                     try:
                         with open(f"/proc/{pid}/cmdline", "rb") as f:
                             argv = f.read().split(b"\0")
