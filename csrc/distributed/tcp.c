@@ -357,6 +357,11 @@ static rlx_status adopt_listener(int fd, int rank)
     if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0 || fcntl(fd, F_SETFD, FD_CLOEXEC) != 0)
         return rlx_set_error(RLX_ERR_IO, "rank %d: cannot configure listen_fd %d: %s", rank, fd, strerror(errno));
     (void)listen(fd, LISTEN_BACKLOG); /* best effort: a smaller backlog still works */
+    /* Accepted connections inherit SO_REUSEADDR: without it, those left in TIME_WAIT after the job
+     * keep its port from being bound again for a minute (a restarted job on the same addresses).
+     * Best effort, like listen_on's: Linux never lets two sockets listen on one port with it. */
+    int one = 1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     return RLX_OK;
 }
 
