@@ -14,11 +14,14 @@ process (the tests do).
 TCP security. With a token (``token=`` or ``RLX_DIST_TOKEN``, the same on every rank) each
 connection is mutually authenticated by an HMAC-SHA-256 challenge-response over fresh nonces from
 both sides (nothing secret or replayable crosses the wire; the accepting rank checks the other's
-proof before it sends anything derived from the token), and every message then carries an HMAC:
-a message altered, injected or replayed in transit raises rlx.Error. Messages are not encrypted.
+proof before it sends anything derived from the token), and every message then carries an HMAC
+over its sequence number: a message altered, injected, repeated or reordered in transit (or one
+after a lost message) raises rlx.Error. Messages are not encrypted.
 Pick a long random token (``secrets.token_hex(32)``): a recorded handshake lets an eavesdropper
-test guesses offline. Without a token nothing is authenticated, so the mesh accepts and makes
-loopback connections only, unless ``allow_remote=True`` (or ``RLX_DIST_ALLOW_REMOTE=1``). During
+test guesses offline. Without a token nothing is authenticated (messages still carry the HMAC, under
+keys anyone can derive: it catches corruption, loss, repeats and reordering, not forgery), so the
+mesh accepts and makes loopback connections only, unless ``allow_remote=True`` (or
+``RLX_DIST_ALLOW_REMOTE=1``). During
 set-up, connections that are not ranks of this job (port scanners, garbage, silence, a wrong
 token or version, a replay) are refused and logged through the core's log callback; the mesh
 forms as soon as the real ranks arrive.

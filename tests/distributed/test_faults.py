@@ -179,6 +179,12 @@ CASES = [
     Case("flip-payload", (0, 1), Fault("flip", "c2a", 2, "payload"), INTEGRITY),
     Case("flip-mac", (0, 1), Fault("flip", "c2a", 2, "mac"), INTEGRITY),
     Case("flip-token-payload", (0, 1), Fault("flip", "a2c", 2, "payload"), INTEGRITY),
+    # Without a token frames still carry a MAC (under keys anyone can derive from the handshake):
+    # it authenticates nothing, but a frame altered, repeated or replayed in transit is caught.
+    Case("no-token-duplicate-hidden", (0, 1), Fault("duplicate", "c2a", 1), INTEGRITY, token=None),
+    Case("no-token-replay-stale-hidden", (0, 1), Fault("replay", "c2a", 3), INTEGRITY, token=None),
+    Case("no-token-flip-payload", (0, 1), Fault("flip", "c2a", 2, "payload"), INTEGRITY, token=None),
+    Case("no-token-flip-token-payload", (0, 1), Fault("flip", "a2c", 2, "payload"), INTEGRITY, token=None),
 ]
 
 
