@@ -116,7 +116,12 @@ def _pipeline(args: argparse.Namespace, argv: list[str]) -> int:
     import socket
 
     listener = socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else None
-    with TcpTransport(args.rank, args.world, args.addrs.split(","), listener=listener, timeout=args.timeout) as t:
+    try:
+        t = TcpTransport(args.rank, args.world, args.addrs.split(","), listener=listener, timeout=args.timeout)
+    finally:
+        if listener is not None:
+            listener.close()   # the transport took a duplicate, and closes it once the mesh is up
+    with t:
         return run_rank(args, t)
 
 

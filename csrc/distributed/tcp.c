@@ -316,6 +316,17 @@ static void set_nodelay(int fd)
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+/* An accepted connection has its listener's port; left in TIME_WAIT after the job, it would keep
+ * that port from being bound again for a minute (a restarted job on the same addresses) unless it
+ * carries SO_REUSEADDR itself. Setting it on the listener is not enough: a connection the kernel
+ * completed before (a peer faster than this rank's start-up, with a listener made by someone else)
+ * was cloned without it. Best effort; Linux never lets two sockets listen on one port with it. */
+static void set_reuseaddr(int fd)
+{
+    int one = 1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+}
+
 static rlx_status listen_on(const char *addr, int rank, int *out)
 {
     char host[256], port[8];
@@ -359,11 +370,6 @@ static rlx_status adopt_listener(int fd, int rank)
     if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0 || fcntl(fd, F_SETFD, FD_CLOEXEC) != 0)
         return rlx_set_error(RLX_ERR_IO, "rank %d: cannot configure listen_fd %d: %s", rank, fd, strerror(errno));
     (void)listen(fd, LISTEN_BACKLOG); /* best effort: a smaller backlog still works */
-    /* Accepted connections inherit SO_REUSEADDR: without it, those left in TIME_WAIT after the job
-     * keep its port from being bound again for a minute (a restarted job on the same addresses).
-     * Best effort, like listen_on's: Linux never lets two sockets listen on one port with it. */
-    int one = 1;
-    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     return RLX_OK;
 }
 
@@ -883,6 +889,7 @@ static rlx_status accept_peers(struct tcp_transport *t, int lfd, int64_t deadlin
                 npend--;
             }
             set_nodelay(fd);
+            set_reuseaddr(fd);
             struct pending *p = &pend[npend++];
             memset(p, 0, sizeof *p);
             p->fd = fd;

@@ -71,3 +71,44 @@ def port_is_free(port: int) -> bool:
         return False
     finally:
         s.close()
+
+
+def listening_ports() -> set[int]:
+    """Every TCP port some process on this host is listening on (/proc/net/tcp and tcp6)."""
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A":   # TCP_LISTEN
+                out.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return out
+
+
+def established_connections(pid: int) -> int:
+    """How many established TCP connections process pid holds (its socket fds matched by inode
+    against /proc/net/tcp and tcp6)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    except OSError:
+        return 0
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        n += sum(1 for row in rows if row.split()[3] == "01" and row.split()[9] in inodes)   # TCP_ESTABLISHED
+    return n

@@ -19,8 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import shutil
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -31,6 +36,7 @@ import rlx
 from rlx.distributed import PipelineCoordinator, ProcessGroup, TcpTransport, free_loopback_addrs
 
 from faultproxy import FRAME, Fault, FaultProxy
+from leakcheck import listening_ports, session_members
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -225,3 +231,275 @@ def test_message_fault_on_a_link(stories, case, ports):
         f"rank {r} {'ok' if r in job.results else 'rlx.Error'} at +{job.ended[r] - proxy.fired_at:.2f} s"
         + (f" ({job.errors[r]})" if r in job.errors else "") for r in range(WORLD)))
     restarted_job_gives_the_same_tokens(cfg, weights, addrs, want, prompt)
+
+
+@pytest.mark.parametrize("token", [None, TOKEN], ids=["no-token", "token"])
+def test_frames_swapped_in_a_burst(token, ports):
+    """Outside the pipeline's lock-step a reorder really happens: of three messages sent back to
+    back, the proxy delivers the second before the first. The receiver raises at the first one it
+    reads (its sequence number is not the one expected) and then on every call for that peer."""
+    addrs, listeners = free_loopback_addrs(2)
+    ports += [port_of(a) for a in addrs]
+    proxy = FaultProxy(addrs[0], Fault("swap", "c2a", 0), token=token is not None)
+    ports.append(proxy.port)
+    done = threading.Event()
+    out = {}
+
+    def rank_main(r):
+        view = addrs if r == 0 else [proxy.addr, addrs[1]]
+        try:
+            with TcpTransport(r, 2, view, listener=listeners[r], timeout=TIMEOUT, token=token) as t:
+                if r == 1:
+                    for i in range(3):
+                        t.send(0, 5, bytes([i]) * 8)
+                    done.wait(TIMEOUT * 4)
+                    return
+                got = []
+                try:
+                    for _ in range(3):
+                        got.append(t.recv_bytes(1, 5, 64))
+                except rlx.Error as e:
+                    out["error"] = e
+                    with pytest.raises(rlx.Error, match="closed after an earlier error"):
+                        t.recv_bytes(1, 5, 64)
+                out["got"] = got
+        finally:
+            done.set()
+
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in (0, 1)]
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(TIMEOUT * 4 + 30)
+        assert not any(th.is_alive() for th in threads)
+    finally:
+        done.set()
+        proxy.close()
+        for s in listeners:
+            s.close()
+    assert proxy.fired_at is not None and len(proxy.frames["c2a"]) >= 2, proxy.frames   # swapped: 0 and 1
+    assert out["got"] == [], out     # the out-of-order frame was never delivered as data
+    assert re.search(INTEGRITY, str(out["error"])), out["error"]
+
+
+# -------------------------------------------------------------------------------------------------
+# Rank processes: killed mid-prefill and mid-decode, or faulty senders under MPI
+# -------------------------------------------------------------------------------------------------
+
+HOOK = HERE / "fault_hook"          # sitecustomize.py: the fault, inside the rank processes
+RANK_SCRIPT = HERE / "fault_rank.py"
+PROC_TIMEOUT = 3.0                  # the rank processes' --timeout
+PROC_MARGIN = 5.0                   # process exit and mpirun's teardown, on a loaded machine
+PROC_N = 64                         # tokens: stories260K's expected text
+MPIRUN = shutil.which("mpirun")
+
+
+def _have_mpi() -> bool:
+    try:
+        from rlx import _mpi  # noqa: F401
+    except ImportError:
+        return False
+    return MPIRUN is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcCase:
+    id: str
+    kind: str            # "tcp-cli" (python -m rlx pipeline --world 3), "tcp-ranks" (three fault_rank.py),
+                         # "mpi-cli" (mpirun python -m rlx pipeline), "mpi-ranks" (mpirun fault_rank.py)
+    fault: str           # RLX_TEST_FAULT: "RANK:CALL:ACTION[:ARG]" (fault_hook/sitecustomize.py)
+    kill: bool = False   # SIGKILL the rank once the fault holds it (stall)
+    expect: str | None = "error"   # None: the exact tokens; "error": the job fails; else a regex
+                                   # for rank 0's error line
+
+    @property
+    def victim(self) -> int:
+        return int(self.fault.split(":")[0])
+
+
+PROC_CASES = [
+    ProcCase("tcp-cli-kill-rank1-mid-prefill", "tcp-cli", "1:1:stall", kill=True),
+    ProcCase("tcp-cli-kill-rank0-mid-decode", "tcp-cli", "0:4:stall", kill=True),
+    ProcCase("tcp-ranks-kill-rank2-mid-prefill", "tcp-ranks", "2:1:stall", kill=True),
+    ProcCase("tcp-ranks-kill-rank1-mid-decode", "tcp-ranks", "1:4:stall", kill=True),
+]
+
+
+def _env(tmp_path: Path, fault: str | None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOK), str(ROOT), env.get("PYTHONPATH")) if p)
+    env.pop("RLX_TEST_FAULT", None)
+    if fault is not None:
+        env["RLX_TEST_FAULT"] = fault
+        env["RLX_TEST_FAULT_FILE"] = str(tmp_path / "fault")
+    return env
+
+
+class ProcJob:
+    """One job of three rank processes of `kind`, each Popen in a session of its own (so that
+    every descendant can be found again, even one re-parented after its parent died)."""
+
+    def __init__(self, kind: str, tmp_path: Path, fault: str | None, exp: dict, addrs=None, listeners=None):
+        self.kind, self.procs, self.ended = kind, [], {}
+        env = _env(tmp_path, fault)
+        py = sys.executable
+        mpirun = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(WORLD)] if kind.startswith("mpi") else []
+        cli = [py, "-m", "rlx", "pipeline", "--model", str(STORIES_HF), "--prompt", exp["prompt"],
+               "--max-new-tokens", str(PROC_N), "--threads", "1", "--timeout", str(PROC_TIMEOUT)]
+        script = [py, str(RANK_SCRIPT), str(STORIES_HF), str(PROC_N), str(PROC_TIMEOUT)]
+        kw = dict(cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                  start_new_session=True)
+        if kind == "tcp-cli":
+            self.procs.append(subprocess.Popen(cli + ["--world", str(WORLD)], **kw))
+        elif kind == "mpi-cli":
+            self.procs.append(subprocess.Popen(mpirun + cli, **kw))
+        elif kind == "mpi-ranks":
+            self.procs.append(subprocess.Popen(mpirun + script + ["mpi"], **kw))
+        else:
+            env["RLX_DIST_TOKEN"] = TOKEN
+            for r in range(WORLD):
+                fd = listeners[r].fileno()
+                self.procs.append(subprocess.Popen(script + ["tcp", str(r), str(WORLD), ",".join(addrs), str(fd)],
+                                                   pass_fds=(fd,), **kw))
+
+    def alive(self) -> bool:
+        return any(p.poll() is None for p in self.procs)
+
+    def wait(self, timeout: float) -> None:
+        """Until every process has exited (recording when), or fail after timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i, p in enumerate(self.procs):
+                if i not in self.ended and p.poll() is not None:
+                    self.ended[i] = time.monotonic()
+            if len(self.ended) == len(self.procs):
+                break
+            time.sleep(0.02)
+        assert len(self.ended) == len(self.procs), f"the job hung: still running after {timeout} s"
+        self.out = [p.stdout.read() for p in self.procs]
+        self.err = [p.stderr.read() for p in self.procs]
+
+    def close(self) -> None:
+        """Kills whatever is left of every session, reaps, and checks that nothing survives."""
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            p.wait(30)
+            for stream in (p.stdout, p.stderr):
+                if stream:
+                    stream.close()
+        deadline = time.monotonic() + 5.0
+        left = []
+        while time.monotonic() < deadline:
+            left = [m for p in self.procs for m in session_members(p.pid)]
+            if not left:
+                break
+            time.sleep(0.05)
+        assert not left, f"processes of the job outlived it: {left}"
+
+
+def _wait_fault_file(path: Path, job: ProcJob, timeout: float) -> tuple[int, float]:
+    """(pid of the rank that hit the fault, when) once fault_hook has written it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return int(path.read_text().split()[0]), time.monotonic()
+        if not job.alive():
+            break
+        time.sleep(0.01)
+    raise AssertionError(f"the fault never fired ({path}); job alive: {job.alive()}")
+
+
+def _ranks_reported(job: ProcJob) -> tuple[dict, dict]:
+    """({rank: ids} from "OK" lines, {rank: message} from "ERROR" lines) of fault_rank.py jobs.
+    mpirun forwards each rank's output on its own schedule: a line may run into the next one."""
+    text = "".join(job.out)
+    ok = {int(r): [int(i) for i in ids.split(",")] for r, ids in re.findall(r"OK rank (\d+) ids (\d+(?:,\d+)*)", text)}
+    err = {int(r): m for r, m in re.findall(r"ERROR rank (\d+) after [\d.]+ s: (.*?)(?=OK rank|ERROR rank|\n|$)", text)}
+    return ok, err
+
+
+def _check_tokens(job: ProcJob, exp: dict) -> None:
+    """Every rank gave stories260K's expected tokens (text for the CLI, ids for fault_rank.py)."""
+    codes = [p.returncode for p in job.procs]
+    assert codes == [0] * len(codes), (codes, job.out, job.err)
+    if job.kind.endswith("cli"):
+        assert job.out[0] == exp["text"] + "\n", (job.out, job.err)
+    else:
+        ok, _ = _ranks_reported(job)
+        assert ok == {r: exp["new_tokens"][:PROC_N] for r in range(WORLD)}, (job.out, job.err)
+
+
+@pytest.mark.parametrize("case", PROC_CASES, ids=[c.id for c in PROC_CASES])
+def test_rank_process_fault(stories, case, tmp_path, ports):
+    exp = stories[2]
+    if case.kind.startswith("mpi") and not _have_mpi():
+        pytest.skip("needs mpirun and rlx._mpi (Debian: apt-get install openmpi-bin libopenmpi-dev, then rebuild)")
+    addrs = listeners = None
+    if case.kind == "tcp-ranks":
+        addrs, listeners = free_loopback_addrs(WORLD)
+        ports += [port_of(a) for a in addrs]
+    job = ProcJob(case.kind, tmp_path, case.fault, exp, addrs, listeners)
+    try:
+        if listeners:
+            for s in listeners:
+                s.close()
+        # Start-up (imports, weights, the mesh) comes before the fault: allow for it separately.
+        pid, t_fault = _wait_fault_file(tmp_path / "fault", job, 60)
+        if case.kind == "tcp-cli":   # the launcher's own ports, from a rank's command line
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode().split("\0")
+            addrs = argv[argv.index("--addrs") + 1].split(",")
+            ports += [port_of(a) for a in addrs]
+        if case.kind.startswith("tcp"):
+            # The mesh is up (the fault is in a forward): no rank still listens on its port.
+            assert not {port_of(a) for a in addrs} & listening_ports(), "a rank kept its listener open"
+        if case.kill:
+            os.kill(pid, signal.SIGKILL)
+            t_fault = time.monotonic()
+        job.wait(PROC_TIMEOUT * 4 + 60)
+    finally:
+        job.close()
+    text = "".join(job.out + job.err)
+    elapsed = max(job.ended.values()) - t_fault
+    codes = [p.returncode for p in job.procs]
+    print(f"FAULT {case.id}: exit codes {codes}, job over {elapsed:.2f} s after the fault")
+    if case.expect is None:
+        _check_tokens(job, exp)
+        return
+    assert elapsed < PROC_TIMEOUT + PROC_MARGIN, (elapsed, text)
+    assert "Traceback" not in text or "injected fault" in text, text   # no crash but the injected one
+    if case.kind == "tcp-cli":
+        assert codes[0] != 0 and job.out[0] == "", text            # rank 0 never printed a text
+        assert f"rlx: rank {case.victim} exited with status -9" in job.err[0], text
+        errors = re.findall(r"^rlx: error: (.*)$", job.err[0], re.M)
+        assert len(errors) == WORLD - 1 and all(re.search(PEER_ERROR, e) for e in errors), text
+    elif case.kind == "tcp-ranks":
+        ok, err = _ranks_reported(job)
+        assert not ok and sorted(err) == sorted(set(range(WORLD)) - {case.victim}), text
+        assert codes[case.victim] == -signal.SIGKILL and all(codes[r] == 3 for r in err), codes
+        assert all(re.search(PEER_ERROR, m) for m in err.values()), err
+    else:
+        # mpirun ends the job when a rank dies or exits non-zero; ranks still waiting are killed.
+        assert codes[0] != 0, text
+        ok, err = _ranks_reported(job)
+        assert not ok and (exp["text"] not in job.out[0]), text
+        if case.expect != "error":
+            assert re.search(case.expect, err.get(0, "")), text
+    if case.kill:
+        # A fresh job of the same kind (for tcp-ranks, on the same ports) gives the expected tokens.
+        if case.kind == "tcp-ranks":
+            listeners = listeners_on(addrs)
+        again = ProcJob(case.kind, tmp_path, None, exp, addrs, listeners)
+        try:
+            if listeners:
+                for s in listeners:
+                    s.close()
+            again.wait(120)
+        finally:
+            again.close()
+        _check_tokens(again, exp)
