@@ -173,8 +173,13 @@ class TcpTransport(Transport):
 class MpiTransport(Transport):
     """MPI over MPI_COMM_WORLD (rank and world from the MPI environment, e.g. ``mpirun -np N``).
     Collective: every rank must create it. MPI is initialised if nothing has, and finalised when
-    the last MpiTransport closes only if rlx initialised it. ``timeout`` bounds recv only; send,
-    broadcast and barrier are MPI's blocking calls (mpirun ends the job if a rank dies)."""
+    the last MpiTransport closes only if rlx initialised it. ``timeout`` bounds every send, recv,
+    broadcast and barrier, as on TCP; mpirun ends the job if a rank dies.
+
+    After a failure, MPI is not finalised: a timeout that leaves an MPI request behind, or an MPI
+    error, breaks the transport (later calls raise at once), and leaving a ``with`` block by an
+    exception abandons finalisation too, because MPI_Finalize would wait for ranks that may never
+    get there. The process should then exit (non-zero): mpirun ends the whole job."""
 
     def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, timeout: float = DEFAULT_TIMEOUT):
         try:
@@ -184,6 +189,12 @@ class MpiTransport(Transport):
                         f" ({e})") from None
         capsule = _mpi.create(max_message_bytes=max_message_bytes, timeout=float(timeout))
         super().__init__(_C.Transport.from_capsule(capsule))
+        self._abandon = _mpi.abandon
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:
+            self._abandon()   # this rank is failing: do not wait in MPI_Finalize for the others
+        self.close()
 
 
 def free_loopback_addrs(world: int) -> tuple[list[str], list[socket.socket]]:

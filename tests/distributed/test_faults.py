@@ -323,6 +323,19 @@ PROC_CASES = [
     ProcCase("tcp-cli-kill-rank0-mid-decode", "tcp-cli", "0:4:stall", kill=True),
     ProcCase("tcp-ranks-kill-rank2-mid-prefill", "tcp-ranks", "2:1:stall", kill=True),
     ProcCase("tcp-ranks-kill-rank1-mid-decode", "tcp-ranks", "1:4:stall", kill=True),
+    ProcCase("mpi-ranks-kill-rank2-mid-prefill", "mpi-ranks", "2:1:stall", kill=True),
+    ProcCase("mpi-cli-kill-rank1-mid-decode", "mpi-cli", "1:4:stall", kill=True),
+    # Before the MPI transport bounded broadcast and barrier (and skipped MPI_Finalize after a
+    # failure), these two hung until mpirun was killed from outside.
+    ProcCase("mpi-ranks-rank0-raises-mid-decode", "mpi-ranks", "0:3:raise"),
+    ProcCase("mpi-ranks-rank1-stalls-mid-decode", "mpi-ranks", "1:4:stall",
+             expect=rf"recv: timed out after {PROC_TIMEOUT:.1f} s waiting for rank 1"),
+    # MPI itself delivers every message once and in order; a faulty sender is what can go wrong.
+    ProcCase("mpi-ranks-rank1-drops-a-message", "mpi-ranks", "1:3:drop",
+             expect=rf"recv: timed out after {PROC_TIMEOUT:.1f} s waiting for rank 1"),
+    ProcCase("mpi-ranks-rank1-delays-a-message", "mpi-ranks", f"1:3:delay:{PROC_TIMEOUT / 4}", expect=None),
+    ProcCase("mpi-ranks-rank1-truncates-a-message", "mpi-ranks", "1:3:truncate",
+             expect=r"rank 1 sent 128 bytes with tag 1, expected 256"),
 ]
 
 
