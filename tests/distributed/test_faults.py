@@ -146,29 +146,25 @@ class Case:
     id: str
     link: tuple[int, int]          # (acceptor, connector): the connector dials the proxy
     fault: Fault
-    expect: str | None             # None: the exact tokens; else a regex for the receiver's error
+    expect: str | None             # None: the exact tokens; else a regex for the first rank's error
     token: str | None = TOKEN
-
-    @property
-    def receiver(self) -> int:
-        """The rank that reads the faulted direction."""
-        lo, hi = self.link
-        return lo if self.fault.direction == "c2a" else hi
 
 
 T = f"{TIMEOUT:.1f}"
 INTEGRITY = r"failed its integrity check"
+# A frame that never arrives: several ranks wait at once, and whichever waited longest times out
+# first (naming the rank it waited for); the others then see it close, or time out too.
+LOST = rf"timed out after {T} s waiting for rank \d \((recv|broadcast)"
 # Link (0, 1) carries rank 1's hidden rows to rank 0 (c2a: frame 0 is the prefill's 5 rows, 1280
 # bytes; then one 256-byte row per decode step) and rank 0's broadcast token to rank 1 (a2c: 16
 # bytes per step). Link (1, 2) carries rank 2's hidden rows to rank 1 and nothing back.
 CASES = [
-    Case("drop-prefill-hidden", (0, 1), Fault("drop", "c2a", 0), rf"timed out after {T} s waiting for rank 1 \(recv"),
-    Case("drop-decode-token", (0, 1), Fault("drop", "a2c", 3), rf"timed out after {T} s waiting for rank 0 \(broadcast"),
-    Case("drop-decode-hidden-2to1", (1, 2), Fault("drop", "c2a", 3), rf"timed out after {T} s waiting for rank 2 \(recv"),
+    Case("drop-prefill-hidden", (0, 1), Fault("drop", "c2a", 0), LOST),
+    Case("drop-decode-token", (0, 1), Fault("drop", "a2c", 3), LOST),
+    Case("drop-decode-hidden-2to1", (1, 2), Fault("drop", "c2a", 3), LOST),
     Case("delay-hidden-below-timeout", (0, 1), Fault("delay", "c2a", 2, TIMEOUT / 4), None),
     Case("delay-token-below-timeout", (0, 1), Fault("delay", "a2c", 0, TIMEOUT / 4), None),
-    Case("delay-hidden-above-timeout", (0, 1), Fault("delay", "c2a", 3, TIMEOUT + 1.5),
-         rf"timed out after {T} s waiting for rank 1 \(recv"),
+    Case("delay-hidden-above-timeout", (0, 1), Fault("delay", "c2a", 3, TIMEOUT + 1.5), LOST),
     Case("truncate-prefill-then-stall", (0, 1), Fault("truncate-stall", "c2a", 0, FRAME.size + 100),
          rf"timed out after {T} s waiting for rank 1 \(recv: receiving the payload .*stalled after 100 of 1280 bytes"),
     Case("truncate-decode-then-close", (0, 1), Fault("truncate-close", "c2a", 3, FRAME.size + 100),
@@ -178,10 +174,10 @@ CASES = [
     Case("duplicate-hidden", (0, 1), Fault("duplicate", "c2a", 1), INTEGRITY),
     Case("duplicate-token", (0, 1), Fault("duplicate", "a2c", 1), INTEGRITY),
     Case("replay-stale-hidden", (0, 1), Fault("replay", "c2a", 3), INTEGRITY),
-    Case("swap-hidden", (0, 1), Fault("swap", "c2a", 2), rf"timed out after {T} s waiting for rank 1 \(recv"),
+    Case("swap-hidden", (0, 1), Fault("swap", "c2a", 2), LOST),
     Case("flip-magic", (0, 1), Fault("flip", "c2a", 2, "magic"), r"bad magic"),
     Case("flip-tag", (0, 1), Fault("flip", "c2a", 2, "tag"), INTEGRITY),
-    Case("flip-length", (0, 1), Fault("flip", "c2a", 2, "length"), rf"timed out after {T} s waiting for rank 1"),
+    Case("flip-length", (0, 1), Fault("flip", "c2a", 2, "length"), rf"timed out after {T} s waiting for rank 1 .*MAC"),
     Case("flip-payload", (0, 1), Fault("flip", "c2a", 2, "payload"), INTEGRITY),
     Case("flip-mac", (0, 1), Fault("flip", "c2a", 2, "mac"), INTEGRITY),
     Case("flip-token-payload", (0, 1), Fault("flip", "a2c", 2, "payload"), INTEGRITY),
@@ -222,9 +218,11 @@ def test_message_fault_on_a_link(stories, case, ports):
         assert sorted(job.results) == list(range(WORLD))
     else:
         assert sorted(job.errors) == list(range(WORLD)), (job.results, job.errors)
+        said = {r: str(e) for r, e in job.errors.items()}
+        assert any(re.search(case.expect, m) for m in said.values()), said   # what happened, first-hand
         for r, e in job.errors.items():
             assert isinstance(e, rlx.Error), f"rank {r}: {type(e).__name__}: {e}"
-            assert re.search(case.expect if r == case.receiver else PEER_ERROR, str(e)), f"rank {r}: {e}"
+            assert re.search(case.expect, said[r]) or re.search(PEER_ERROR, said[r]), f"rank {r}: {e}"
             waited = job.ended[r] - proxy.fired_at
             assert waited < TIMEOUT + MARGIN, (r, waited, str(e))
     print(f"FAULT tcp {'token' if case.token else 'no-token'} {case.fault}: " + "; ".join(
@@ -311,7 +309,7 @@ class ProcCase:
     fault: str           # RLX_TEST_FAULT: "RANK:CALL:ACTION[:ARG]" (fault_hook/sitecustomize.py)
     kill: bool = False   # SIGKILL the rank once the fault holds it (stall)
     expect: str | None = "error"   # None: the exact tokens; "error": the job fails; else a regex
-                                   # for rank 0's error line
+                                   # for the first error line (mpirun may kill the other ranks)
 
     @property
     def victim(self) -> int:
@@ -329,10 +327,10 @@ PROC_CASES = [
     # failure), these two hung until mpirun was killed from outside.
     ProcCase("mpi-ranks-rank0-raises-mid-decode", "mpi-ranks", "0:3:raise"),
     ProcCase("mpi-ranks-rank1-stalls-mid-decode", "mpi-ranks", "1:4:stall",
-             expect=rf"recv: timed out after {PROC_TIMEOUT:.1f} s waiting for rank 1"),
+             expect=rf"timed out after {PROC_TIMEOUT:.1f} s waiting for rank [01]"),
     # MPI itself delivers every message once and in order; a faulty sender is what can go wrong.
     ProcCase("mpi-ranks-rank1-drops-a-message", "mpi-ranks", "1:3:drop",
-             expect=rf"recv: timed out after {PROC_TIMEOUT:.1f} s waiting for rank 1"),
+             expect=rf"timed out after {PROC_TIMEOUT:.1f} s waiting for rank [01]"),
     ProcCase("mpi-ranks-rank1-delays-a-message", "mpi-ranks", f"1:3:delay:{PROC_TIMEOUT / 4}", expect=None),
     ProcCase("mpi-ranks-rank1-truncates-a-message", "mpi-ranks", "1:3:truncate",
              expect=r"rank 1 sent 128 bytes with tag 1, expected 256"),
@@ -480,7 +478,9 @@ def test_rank_process_fault(stories, case, tmp_path, ports):
     text = "".join(job.out + job.err)
     elapsed = max(job.ended.values()) - t_fault
     codes = [p.returncode for p in job.procs]
-    print(f"FAULT {case.id}: exit codes {codes}, job over {elapsed:.2f} s after the fault")
+    said = (re.findall(r"rlx: error: .*|rlx: rank \d+ exited with status -?\d+", "".join(job.err))
+            + [f"rank {r}: {m}" for r, m in sorted(_ranks_reported(job)[1].items())])
+    print(f"FAULT {case.id}: exit codes {codes}, job over {elapsed:.2f} s after the fault; {'; '.join(said)}")
     if case.expect is None:
         _check_tokens(job, exp)
         return
@@ -502,7 +502,7 @@ def test_rank_process_fault(stories, case, tmp_path, ports):
         ok, err = _ranks_reported(job)
         assert not ok and (exp["text"] not in job.out[0]), text
         if case.expect != "error":
-            assert re.search(case.expect, err.get(0, "")), text
+            assert any(re.search(case.expect, m) for m in err.values()), text
     if case.kill:
         # A fresh job of the same kind (for tcp-ranks, on the same ports) gives the expected tokens.
         if case.kind == "tcp-ranks":
