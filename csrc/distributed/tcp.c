@@ -27,9 +27,9 @@
  * refuses connections from non-loopback addresses (REFUSE_REMOTE).
  *
  * Timeouts: the set-up as a whole has one deadline (timeout_ms). After that every send and every
- * recv has its own deadline, now + timeout_ms, computed once: it bounds the whole message (header,
- * payload, MAC), however the bytes trickle in, so a peer sending a byte a second cannot stretch
- * it. Every socket is non-blocking and every wait is a poll() for the time left; EINTR restarts
+ * recv has its own deadline, now + timeout_ms, computed once (by a send, once its MAC is computed):
+ * it bounds the whole message (header, payload, MAC), however the bytes trickle in, so a peer
+ * sending a byte a second cannot stretch it. Every socket is non-blocking and every wait is a poll() for the time left; EINTR restarts
  * the wait with the remaining time; sends use MSG_NOSIGNAL, so a vanished peer is an error, never
  * a SIGPIPE.
  *
@@ -961,12 +961,12 @@ static rlx_status send_frame(struct tcp_transport *t, int dst, uint32_t tag, con
 {
     struct link *l;
     RLX_TRY(peer_link(t, dst, verb, &l));
-    int64_t deadline = now_ms() + t->timeout_ms; /* once: it bounds the whole message */
     unsigned char head[sizeof(struct rlx_wire_frame)], mac[RLX_HMAC_BYTES];
     rlx_wire_frame_encode(head, tag, (uint64_t)bytes);
     RLX_TRY(frame_mac_begin(t, l->send_key, l->send_seq, head));
     RLX_TRY(rlx_hmac_update(t->hmac, data, bytes));
     RLX_TRY(rlx_hmac_end(t->hmac, mac));
+    int64_t deadline = now_ms() + t->timeout_ms; /* once the frame is ready; it bounds the whole message */
     struct iovec iov[3] = {{.iov_base = head, .iov_len = sizeof head},
                            {.iov_base = (void *)data, .iov_len = bytes},
                            {.iov_base = mac, .iov_len = sizeof mac}};
