@@ -103,7 +103,7 @@ def _info(args: argparse.Namespace) -> int:
 
 def _pipeline(args: argparse.Namespace, argv: list[str]) -> int:
     from rlx.distributed import MpiTransport, TcpTransport
-    from rlx.distributed.launch import run_rank, spawn, under_mpirun
+    from rlx.distributed.launch import die_with_launcher, run_rank, spawn, under_mpirun
 
     args.max_new_tokens = args.max_new_tokens or 64
     if args.mpi or under_mpirun():
@@ -115,6 +115,8 @@ def _pipeline(args: argparse.Namespace, argv: list[str]) -> int:
         return spawn(args, argv)
     import socket
 
+    if args.launcher_pid is not None:
+        die_with_launcher(args.launcher_pid)
     listener = socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else None
     try:
         t = TcpTransport(args.rank, args.world, args.addrs.split(","), listener=listener, timeout=args.timeout)
@@ -158,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     pp.add_argument("--addrs", default=None, help=argparse.SUPPRESS)
     pp.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
+    pp.add_argument("--launcher-pid", type=int, default=None, help=argparse.SUPPRESS)
     sampling(pp)
     raw = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(raw)

@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -40,7 +41,7 @@ import rlx
 from rlx.distributed import PipelineCoordinator, ProcessGroup, TcpTransport, free_loopback_addrs
 
 from faultproxy import FRAME, Fault, FaultProxy
-from leakcheck import listening_ports, session_members
+from leakcheck import children, listening_ports, proc_state, session_members
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -362,30 +363,36 @@ def _env(tmp_path: Path, fault: str | None) -> dict:
 
 class ProcJob:
     """One job of three rank processes of `kind`, each Popen in a session of its own (so that
-    every descendant can be found again, even one re-parented after its parent died)."""
+    every descendant can be found again, even one re-parented after its parent died). Output goes
+    to files, not pipes: a process that outlived the job could hold a pipe open forever."""
 
     def __init__(self, kind: str, tmp_path: Path, fault: str | None, exp: dict, addrs=None, listeners=None):
-        self.kind, self.procs, self.ended = kind, [], {}
+        self.kind, self.procs, self.ended, self.files = kind, [], {}, []
+        self.dir = Path(tempfile.mkdtemp(prefix="job-", dir=tmp_path))
         env = _env(tmp_path, fault)
         py = sys.executable
         mpirun = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(WORLD)] if kind.startswith("mpi") else []
         cli = [py, "-m", "rlx", "pipeline", "--model", str(STORIES_HF), "--prompt", exp["prompt"],
                "--max-new-tokens", str(PROC_N), "--threads", "1", "--timeout", str(PROC_TIMEOUT)]
         script = [py, str(RANK_SCRIPT), str(STORIES_HF), str(PROC_N), str(PROC_TIMEOUT)]
-        kw = dict(cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                  start_new_session=True)
         if kind == "tcp-cli":
-            self.procs.append(subprocess.Popen(cli + ["--world", str(WORLD)], **kw))
+            self._start(cli + ["--world", str(WORLD)], env)
         elif kind == "mpi-cli":
-            self.procs.append(subprocess.Popen(mpirun + cli, **kw))
+            self._start(mpirun + cli, env)
         elif kind == "mpi-ranks":
-            self.procs.append(subprocess.Popen(mpirun + script + ["mpi"], **kw))
+            self._start(mpirun + script + ["mpi"], env)
         else:
             env["RLX_DIST_TOKEN"] = TOKEN
             for r in range(WORLD):
                 fd = listeners[r].fileno()
-                self.procs.append(subprocess.Popen(script + ["tcp", str(r), str(WORLD), ",".join(addrs), str(fd)],
-                                                   pass_fds=(fd,), **kw))
+                self._start(script + ["tcp", str(r), str(WORLD), ",".join(addrs), str(fd)], env, pass_fds=(fd,))
+
+    def _start(self, cmd: list[str], env: dict, **kw) -> None:
+        i = len(self.procs)
+        out, err = open(self.dir / f"{i}.out", "w"), open(self.dir / f"{i}.err", "w")
+        self.files += [out, err]
+        self.procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, start_new_session=True,
+                                           **kw))
 
     def alive(self) -> bool:
         return any(p.poll() is None for p in self.procs)
@@ -401,8 +408,8 @@ class ProcJob:
                 break
             time.sleep(0.02)
         assert len(self.ended) == len(self.procs), f"the job hung: still running after {timeout} s"
-        self.out = [p.stdout.read() for p in self.procs]
-        self.err = [p.stderr.read() for p in self.procs]
+        self.out = [(self.dir / f"{i}.out").read_text() for i in range(len(self.procs))]
+        self.err = [(self.dir / f"{i}.err").read_text() for i in range(len(self.procs))]
 
     def close(self) -> None:
         """Kills whatever is left of every session, reaps, and checks that nothing survives."""
@@ -413,9 +420,8 @@ class ProcJob:
                 except ProcessLookupError:
                     pass
             p.wait(30)
-            for stream in (p.stdout, p.stderr):
-                if stream:
-                    stream.close()
+        for f in self.files:
+            f.close()
         deadline = time.monotonic() + 5.0
         left = []
         while time.monotonic() < deadline:
@@ -423,6 +429,11 @@ class ProcJob:
             if not left:
                 break
             time.sleep(0.05)
+        for pid in left:   # cleaned up before the test fails
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         assert not left, f"processes of the job outlived it: {left}"
 
 
@@ -529,3 +540,31 @@ def test_rank_process_fault(stories, case, tmp_path, ports):
         finally:
             again.close()
         _check_tokens(again, exp)
+
+
+def test_ranks_do_not_outlive_a_killed_launcher(stories, tmp_path, ports):
+    """`python -m rlx pipeline` itself killed (SIGKILL) while rank 1 is held mid-decode: its rank
+    processes go with it at once instead of running on, orphaned (here, a stalled rank would have
+    slept for an hour; the others would have waited out their timeout)."""
+    exp = stories[2]
+    job = ProcJob("tcp-cli", tmp_path, "1:4:stall", exp)
+    try:
+        pid, _ = _wait_fault_file(tmp_path / "fault", job, 60)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode().split("\0")
+        ports += [port_of(a) for a in argv[argv.index("--addrs") + 1].split(",")]
+        ranks = children(job.procs[0].pid)
+        assert len(ranks) == WORLD and pid in ranks, ranks
+        os.kill(job.procs[0].pid, signal.SIGKILL)
+        t_kill = time.monotonic()
+        job.wait(30)
+        deadline = t_kill + PROC_MARGIN
+        while time.monotonic() < deadline and any(proc_state(r) not in (None, "Z") for r in ranks):
+            time.sleep(0.02)
+        left = [r for r in ranks if proc_state(r) not in (None, "Z")]
+        elapsed = time.monotonic() - t_kill
+    finally:
+        job.close()
+    assert job.procs[0].returncode == -signal.SIGKILL
+    assert not left, f"rank processes outlived the launcher by {elapsed:.1f} s: {left}"
+    print(f"FAULT launcher killed: its ranks were gone {elapsed:.2f} s later")
