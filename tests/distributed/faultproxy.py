@@ -87,7 +87,7 @@ class FaultProxy:
         while not self._stop.is_set():
             try:
                 conn, _ = self.listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

@@ -513,7 +513,7 @@ def test_rank_process_fault(stories, case, tmp_path, ports):
     if case.kind == "tcp-cli":
         assert codes[0] != 0 and job.out[0] == "", text            # rank 0 never printed a text
         assert f"rlx: rank {case.victim} exited with status -9" in job.err[0], text
-        errors = re.findall(r"^rlx: error: (.*)$", job.err[0], re.M)
+        errors = re.findall(r"^rlx: error: (.*)$", job.err[0], re.MULTILINE)
         assert len(errors) == WORLD - 1 and all(re.search(PEER_ERROR, e) for e in errors), text
     elif case.kind == "tcp-ranks":
         ok, err = _ranks_reported(job)

@@ -21,8 +21,8 @@ def _install(spec: str) -> None:
 
     import numpy as np
 
-    import rlx.distributed.coordinator as coordinator
-    import rlx.stages as stages
+    from rlx import stages
+    from rlx.distributed import coordinator
 
     rank, call, action, *arg = spec.split(":")
     rank, call = int(rank), int(call)
