@@ -127,7 +127,7 @@ def _quantize(args: argparse.Namespace) -> int:
 
 def _pipeline(args: argparse.Namespace, argv: list[str]) -> int:
     from rlx.distributed import MpiTransport, TcpTransport
-    from rlx.distributed.launch import run_rank, spawn, under_mpirun
+    from rlx.distributed.launch import die_with_launcher, run_rank, spawn, under_mpirun
 
     args.max_new_tokens = 64 if args.max_new_tokens is None else args.max_new_tokens
     if args.seed is None:  # rank 0 samples; the others never draw
@@ -141,8 +141,15 @@ def _pipeline(args: argparse.Namespace, argv: list[str]) -> int:
         return spawn(args, argv)
     import socket
 
+    if args.launcher_pid is not None:
+        die_with_launcher(args.launcher_pid)
     listener = socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else None
-    with TcpTransport(args.rank, args.world, args.addrs.split(","), listener=listener, timeout=args.timeout) as t:
+    try:
+        t = TcpTransport(args.rank, args.world, args.addrs.split(","), listener=listener, timeout=args.timeout)
+    finally:
+        if listener is not None:
+            listener.close()   # the transport took a duplicate, and closes it once the mesh is up
+    with t:
         return run_rank(args, t)
 
 
@@ -307,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     pp.add_argument("--addrs", default=None, help=argparse.SUPPRESS)
     pp.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
+    pp.add_argument("--launcher-pid", type=int, default=None, help=argparse.SUPPRESS)
     sampling(pp)
     raw = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(raw)

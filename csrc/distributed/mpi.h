@@ -12,13 +12,21 @@
  * (MPI_THREAD_SERIALIZED) when nothing has; the last close finalises it only if this code
  * initialised it, after which no MPI transport can be created again in this process.
  * Collective: every rank of MPI_COMM_WORLD must call it.
- * timeout_ms bounds waiting in recv only (an MPI job whose rank dies is ended by mpirun; send,
- * broadcast and barrier are the blocking MPI calls). */
+ * timeout_ms bounds every send, recv, broadcast and barrier (RLX_ERR_IO naming what was awaited).
+ * A timeout that leaves an MPI request behind, or an MPI error, breaks the transport: later calls
+ * fail at once and this process will not finalise MPI (see rlx_mpi_abandon). An MPI job whose
+ * rank dies is ended by mpirun. */
 struct rlx_mpi_opts {
     size_t max_message_bytes; /* 0 = 1 GiB; at most INT_MAX (MPI counts are int) */
     int timeout_ms;           /* <= 0 = 60000 */
 };
 rlx_status rlx_mpi_transport_create(const struct rlx_mpi_opts *opts, struct rlx_transport **out);
+
+/* This process will not finalise MPI: closing the last transport leaves MPI initialised. For a
+ * rank that is ending with an error: MPI_Finalize waits for every other rank to finalise too, which
+ * ranks stuck waiting for this one would never do, so the job would hang. A process that exits
+ * without finalising makes mpirun end the whole job. Thread-safe; cannot be undone. */
+void rlx_mpi_abandon(void);
 
 /* ---------------------------------------------------------------------------------------------
  * Capsules between rlx._mpi and rlx._C

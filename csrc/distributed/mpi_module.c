@@ -1,7 +1,7 @@
 /*
- * mpi_module.c - the extension module rlx._mpi: one function, create(), that makes an MPI
- * transport (mpi.c) and hands it over as a capsule for rlx._C.Transport.from_capsule (the capsule
- * contract is in distributed/mpi.h). Built only where mpicc works (setup.py), like mpi.c; every other
+ * mpi_module.c - the extension module rlx._mpi: create(), that makes an MPI transport (mpi.c) and
+ * hands it over as a capsule for rlx._C.Transport.from_capsule (the capsule contract is in
+ * distributed/mpi.h), and abandon() (rlx_mpi_abandon). Built only where mpicc works (setup.py), like mpi.c; every other
  * build sees an empty file.
  *
  * rlx._mpi links no core source: its rlx_set_error forwards to rlx._C's and its failures are raised
@@ -72,11 +72,24 @@ static PyObject *create(PyObject *module, PyObject *args, PyObject *kwargs)
     return capsule;
 }
 
+static PyObject *abandon(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    rlx_mpi_abandon();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"create", (PyCFunction)(void (*)(void))create, METH_VARARGS | METH_KEYWORDS,
      "create(max_message_bytes: int = 0, timeout: float = 60.0) -> capsule\n\n"
      "Creates the MPI transport (collective over MPI_COMM_WORLD) as a capsule for\n"
      "rlx._C.Transport.from_capsule; failures raise like every rlx call. Use rlx.distributed.MpiTransport."},
+    {"abandon", abandon, METH_NOARGS,
+     "abandon() -> None\n\n"
+     "This process will not finalise MPI (closing the last transport leaves it initialised): for a rank\n"
+     "ending with an error, whose peers might never reach MPI_Finalize. Exiting then makes mpirun end\n"
+     "the job. Cannot be undone."},
     {NULL, NULL, 0, NULL},
 };
 

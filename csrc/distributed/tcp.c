@@ -27,9 +27,9 @@
  * refuses connections from non-loopback addresses (REFUSE_REMOTE).
  *
  * Timeouts: the set-up as a whole has one deadline (timeout_ms). After that every send and every
- * recv has its own deadline, now + timeout_ms, computed once: it bounds the whole message (header,
- * payload, MAC), however the bytes trickle in, so a peer sending a byte a second cannot stretch
- * it. Every socket is non-blocking and every wait is a poll() for the time left; EINTR restarts
+ * recv has its own deadline, now + timeout_ms, computed once (by a send, once its MAC is computed):
+ * it bounds the whole message (header, payload, MAC), however the bytes trickle in, so a peer
+ * sending a byte a second cannot stretch it. Every socket is non-blocking and every wait is a poll() for the time left; EINTR restarts
  * the wait with the remaining time; sends use MSG_NOSIGNAL, so a vanished peer is an error, never
  * a SIGPIPE.
  *
@@ -37,10 +37,12 @@
  * the connection to that peer is closed (skipping gigabytes of payload would outlast any timeout).
  * A frame larger than the receive buffer but within max_message_bytes, and a frame with an
  * unexpected tag, are read and discarded (their MAC still checked), so the stream stays in step.
- * With a token every frame carries an HMAC under the direction's key over its sequence number,
- * header and payload; a frame whose MAC fails (altered, injected, replayed or reordered in
- * transit) is an error and closes the connection; the receive buffer may then hold the rejected
- * payload. Any error that leaves the stream in an unknown place (a frame cut short, bad magic, a
+ * Every frame carries an HMAC under the direction's key over its sequence number, header and
+ * payload; a frame whose MAC fails (altered, injected, repeated or reordered in transit, or one
+ * lost before it) is an error and closes the connection; the receive buffer may then hold the
+ * rejected payload. With a token the keys come from it, so the MAC also authenticates the sender;
+ * without one they come from public bytes (wire.h), which still catches every such fault that is
+ * not deliberate, so that no rank computes on a corrupted or out-of-order message. Any error that leaves the stream in an unknown place (a frame cut short, bad magic, a
  * timeout after part of a frame) also closes that connection; later calls naming that peer fail at
  * once with RLX_ERR_IO. A timeout before the first byte of a frame leaves the connection usable.
  *
@@ -91,7 +93,7 @@ struct tcp_transport {
     int allow_remote;       /* without a token, accept non-loopback peers too */
     unsigned char *token;   /* owned copy of the token (the HMAC key), NULL without one */
     size_t token_len;       /* > 0 when token != NULL */
-    struct rlx_hmac *hmac;  /* token only */
+    struct rlx_hmac *hmac;  /* the handshake's proofs and key derivation, and every frame MAC */
     int refused;            /* connections refused during set-up */
     char last_refusal[256]; /* why the last one was */
 };
@@ -314,6 +316,17 @@ static void set_nodelay(int fd)
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+/* An accepted connection has its listener's port; left in TIME_WAIT after the job, it would keep
+ * that port from being bound again for a minute (a restarted job on the same addresses) unless it
+ * carries SO_REUSEADDR itself. Setting it on the listener is not enough: a connection the kernel
+ * completed before (a peer faster than this rank's start-up, with a listener made by someone else)
+ * was cloned without it. Best effort; Linux never lets two sockets listen on one port with it. */
+static void set_reuseaddr(int fd)
+{
+    int one = 1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+}
+
 static rlx_status listen_on(const char *addr, int rank, int *out)
 {
     char host[256], port[8];
@@ -410,17 +423,18 @@ static rlx_status proof_ok(struct tcp_transport *t, const char *label, const uns
     return RLX_OK;
 }
 
-/* Opens link `peer` on fd after a complete handshake; derives its frame keys with a token. */
+/* Opens link `peer` on fd after a complete handshake and derives its frame keys: from the token,
+ * or without one from the public key RLX_WIRE_KEY_NO_TOKEN (wire.h: integrity, not authenticity). */
 static rlx_status link_open(struct tcp_transport *t, int peer, int fd, int connector, const unsigned char *hello_c,
                             const unsigned char *hello_a)
 {
     struct link *l = &t->links[peer];
-    if (has_token(t)) {
-        RLX_TRY(transcript_mac(t, t->token, t->token_len, connector ? RLX_WIRE_LABEL_KEY_C2A : RLX_WIRE_LABEL_KEY_A2C,
-                               hello_c, hello_a, l->send_key));
-        RLX_TRY(transcript_mac(t, t->token, t->token_len, connector ? RLX_WIRE_LABEL_KEY_A2C : RLX_WIRE_LABEL_KEY_C2A,
-                               hello_c, hello_a, l->recv_key));
-    }
+    const void *key = has_token(t) ? (const void *)t->token : RLX_WIRE_KEY_NO_TOKEN;
+    size_t key_len = has_token(t) ? t->token_len : strlen(RLX_WIRE_KEY_NO_TOKEN);
+    RLX_TRY(transcript_mac(t, key, key_len, connector ? RLX_WIRE_LABEL_KEY_C2A : RLX_WIRE_LABEL_KEY_A2C, hello_c,
+                           hello_a, l->send_key));
+    RLX_TRY(transcript_mac(t, key, key_len, connector ? RLX_WIRE_LABEL_KEY_A2C : RLX_WIRE_LABEL_KEY_C2A, hello_c,
+                           hello_a, l->recv_key));
     l->send_seq = l->recv_seq = 0;
     l->fd = fd; /* last: on failure fd stays with the caller */
     return RLX_OK;
@@ -875,6 +889,7 @@ static rlx_status accept_peers(struct tcp_transport *t, int lfd, int64_t deadlin
                 npend--;
             }
             set_nodelay(fd);
+            set_reuseaddr(fd);
             struct pending *p = &pend[npend++];
             memset(p, 0, sizeof *p);
             p->fd = fd;
@@ -946,17 +961,15 @@ static rlx_status send_frame(struct tcp_transport *t, int dst, uint32_t tag, con
 {
     struct link *l;
     RLX_TRY(peer_link(t, dst, verb, &l));
-    int64_t deadline = now_ms() + t->timeout_ms; /* once: it bounds the whole message */
     unsigned char head[sizeof(struct rlx_wire_frame)], mac[RLX_HMAC_BYTES];
     rlx_wire_frame_encode(head, tag, (uint64_t)bytes);
-    if (has_token(t)) {
-        RLX_TRY(frame_mac_begin(t, l->send_key, l->send_seq, head));
-        RLX_TRY(rlx_hmac_update(t->hmac, data, bytes));
-        RLX_TRY(rlx_hmac_end(t->hmac, mac));
-    }
+    RLX_TRY(frame_mac_begin(t, l->send_key, l->send_seq, head));
+    RLX_TRY(rlx_hmac_update(t->hmac, data, bytes));
+    RLX_TRY(rlx_hmac_end(t->hmac, mac));
+    int64_t deadline = now_ms() + t->timeout_ms; /* once the frame is ready; it bounds the whole message */
     struct iovec iov[3] = {{.iov_base = head, .iov_len = sizeof head},
                            {.iov_base = (void *)data, .iov_len = bytes},
-                           {.iov_base = mac, .iov_len = has_token(t) ? sizeof mac : 0}};
+                           {.iov_base = mac, .iov_len = sizeof mac}};
     size_t done;
     enum io_result r = send_all(l->fd, iov, 3, deadline, &done);
     if (r == IO_OK) {
@@ -967,13 +980,13 @@ static rlx_status send_frame(struct tcp_transport *t, int dst, uint32_t tag, con
     tag_text(tag, tagt, sizeof tagt);
     snprintf(who, sizeof who, "rank %d", dst);
     snprintf(what, sizeof what, "%s: sending a %zu-byte message with %s", verb, bytes, tagt);
-    rlx_status s = io_error(r, t->timeout_ms, who, what, done, sizeof head + bytes + iov[2].iov_len);
+    rlx_status s = io_error(r, t->timeout_ms, who, what, done, sizeof head + bytes + sizeof mac);
     if (!(r == IO_TIMEOUT && done == 0)) /* nothing sent: the stream is still in step */
         drop(t, dst);
     return s;
 }
 
-/* Reads n payload bytes from fd into nothing (adding them to the frame MAC with a token). */
+/* Reads n payload bytes from fd into nothing (adding them to the frame MAC). */
 static enum io_result discard(struct tcp_transport *t, int fd, uint64_t n, int64_t deadline, size_t *done_out,
                               rlx_status *mac_status)
 {
@@ -986,15 +999,15 @@ static enum io_result discard(struct tcp_transport *t, int fd, uint64_t n, int64
         *done_out += done;
         if (r != IO_OK)
             return r;
-        if (has_token(t) && *mac_status == RLX_OK)
+        if (*mac_status == RLX_OK)
             *mac_status = rlx_hmac_update(t->hmac, sink, chunk);
         left -= chunk;
     }
     return IO_OK;
 }
 
-/* With a token: reads the frame's MAC and compares it with the one computed so far. RLX_OK when
- * it matches; an error (the link dropped) otherwise. */
+/* Reads the frame's MAC and compares it with the one computed so far. RLX_OK when it matches; an
+ * error (the link dropped) otherwise. */
 static rlx_status check_frame_mac(struct tcp_transport *t, int src, int64_t deadline, const char *verb,
                                   const char *tagt)
 {
@@ -1017,8 +1030,8 @@ static rlx_status check_frame_mac(struct tcp_transport *t, int src, int64_t dead
     if (!rlx_crypto_equal(want, got, sizeof want)) {
         drop(t, src);
         return rlx_set_error(RLX_ERR_IO, "%s: the message with %s from rank %d failed its integrity check (frame "
-                             "MAC): it was altered, injected or replayed in transit; connection to rank %d closed",
-                             verb, tagt, src, src);
+                             "MAC): it was altered, injected, repeated or reordered in transit, or one before it was "
+                             "lost; connection to rank %d closed", verb, tagt, src, src);
     }
     l->recv_seq++;
     return RLX_OK;
@@ -1055,14 +1068,11 @@ static rlx_status recv_frame(struct tcp_transport *t, int src, uint32_t tag, voi
         return rlx_set_error(RLX_ERR_IO, "%s: rank %d sent a %" PRIu64 "-byte frame, above max_message_bytes %zu; "
                              "connection to rank %d closed", verb, src, f.length, t->max_bytes, src);
     }
-    if (has_token(t)) {
-        rlx_status s = frame_mac_begin(t, l->recv_key, l->recv_seq, head);
-        if (s != RLX_OK) {
-            drop(t, src);
-            return s;
-        }
+    rlx_status s = frame_mac_begin(t, l->recv_key, l->recv_seq, head);
+    if (s != RLX_OK) {
+        drop(t, src);
+        return s;
     }
-    rlx_status s = RLX_OK;
     char gott[32];
     tag_text(f.tag, gott, sizeof gott);
     if (f.tag != tag)
@@ -1083,8 +1093,7 @@ static rlx_status recv_frame(struct tcp_transport *t, int src, uint32_t tag, voi
             drop(t, src);
             return mac_s;
         }
-        if (has_token(t))
-            RLX_TRY(check_frame_mac(t, src, deadline, verb, gott));
+        RLX_TRY(check_frame_mac(t, src, deadline, verb, gott));
         return s;
     }
     r = recv_all(l->fd, data, (size_t)f.length, deadline, &done);
@@ -1093,14 +1102,12 @@ static rlx_status recv_frame(struct tcp_transport *t, int src, uint32_t tag, voi
         snprintf(what, sizeof what, "%s: receiving the payload of a message with %s", verb, tagt);
         return io_error(r, t->timeout_ms, who, what, done, (size_t)f.length);
     }
-    if (has_token(t)) {
-        s = rlx_hmac_update(t->hmac, data, (size_t)f.length);
-        if (s != RLX_OK) {
-            drop(t, src);
-            return s;
-        }
-        RLX_TRY(check_frame_mac(t, src, deadline, verb, tagt));
+    s = rlx_hmac_update(t->hmac, data, (size_t)f.length);
+    if (s != RLX_OK) {
+        drop(t, src);
+        return s;
     }
+    RLX_TRY(check_frame_mac(t, src, deadline, verb, tagt));
     *got = (size_t)f.length;
     return RLX_OK;
 }
@@ -1226,7 +1233,7 @@ static rlx_status tcp_configure(struct tcp_transport *t, const struct rlx_tcp_op
     t->allow_remote = opts != NULL && opts->allow_remote;
     const char *token = opts != NULL ? opts->token : NULL;
     if (token == NULL || token[0] == '\0')
-        return RLX_OK;
+        return rlx_hmac_create(&t->hmac);
     t->token_len = strlen(token);
     t->token = rlx_calloc(1, t->token_len);
     if (t->token == NULL)

@@ -1,40 +1,46 @@
 /*
  * wire.h - the byte layout of the TCP transport (tcp.c): the handshake that opens each connection
- * and the header (and, with a token, the MAC) around every message. Everything on the wire is
+ * and the header and MAC around every message. Everything on the wire is
  * little-endian and packed; the structs below mirror it exactly (sizes static_assert'ed) and are
  * only ever filled and read through the encode/decode helpers, never sent as host structs.
  *
- * Protocol version 2. Every handshake message starts with the same 16-byte HEAD:
+ * Protocol version 3. Every handshake message starts with the same 16-byte HEAD:
  *   HEAD   (16 bytes)  magic, u16 version, u16 info, u32 sender's rank, u32 sender's world size.
  *   HELLO  (48 bytes)  HEAD "RLXH" (info = flags: bit 0 = "I have a token") + 32-byte random nonce.
  *   PROOF  (48 bytes)  HEAD "RLXP" (info = 0) + 32-byte HMAC-SHA-256 (see below).
  *   REFUSE (16 bytes)  HEAD "RLXR" (info = an RLX_WIRE_REFUSE_* reason); the connection then closes.
- *   FRAME  (16 bytes)  magic "RLXF", u32 tag, u64 length; then `length` payload bytes; then, on a
- *                      connection opened with a token, a 32-byte HMAC-SHA-256 (the frame MAC).
+ *   FRAME  (16 bytes)  magic "RLXF", u32 tag, u64 length; then `length` payload bytes; then a
+ *                      32-byte HMAC-SHA-256 (the frame MAC).
  * A connection from rank c (the connector, c > a) to rank a (the acceptor):
  *   c -> a  HELLO_C                        (48)
  *   a -> c  HELLO_A or REFUSE              (48 / 16)   REFUSE when HELLO_C cannot be accepted
  *   with a token only:
- *   c -> a  PROOF_C = HMAC(token, "rlx-dist-v2 connector proof\0" || HELLO_C || HELLO_A)     (48)
- *   a -> c  PROOF_A = HMAC(token, "rlx-dist-v2 acceptor proof\0"  || HELLO_C || HELLO_A)     (48)
+ *   c -> a  PROOF_C = HMAC(token, "rlx-dist-v3 connector proof\0" || HELLO_C || HELLO_A)     (48)
+ *   a -> c  PROOF_A = HMAC(token, "rlx-dist-v3 acceptor proof\0"  || HELLO_C || HELLO_A)     (48)
  *           or REFUSE (16) when PROOF_C is wrong: the acceptor checks the connector's proof before
  *           it sends anything derived from the token.
  * The transcript HELLO_C || HELLO_A binds the protocol version, both ranks, the world size, both
  * sides' token flags and both fresh nonces; the label binds the direction. Frame keys, one per
- * direction, come from the same transcript:
- *   K_c2a = HMAC(token, "rlx-dist-v2 frames connector to acceptor\0" || HELLO_C || HELLO_A)
- *   K_a2c = HMAC(token, "rlx-dist-v2 frames acceptor to connector\0" || HELLO_C || HELLO_A)
+ * direction, come from the same transcript, keyed by the token or, without one, by the public
+ * string K0 = "rlx-dist-v3 no token" (no NUL):
+ *   K_c2a = HMAC(token or K0, "rlx-dist-v3 frames connector to acceptor\0" || HELLO_C || HELLO_A)
+ *   K_a2c = HMAC(token or K0, "rlx-dist-v3 frames acceptor to connector\0" || HELLO_C || HELLO_A)
  *   frame MAC = HMAC(K_dir, u64 sequence number || FRAME header || payload), the sequence counting
  *   frames sent in that direction from 0.
- * Without a token the handshake is HELLO_C, HELLO_A (or REFUSE) and frames carry no MAC.
+ * Without a token the handshake is HELLO_C, HELLO_A (or REFUSE). Its frame keys are derived from
+ * public bytes, so anyone who saw the HELLOs can forge a MAC: it authenticates nothing, but a frame
+ * corrupted, lost, repeated or reordered on the way (a bit flip TCP's 16-bit checksum missed, a
+ * broken middlebox) still fails the check instead of reaching the model. Version 2 sent no MAC
+ * without a token, so such a fault could make every rank compute wrong tokens with no error.
  *
  * User tags are < 2^24; tags from RLX_WIRE_TAG_RESERVED up are the transport's own (broadcast,
- * barrier). Changing any of this means bumping RLX_TCP_PROTOCOL_VERSION (rlx/dist.h). Version 1
- * (a 24-byte HELLO with an FNV hash of the token in clear) shares the first 16 bytes of HEAD, so
- * each side can name the other's version.
+ * barrier). Changing any of this means bumping RLX_TCP_PROTOCOL_VERSION (rlx/dist.h). Versions 1
+ * (a 24-byte HELLO with an FNV hash of the token in clear) and 2 share the first 16 bytes of HEAD,
+ * so each side can name the other's version.
  *
  * Nothing here is secret or replayable: nonces are fresh random bytes, proofs are bound to both
  * nonces. Nothing is encrypted: payloads travel in clear (authenticated with a token, not hidden).
+ * The frame MAC costs one HMAC-SHA-256 pass over every payload on each side.
  */
 #ifndef RLX_DIST_WIRE_H
 #define RLX_DIST_WIRE_H
@@ -72,10 +78,12 @@ enum rlx_wire_refuse {
 #define RLX_WIRE_TAG_BARRIER_LEAVE 0xFFFFFF03u  /* rank 0 -> rank > 0 */
 
 /* The labels of the HMACs above (each used with its terminating NUL). */
-#define RLX_WIRE_LABEL_PROOF_C "rlx-dist-v2 connector proof"
-#define RLX_WIRE_LABEL_PROOF_A "rlx-dist-v2 acceptor proof"
-#define RLX_WIRE_LABEL_KEY_C2A "rlx-dist-v2 frames connector to acceptor"
-#define RLX_WIRE_LABEL_KEY_A2C "rlx-dist-v2 frames acceptor to connector"
+#define RLX_WIRE_LABEL_PROOF_C "rlx-dist-v3 connector proof"
+#define RLX_WIRE_LABEL_PROOF_A "rlx-dist-v3 acceptor proof"
+#define RLX_WIRE_LABEL_KEY_C2A "rlx-dist-v3 frames connector to acceptor"
+#define RLX_WIRE_LABEL_KEY_A2C "rlx-dist-v3 frames acceptor to connector"
+/* The HMAC key of the frame-key derivation without a token (without its NUL): public. */
+#define RLX_WIRE_KEY_NO_TOKEN "rlx-dist-v3 no token"
 
 struct __attribute__((packed)) rlx_wire_head {
     uint32_t magic;   /* RLX_WIRE_{HELLO,PROOF,REFUSE}_MAGIC */

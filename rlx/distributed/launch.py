@@ -11,11 +11,15 @@ done.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def under_mpirun() -> bool:
@@ -62,9 +66,23 @@ def run_rank(args, transport) -> int:
     return 0
 
 
+def die_with_launcher(launcher: int) -> None:
+    """Called first thing in a rank process that `spawn` started: SIGTERM comes to it when the
+    launcher dies (Linux's PR_SET_PDEATHSIG), so that ranks never outlive a launcher that was
+    killed; a launcher already gone ends the rank at once. Elsewhere the ranks end by their own
+    timeouts instead."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != launcher:
+        raise SystemExit(f"rlx: the launcher (pid {launcher}) is gone")
+
+
 def spawn(args, argv: list[str]) -> int:
     """Starts args.world rank processes on this host over a loopback TCP mesh; returns the worst exit
-    code. A rank that fails makes the others fail within the transport's timeout."""
+    code. A rank that fails makes the others fail within the transport's timeout; the ranks end
+    with the launcher if it is killed (die_with_launcher)."""
     from rlx.distributed import free_loopback_addrs
 
     addrs, listeners = free_loopback_addrs(args.world)
@@ -76,7 +94,7 @@ def spawn(args, argv: list[str]) -> int:
         for rank in range(args.world):
             fd = listeners[rank].fileno()
             cmd = [sys.executable, "-m", "rlx", *argv, "--rank", str(rank), "--addrs", ",".join(addrs),
-                   "--listen-fd", str(fd)]
+                   "--listen-fd", str(fd), "--launcher-pid", str(os.getpid())]
             procs.append(subprocess.Popen(cmd, pass_fds=(fd,), env=env))
         for s in listeners:
             s.close()

@@ -14,11 +14,14 @@ process (the tests do).
 TCP security. With a token (``token=`` or ``RLX_DIST_TOKEN``, the same on every rank) each
 connection is mutually authenticated by an HMAC-SHA-256 challenge-response over fresh nonces from
 both sides (nothing secret or replayable crosses the wire; the accepting rank checks the other's
-proof before it sends anything derived from the token), and every message then carries an HMAC:
-a message altered, injected or replayed in transit raises rlx.Error. Messages are not encrypted.
+proof before it sends anything derived from the token), and every message then carries an HMAC
+over its sequence number: a message altered, injected, repeated or reordered in transit (or one
+after a lost message) raises rlx.Error. Messages are not encrypted.
 Pick a long random token (``secrets.token_hex(32)``): a recorded handshake lets an eavesdropper
-test guesses offline. Without a token nothing is authenticated, so the mesh accepts and makes
-loopback connections only, unless ``allow_remote=True`` (or ``RLX_DIST_ALLOW_REMOTE=1``). During
+test guesses offline. Without a token nothing is authenticated (messages still carry the HMAC, under
+keys anyone can derive: it catches corruption, loss, repeats and reordering, not forgery), so the
+mesh accepts and makes loopback connections only, unless ``allow_remote=True`` (or
+``RLX_DIST_ALLOW_REMOTE=1``). During
 set-up, connections that are not ranks of this job (port scanners, garbage, silence, a wrong
 token or version, a replay) are refused and logged through the core's log callback; the mesh
 forms as soon as the real ranks arrive.
@@ -170,8 +173,13 @@ class TcpTransport(Transport):
 class MpiTransport(Transport):
     """MPI over MPI_COMM_WORLD (rank and world from the MPI environment, e.g. ``mpirun -np N``).
     Collective: every rank must create it. MPI is initialised if nothing has, and finalised when
-    the last MpiTransport closes only if rlx initialised it. ``timeout`` bounds recv only; send,
-    broadcast and barrier are MPI's blocking calls (mpirun ends the job if a rank dies)."""
+    the last MpiTransport closes only if rlx initialised it. ``timeout`` bounds every send, recv,
+    broadcast and barrier, as on TCP; mpirun ends the job if a rank dies.
+
+    After a failure, MPI is not finalised: a timeout that leaves an MPI request behind, or an MPI
+    error, breaks the transport (later calls raise at once), and leaving a ``with`` block by an
+    exception abandons finalisation too, because MPI_Finalize would wait for ranks that may never
+    get there. The process should then exit (non-zero): mpirun ends the whole job."""
 
     def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, timeout: float = DEFAULT_TIMEOUT):
         try:
@@ -181,6 +189,12 @@ class MpiTransport(Transport):
                         f" ({e})") from None
         capsule = _mpi.create(max_message_bytes=max_message_bytes, timeout=float(timeout))
         super().__init__(_C.Transport.from_capsule(capsule))
+        self._abandon = _mpi.abandon
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:
+            self._abandon()   # this rank is failing: do not wait in MPI_Finalize for the others
+        self.close()
 
 
 def free_loopback_addrs(world: int) -> tuple[list[str], list[socket.socket]]:

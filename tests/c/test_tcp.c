@@ -7,9 +7,9 @@
  * set-up; a peer that closes is reported at once, a silent one after the timeout (and the
  * connection survives); bad arguments; no socket leaks.
  *
- * Protocol version 2 (csrc/distributed/wire.h) against hand-made peers that compute the handshake
+ * Protocol version 3 (csrc/distributed/wire.h) against hand-made peers that compute the handshake
  * and frame MACs with OpenSSL's HMAC() directly (not through rlx's auth.c): frames byte-exact both
- * ways; a replayed handshake captured from a good session is refused; a wrong token is refused and
+ * ways, with a token and without one (keys from the public RLX_WIRE_KEY_NO_TOKEN); a replayed handshake captured from a good session is refused; a wrong token is refused and
  * the acceptor's bytes hold nothing derived from the token; reflecting a rank's own HELLO or proof
  * back fails; a frame with a wrong MAC is refused; a peer trickling a byte at a time cannot stretch
  * a recv past its timeout, nor a peer that never reads a send; stray connections during set-up
@@ -417,7 +417,7 @@ static void tweak_no_token(struct world *w)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Hand-made peers: protocol version 2 with OpenSSL's HMAC() (wire.h describes every byte).
+ * Hand-made peers: protocol version 3 with OpenSSL's HMAC() (wire.h describes every byte).
  * ------------------------------------------------------------------------------------------- */
 
 /* out = HMAC-SHA-256(key, label with its NUL || a || b) */
@@ -433,10 +433,12 @@ static void hmac3(const void *key, size_t key_len, const char *label, const unsi
     HMAC(EVP_sha256(), key, (int)key_len, buf, ll + an + bn, out, &len);
 }
 
+/* HMAC(token, label || hc || ha); without a token (NULL) under the public RLX_WIRE_KEY_NO_TOKEN. */
 static void transcript(const char *token, const char *label, const unsigned char *hc, const unsigned char *ha,
                        unsigned char out[32])
 {
-    hmac3(token, strlen(token), label, hc, MSG, ha, MSG, out);
+    const char *key = token != NULL ? token : RLX_WIRE_KEY_NO_TOKEN;
+    hmac3(key, strlen(key), label, hc, MSG, ha, MSG, out);
 }
 
 static void head(unsigned char out[HEADB], uint32_t magic, uint16_t version, uint16_t info, uint32_t rank,
@@ -520,6 +522,8 @@ static int raw_handshake(struct raw *r)
     if (memcmp(r->ha, want, HEADB) != 0)
         return 0;
     r->send_seq = r->recv_seq = 0;
+    transcript(r->token, RLX_WIRE_LABEL_KEY_C2A, r->hc, r->ha, r->send_key);
+    transcript(r->token, RLX_WIRE_LABEL_KEY_A2C, r->hc, r->ha, r->recv_key);
     if (r->token == NULL)
         return 1;
     unsigned char p[MSG], pa[MSG], expect[MSG];
@@ -528,18 +532,14 @@ static int raw_handshake(struct raw *r)
         return 0;
     head(expect, RLX_WIRE_PROOF_MAGIC, RLX_TCP_PROTOCOL_VERSION, 0, 0, 2);
     transcript(r->token, RLX_WIRE_LABEL_PROOF_A, r->hc, r->ha, expect + HEADB);
-    transcript(r->token, RLX_WIRE_LABEL_KEY_C2A, r->hc, r->ha, r->send_key);
-    transcript(r->token, RLX_WIRE_LABEL_KEY_A2C, r->hc, r->ha, r->recv_key);
     return memcmp(pa, expect, MSG) == 0;
 }
 
-/* A frame (with its MAC when r has a token) into out; returns its size. n <= 256. */
+/* A frame and its MAC into out; returns its size. n <= 256. */
 static size_t raw_frame(struct raw *r, unsigned char *out, uint32_t tag, const void *payload, size_t n)
 {
     rlx_wire_frame_encode(out, tag, n);
     memcpy(out + 16, payload, n);
-    if (r->token == NULL)
-        return 16 + n;
     unsigned char buf[8 + 16 + 256]; /* sequence number || header || payload */
     rlx_wire_u64_encode(buf, r->send_seq++);
     memcpy(buf + 8, out, 16 + n);
@@ -685,20 +685,27 @@ static void test_fake_peer(void)
     CHECK(read_full(r.fd, r.ha, MSG) && memcmp(r.ha, want, HEADB) == 0, "rank 0's HELLO: magic, version, flags, rank, world");
     CHECK(memcmp(r.ha + HEADB, r.hc + HEADB, 32) != 0, "rank 0's nonce is its own");
     if (s == RLX_OK) {
-        unsigned char frame[16 + 5];
+        /* Without a token frames carry a MAC too, under keys from the public RLX_WIRE_KEY_NO_TOKEN. */
+        transcript(NULL, RLX_WIRE_LABEL_KEY_C2A, r.hc, r.ha, r.send_key);
+        transcript(NULL, RLX_WIRE_LABEL_KEY_A2C, r.hc, r.ha, r.recv_key);
+        unsigned char frame[16 + 5 + 32], mac[32], macd[8 + 16 + 2];
         size_t got;
         char buf[100];
-        rlx_wire_frame_encode(frame, 6, 5);
-        memcpy(frame + 16, "hello", 5);
-        CHECK(write_full(r.fd, frame, sizeof frame), "fake frame written");
+        CHECK(write_full(r.fd, frame, raw_frame(&r, frame, 6, "hello", 5)), "fake frame written");
         CHECK(t->ops->recv(t, 1, 6, buf, sizeof buf, &got) == RLX_OK && got == 5 && memcmp(buf, "hello", 5) == 0,
               "recv a hand-made frame");
         CHECK(t->ops->send(t, 1, 0x123456, "xy", 2) == RLX_OK, "send to the fake peer");
-        unsigned char in[18];
+        unsigned char in[18 + 32];
         CHECK(read_full(r.fd, in, sizeof in), "read rank 0's frame");
         struct rlx_wire_frame f = rlx_wire_frame_decode(in);
         CHECK(f.magic == RLX_WIRE_FRAME_MAGIC && f.tag == 0x123456 && f.length == 2 && memcmp(in + 16, "xy", 2) == 0,
               "frame on the wire");
+        rlx_wire_u64_encode(macd, 0);
+        memcpy(macd + 8, in, 18);
+        unsigned int len = 0;
+        HMAC(EVP_sha256(), r.recv_key, 32, macd, sizeof macd, mac, &len);
+        CHECK(memcmp(in + 18, mac, 32) == 0, "without a token: frame MAC = HMAC(K_a2c from the public key, seq 0 || "
+              "header || payload)");
         CHECK(t->ops->send(t, 1, 6, buf, 101) == RLX_ERR_RANGE, "send above max_message_bytes");
         /* Oversized frame: refused without reading the payload, connection dropped. */
         rlx_wire_frame_encode(frame, 6, 1000);
@@ -716,7 +723,7 @@ static void test_fake_peer(void)
 
     /* A foreign protocol, another world size, another version: each refused (the last two with an
      * answer that says why), logged, and rank 0 goes on waiting until its timeout. */
-    const char *expect[3] = {"not an rlx rank", "runs with world size 3, expected 2", "sent protocol version 9, expected 2"};
+    const char *expect[3] = {"not an rlx rank", "runs with world size 3, expected 2", "sent protocol version 9, expected 3"};
     for (int variant = 0; variant < 3; variant++) {
         log_reset();
         l0 = make_listener(a0);
@@ -1035,13 +1042,19 @@ static void test_deadlines(void)
     pthread_join(o2.th, NULL);
     if (o2.s == RLX_OK) {
         size_t big = (size_t)64 << 20;
-        unsigned char *data = calloc(1, big);
+        unsigned char *data = calloc(1, big), mac[32];
+        /* The frame MAC is computed before the deadline starts: about 8 times as long as OpenSSL's
+         * own HMAC of an eighth of the bytes (seconds under valgrind). */
+        unsigned int len = 0;
         double t0 = now_s();
+        HMAC(EVP_sha256(), r2.recv_key, 32, data, big / 8, mac, &len);
+        double mac_s = 8 * (now_s() - t0);
+        t0 = now_s();
         rlx_status s = o2.t->ops->send(o2.t, 1, 1, data, big);
         double dt = now_s() - t0;
         CHECK(s == RLX_ERR_IO && strstr(rlx_last_error(), "timed out") != NULL, "send to a peer that never reads: %s",
               rlx_status_name(s));
-        CHECK(dt >= 0.45 && dt < 0.5 + 1.5, "send deadline %.2f s (timeout 0.5 s)", dt);
+        CHECK(dt >= 0.45 && dt < 2 * mac_s + 0.5 + 1.5, "send deadline %.2f s (timeout 0.5 s, MAC %.2f s)", dt, mac_s);
         free(data);
         o2.t->ops->close(o2.t);
     }
@@ -1120,7 +1133,7 @@ static void test_strays(int token)
     check_created(&w, token ? "strays, with a token" : "strays, without a token");
     for (int r = 0; r < 3; r++)
         CHECK(w.create_s[r] < 5.0, "rank %d's set-up was not held up by the strays (%.2f s)", r, w.create_s[r]);
-    CHECK(log_has("not an rlx rank") && log_has("sent protocol version 9, expected 2") &&
+    CHECK(log_has("not an rlx rank") && log_has("sent protocol version 9, expected 3") &&
               log_has("runs with world size 4, expected 3") && log_has("token"),
           "the refusals reached the log callback");
     for (int i = 0; i < n_stray_th; i++)

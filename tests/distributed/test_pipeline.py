@@ -41,6 +41,8 @@ import pytest
 import rlx
 from rlx.distributed import PipelineCoordinator, ProcessGroup, TcpTransport, free_loopback_addrs
 
+from leakcheck import children, established_connections
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
@@ -105,50 +107,10 @@ def stories():
     return rlx.load_config(STORIES_HF), rlx.load_weights(STORIES_HF), exp
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            # pid (comm) state ppid ...; comm may hold spaces or parentheses
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(d))
-    return out
-
-
-def _sockets() -> dict[int, str]:
-    out = {}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:"):
-            out[int(fd)] = link
-    return out
-
-
 @pytest.fixture(autouse=True)
-def nothing_left_behind():
-    threads = set(threading.enumerate())
-    socks = set(_sockets())
+def _no_leaks(nothing_left_behind):
+    """No thread, socket or child process left behind (tests/distributed/conftest.py)."""
     yield
-    deadline = time.monotonic() + 3.0
-    while True:
-        new_threads = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
-        new_socks = {fd: l for fd, l in _sockets().items() if fd not in socks}
-        kids = [p for p in _children(os.getpid())
-                if not open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"]
-        if not (new_threads or new_socks or kids) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert not new_threads, f"threads left running: {new_threads}"
-    assert not new_socks, f"sockets left open: {new_socks}"
-    assert not kids, f"child processes left running: {kids}"
 
 
 # -------------------------------------------------------------------------------------------------
@@ -621,24 +583,11 @@ def test_rank_process_killed_mid_generation(stories):
           + ", ".join(f"rank {r} failed after {ended[r] - killed_at['t']:.3f} s ({errors[r]})" for r in (0, 1)))
 
 
-def _socket_count(pid: int) -> int:
-    n = 0
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
-            except OSError:
-                pass
-    except OSError:
-        pass
-    return n
-
-
 @have_stories
 def test_cli_with_a_rank_process_killed_exits_nonzero(stories):
     """`python -m rlx pipeline` (3 spawned ranks, --timeout 3, 400 recomputed tokens: several
-    seconds) with rank 1's process killed once its mesh is up (its listener and both peers'
-    connections open) and it is generating: the launcher exits non-zero, promptly, and prints no
+    seconds) with rank 1's process killed once its mesh is up (both peers' connections
+    established) and it is generating: the launcher exits non-zero, promptly, and prints no
     text."""
     exp = stories[2]
     timeout = FAULT_TIMEOUT
@@ -651,7 +600,7 @@ def test_cli_with_a_rank_process_killed_exits_nonzero(stories):
         victim, deadline = None, time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
             if victim is None:
-                for pid in _children(proc.pid):
+                for pid in children(proc.pid):
                     try:
                         with open(f"/proc/{pid}/cmdline", "rb") as f:
                             argv = f.read().split(b"\0")
@@ -659,7 +608,7 @@ def test_cli_with_a_rank_process_killed_exits_nonzero(stories):
                         continue
                     if b"--rank" in argv and argv[argv.index(b"--rank") + 1] == b"1":
                         victim = pid
-            elif _socket_count(victim) >= 3:   # listener + rank 0 + rank 2: the mesh is up
+            elif established_connections(victim) >= 2:   # to rank 0 and rank 2: the mesh is up
                 break
             time.sleep(0.01)
         assert victim is not None and proc.poll() is None, "rank 1 never started or the run ended first"

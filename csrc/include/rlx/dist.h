@@ -44,13 +44,15 @@ struct rlx_transport {
  * mismatch is refused and the connecting rank fails with RLX_ERR_IO stating what differed. With a
  * token (the same non-empty string on every rank) both sides prove they know it by an
  * HMAC-SHA-256 challenge-response bound to both nonces, the ranks, the world and the direction
- * (nothing secret or replayable crosses the wire), and every frame then carries an HMAC under a
- * per-connection, per-direction key: a frame altered, injected or replayed in transit is RLX_ERR_IO
- * and closes that connection. Payloads are authenticated, not encrypted. Use a long random token:
- * a recorded handshake lets an eavesdropper test guesses offline.
- * Without a token nothing is authenticated, so the mesh keeps to loopback: create refuses peer
- * addresses that are not loopback (RLX_ERR_INVALID) and the acceptor refuses connections from
- * non-loopback addresses, unless allow_remote is set.
+ * (nothing secret or replayable crosses the wire). Every frame carries an HMAC over its sequence
+ * number under a per-connection, per-direction key: a frame altered, injected, repeated or
+ * reordered in transit, or one after a lost frame, is RLX_ERR_IO and closes that connection.
+ * Payloads are authenticated, not encrypted. Use a long random token: a recorded handshake lets an
+ * eavesdropper test guesses offline.
+ * Without a token nothing is authenticated (the frame keys come from public bytes: the MAC still
+ * catches frames corrupted, lost, repeated or reordered by accident, not forged ones), so the mesh
+ * keeps to loopback: create refuses peer addresses that are not loopback (RLX_ERR_INVALID) and the
+ * acceptor refuses connections from non-loopback addresses, unless allow_remote is set.
  *
  * A connection during set-up that is not a rank of this job (garbage, silence, another version or
  * world size, a wrong token, a replay, a duplicate rank) is refused, closed and logged through the
@@ -70,8 +72,9 @@ struct rlx_tcp_opts {
 rlx_status rlx_tcp_transport_create(int rank, int world, const char *const *addrs, int listen_fd,
                                     const struct rlx_tcp_opts *opts, struct rlx_transport **out);
 
-/* 2: HMAC challenge-response handshake and frame MACs (csrc/distributed/wire.h); 1 was a hash of
- * the token in clear. */
-#define RLX_TCP_PROTOCOL_VERSION 2
+/* 3: frame MACs without a token too (keys from public bytes: integrity, not authenticity); 2 was
+ * the HMAC challenge-response handshake with frame MACs only with a token; 1 sent a hash of the
+ * token in clear (csrc/distributed/wire.h). */
+#define RLX_TCP_PROTOCOL_VERSION 3
 
 #endif
