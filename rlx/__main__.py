@@ -348,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
             return _quantize(args)
         return _info(args)
     except (ValueError, TypeError, OSError, RuntimeError) as e:
-        print(f"rlx: error: {e}", file=sys.stderr)
+        # One write: ranks of a pipeline share this stderr, and print() writes the newline apart.
+        sys.stderr.write(f"rlx: error: {e}\n")
         return 2
 
 

@@ -60,9 +60,9 @@ def run_rank(args, transport) -> int:
         text = tok.decode_continuation(prompt, [t for t in new if t not in eos])
         print(args.prompt + text, flush=True)
     t = co.timings
-    print(f"[rlx] rank {rank}/{world} {stage.role.value} layers {stage.spec.layer_begin}..{stage.spec.layer_end - 1}"
+    sys.stderr.write(f"[rlx] rank {rank}/{world} {stage.role.value} layers {stage.spec.layer_begin}..{stage.spec.layer_end - 1}"
           f" ({stage.weight_count()} tensors): {len(new)} tokens in {elapsed:.3f} s ({len(new) / elapsed:.1f} tok/s);"
-          f" compute {t['compute']:.3f} s, send {t['send']:.3f} s, wait {t['wait']:.3f} s", file=sys.stderr, flush=True)
+          f" compute {t['compute']:.3f} s, send {t['send']:.3f} s, wait {t['wait']:.3f} s\n")  # one write: ranks share stderr
     return 0
 
 
