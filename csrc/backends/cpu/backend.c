@@ -18,15 +18,6 @@ static rlx_status cpu_plan_compile(void *ctx, const struct rlx_graph *g, void **
     return rlx_host_state_create(&rlx_cpu_kernels, state);
 }
 
-/* Block-type (GGUF) weights have no cpu kernels yet: refused at compile, naming the node. */
-static bool cpu_supports_op(void *ctx, const struct rlx_graph *g, int id)
-{
-    const struct rlx_node *n = &g->nodes[id];
-    if (n->op == RLX_OP_MATMUL || n->op == RLX_OP_EMBEDDING)
-        if (rlx_dtype_traits(g->nodes[n->in[n->op == RLX_OP_MATMUL ? 1 : 0]].dtype)->block_size > 1) return false;
-    return rlx_host_supports_op(ctx, g, id);
-}
-
 static const char *const isa_names[] = {
     [RLX_CPU_ISA_SCALAR] = "x86-64",
     [RLX_CPU_ISA_AVX2] = "avx2",
@@ -47,7 +38,7 @@ const struct rlx_backend rlx_cpu_backend = {
     .open = rlx_host_open,
     .close = rlx_host_close,
     .describe = cpu_describe,
-    .supports_op = cpu_supports_op,
+    .supports_op = rlx_host_supports_op,
     .buffer_alloc = rlx_host_buffer_alloc,
     .buffer_wrap = rlx_host_buffer_wrap,
     .buffer_release = rlx_host_buffer_release,

@@ -80,6 +80,9 @@ int rlx_cpu_isa(void);
 /* For tests: caps rlx_cpu_isa() at `cap` from now on (it never rises above what cpuid and
  * RLX_CPU_ISA allow); returns the previous cap. Not for use while kernels run on other threads. */
 int rlx_cpu_isa_cap(int cap);
+/* Whether the AVX-512 VNNI integer dot products (VPDPBUSD) may be used: cpuid has AVX512_VNNI and
+ * rlx_cpu_isa() allows AVX-512 (lowp.c). */
+int rlx_cpu_avx512_vnni(void);
 /* dst (n) f32 = src (n) of dtype RLX_BF16 / RLX_F16, widened exactly */
 void rlx_cpu_widen(float *dst, const uint16_t *src, int dtype, int64_t n);
 
@@ -133,6 +136,35 @@ void rlx_cpu_pack_bf16(uint16_t *dst, const float *src, int64_t n);
 size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N);
 void rlx_cpu_gemm_bf16(float *out, const float *a, const uint16_t *b, int64_t M, int64_t K, int64_t N,
                        float *scratch);
+
+/* Block-type (GGUF) weights (quant.c: activation quantisation, dispatch, threads; quant_avx2.c and
+ * quant_avx512.c: the per-ISA row kernels; quant_gemm.c: the VNNI GEMM). Rows of `a` quantised
+ * once per call as quant.c describes; row m of each array below starts at m times its row length.
+ * Natural element order unless stated. */
+struct rlx_cpu_qact {
+    const int8_t *q;       /* (M, K) quantised values (Q4_K / Q5_K on the VNNI path: the 32-element
+                              groups of each 128 in the order 0, 2, 1, 3) */
+    const float *d;        /* (M, K / bs) the scale of each block of bs = 32 or 256: value = q * d */
+    const float *s;        /* (M, K / 32) d * (sum of the block's q): 32-element blocks */
+    const int16_t *bsums;  /* (M, K / 16) sums of each 16 q: 256-element blocks */
+    const int32_t *bias;   /* (M, K / 4) -off * (sum of each 4 consecutive q): 32-element blocks whose
+                              weights the vector kernels read with an offset off (rlx_cpu_quant_off) */
+    const float *dl;       /* (M, K / 4) d of each 4-element lane: 32-element blocks */
+    const float *sl;       /* (M, K / 4) s / 8 for each lane: Q4_1, Q5_1 */
+    int64_t K;
+};
+/* The offset the vector kernels of weight dtype wt subtract through `bias` (vnni: the VNNI path). */
+int rlx_cpu_quant_off(int wt, int vnni);
+/* out[m * ldo + r] = row r of W (N rows of K of dtype wt, whole blocks) . row m of the quantised
+ * activations, for m < M (1..4) and r in [r0, r1); each the same operations whatever M or the range. */
+void rlx_cpu_qmv_avx2(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt,
+                      int64_t K, int64_t r0, int64_t r1);
+void rlx_cpu_qmv_avx512(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt,
+                        int64_t K, int64_t r0, int64_t r1);
+void rlx_cpu_matmul_quant(float *out, const float *a, const void *b, int b_dtype, int64_t M, int64_t K, int64_t N,
+                          float *scratch);
+size_t rlx_cpu_matmul_quant_scratch(int b_dtype, int64_t M, int64_t K, int64_t N);
+void rlx_cpu_embedding_quant(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d);
 
 void rlx_cpu_matmul_f32(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N,
                         int trans_b);
