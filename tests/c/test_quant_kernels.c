@@ -325,10 +325,11 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
     tail_free(tw), tail_free(ta);
 }
 
-/* Identity weights (row j: the value 1 at element j, else 0; Q8_0: d = 1, q = e_j; Q6_K: d = 1,
- * scales 1, q - 32 = e_j): out[m][j] = RN(q_mj * d_mb) exactly, from the documented rule. */
+/* Identity weights (row j: the value 1 at element j, else 0; Q8_0: d = 1, q = e_j; Q4_K: d = 1,
+ * group scales 1, minimums 0, q = e_j): out[m][j] = RN(q_mj * d_mb) exactly, from the documented
+ * rule, on every path: one nonzero integer product, scaled once, all else exact zeros. */
 static void identity_case(int wt, int64_t M) {
-    const int64_t bs = wt == RLX_Q8_0 ? 32 : 256, K = wt == RLX_Q8_0 ? 64 : 256, N = K, nb = K / bs;
+    const int64_t bs = wt == RLX_Q8_0 ? 32 : 256, K = wt == RLX_Q8_0 ? 96 : 256, N = K, nb = K / bs;
     const size_t tb = tr(wt)->type_size, rb = (size_t)nb * tb;
     uint8_t *w = calloc((size_t)N, rb);
     for (int64_t j = 0; j < N; j++)
@@ -338,16 +339,13 @@ static void identity_case(int wt, int64_t M) {
                 put_f16(p, 1.0f);
                 if (j / bs == b)
                     p[2 + j % bs] = 1;
-            } else { /* Q6_K: value 32 everywhere (q - 32 = 0), 33 at j */
-                put_f16(p + 208, 1.0f);
-                for (int g = 0; g < 16; g++)
-                    p[192 + g] = 1;
-                for (int e = 0; e < 256; e++) {
-                    const int v = e == j ? 33 : 32, h = e / 128, k = (e % 128) / 32, l = e % 32;
-                    uint8_t *lo = &p[64 * h + 32 * (k % 2) + l];
-                    *lo |= (uint8_t)((v & 15) << (k >= 2 ? 4 : 0));
-                    p[128 + 32 * h + l] |= (uint8_t)((v >> 4) << (2 * k));
-                }
+            } else { /* Q4_K: d = 1, dmin = 0, every group scale 1 and minimum 0, the value 1 at j */
+                put_f16(p, 1.0f);
+                put_f16(p + 2, 0.0f);
+                for (int g = 0; g < 4; g++)
+                    p[4 + g] = 1, p[12 + g] = 1;
+                const int g = (int)j / 32, l = (int)j % 32;
+                p[16 + 32 * (g / 2) + l] = (uint8_t)(g % 2 ? 0x10 : 0x01);
             }
         }
     float *a = malloc((size_t)(M * K) * sizeof(float)), *o = buf(M * N);
@@ -415,7 +413,7 @@ static void test_matmul_quant(void) {
     for (int mi = 0; mi < 10; mi++) {
         identity_case(RLX_Q8_0, Ms[mi]);
         if (!vg || Ms[mi] < 40)
-            identity_case(RLX_Q6_K, Ms[mi]);
+            identity_case(RLX_Q4_K, Ms[mi]);
     }
 }
 

@@ -197,7 +197,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void quant_row_avx51
 }
 
 /* q, d, sums of one row of K; bs the block (32 or 256) */
-static void quant_row(int8_t *q, float *d, int16_t *sums, const float *x, int64_t K, int64_t bs) {
+void rlx_cpu_quant_row(int8_t *q, float *d, int16_t *sums, const float *x, int64_t K, int64_t bs) {
     const int isa = rlx_cpu_isa();
     if (isa >= RLX_CPU_ISA_AVX512)
         quant_row_avx512(q, d, sums, x, K, bs);
@@ -215,40 +215,75 @@ struct act_layout {
     size_t q, d, s, bsums, bias, dl, sl, end;
 };
 
+/* K rounded up to whole groups of 4 blocks of 32 (the arranged rows' length) */
+static int64_t padded(int64_t K) {
+    return (K + 127) / 128 * 128;
+}
+
 static struct act_layout act_layout(int64_t M, int64_t K) {
     struct act_layout l;
+    const int64_t Kp = padded(K);
     size_t at = 0;
 #define ARR(f, bytes) (l.f = at, at = rlx_align_up(at + (size_t)(bytes)))
-    ARR(q, M * K);
+    ARR(q, M * Kp);
     ARR(d, M * (K / 32) * 4);
     ARR(s, M * (K / 32) * 4);
     ARR(bsums, M * (K / 16) * 2);
-    ARR(bias, M * (K / 4) * 4);
-    ARR(dl, M * (K / 4) * 4);
-    ARR(sl, M * (K / 4) * 4);
+    ARR(bias, M * (Kp / 4) * 4);
+    ARR(dl, M * (Kp / 4) * 4);
+    ARR(sl, M * (Kp / 4) * 4);
 #undef ARR
     l.end = at;
     return l;
 }
 
+int rlx_cpu_quant_arrange(int wt, int vnni) {
+    return vnni && (wt == RLX_Q4_0 || wt == RLX_Q4_1 || wt == RLX_Q5_0 || wt == RLX_Q5_1);
+}
+
+/* The arrays of rows of M x K in scratch, with their strides for weight dtype wt on `path`. */
+static struct rlx_cpu_qact act_at(void *scratch, int64_t M, int64_t K, int wt, int path) {
+    const struct act_layout l = act_layout(M, K);
+    const int arr = rlx_cpu_quant_arrange(wt, path == PATH_VNNI);
+    char *p = (char *)(((uintptr_t)scratch + RLX_ALIGN - 1) & ~(uintptr_t)(RLX_ALIGN - 1)); /* whole lines */
+    return (struct rlx_cpu_qact){.q = (const int8_t *)(p + l.q), .d = (const float *)(p + l.d),
+                                 .s = (const float *)(p + l.s), .bsums = (const int16_t *)(p + l.bsums),
+                                 .bias = (const int32_t *)(p + l.bias), .dl = (const float *)(p + l.dl),
+                                 .sl = (const float *)(p + l.sl), .K = K, .ldq = arr ? padded(K) : K,
+                                 .ldl = arr ? padded(K) / 8 : K / 4};
+}
+
 /* Quantises rows [m0, m1) of a (M, K) into the arrays of *c for weight dtype wt on `path`: q, d,
- * bsums, then what that path reads (s; bias, dl, sl; the VNNI order of Q4_K / Q5_K). */
+ * bsums, then what that path reads (s; the arranged order; bias, dl, sl). */
 static void act_rows(const struct rlx_cpu_qact *c, const float *a, int wt, int path, int64_t m0, int64_t m1) {
     const int64_t K = c->K, bs = block_of(wt), nb = K / bs;
-    const int off = rlx_cpu_quant_off(wt, path == PATH_VNNI), mins = wt == RLX_Q4_1 || wt == RLX_Q5_1;
+    const int vnni = path == PATH_VNNI, off = rlx_cpu_quant_off(wt, vnni);
+    const int mins = wt == RLX_Q4_1 || wt == RLX_Q5_1, arr = rlx_cpu_quant_arrange(wt, vnni);
     for (int64_t m = m0; m < m1; m++) {
-        int8_t *q = (int8_t *)c->q + m * K;
+        int8_t *q = (int8_t *)c->q + m * c->ldq;
         float *d = (float *)c->d + m * nb;
         int16_t *bsums = (int16_t *)c->bsums + m * (K / 16);
-        quant_row(q, d, bsums, a + m * K, K, bs);
-        if (bs == 32) {
-            float *s = (float *)c->s + m * nb;
-            for (int64_t b = 0; b < nb; b++)
-                s[b] = d[b] * (float)(bsums[2 * b] + bsums[2 * b + 1]);
-            if (path == PATH_SCALAR)
-                continue;
-            int32_t *bias = (int32_t *)c->bias + m * (K / 4);
-            float *dl = (float *)c->dl + m * (K / 4), *sl = (float *)c->sl + m * (K / 4);
+        rlx_cpu_quant_row(q, d, bsums, a + m * K, K, bs);
+        if (bs == 256) {
+            if (vnni && (wt == RLX_Q4_K || wt == RLX_Q5_K))
+                /* groups 1 and 2 of each 128 trade places: a 64-byte load then meets the low (or
+                 * high) nibbles of two 32-byte chunks of weights */
+                for (int64_t i = 0; i < K; i += 128) {
+                    int8_t t[32];
+                    memcpy(t, q + i + 32, 32);
+                    memcpy(q + i + 32, q + i + 64, 32);
+                    memcpy(q + i + 64, t, 32);
+                }
+            continue;
+        }
+        float *s = (float *)c->s + m * nb;
+        for (int64_t b = 0; b < nb; b++)
+            s[b] = d[b] * (float)(bsums[2 * b] + bsums[2 * b + 1]);
+        if (path == PATH_SCALAR)
+            continue;
+        int32_t *bias = (int32_t *)c->bias + m * c->ldl;
+        float *dl = (float *)c->dl + m * c->ldl, *sl = (float *)c->sl + m * c->ldl;
+        if (!arr) { /* 8 lanes per block, natural order */
             for (int64_t l = 0; l < K / 4; l++) {
                 dl[l] = d[l / 8];
                 if (mins)
@@ -256,26 +291,33 @@ static void act_rows(const struct rlx_cpu_qact *c, const float *a, int wt, int p
                 if (off)
                     bias[l] = -off * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
             }
-        } else if (path == PATH_VNNI && (wt == RLX_Q4_K || wt == RLX_Q5_K)) {
-            /* groups 1 and 2 of each 128 trade places: a 64-byte load then meets the low (or high)
-             * nibbles of two 32-byte chunks of weights */
-            for (int64_t i = 0; i < K; i += 128) {
-                int8_t t[32];
-                memcpy(t, q + i + 32, 32);
-                memcpy(q + i + 32, q + i + 64, 32);
-                memcpy(q + i + 64, t, 32);
+            continue;
+        }
+        /* groups of 4 blocks, from the last (the padding after K first) so q can be rearranged in
+         * place: 16 lanes per group, lane l for block l / 4 */
+        for (int64_t g = padded(K) / 128 - 1; g >= 0; g--) {
+            int8_t t[128];
+            for (int j = 0; j < 4; j++) {
+                const int64_t b = 4 * g + j;
+                for (int i = 0; i < 16; i++) {
+                    t[16 * j + i] = b < nb ? q[32 * b + i] : 0;
+                    t[64 + 16 * j + i] = b < nb ? q[32 * b + 16 + i] : 0;
+                }
+            }
+            memcpy(q + 128 * g, t, 128);
+            for (int l = 0; l < 16; l++) {
+                int sum = 0;
+                for (int i = 0; i < 4; i++)
+                    sum += t[4 * l + i] + t[64 + 4 * l + i];
+                bias[16 * g + l] = -off * sum;
+            }
+            for (int j = 0; j < 4; j++) { /* per block, padded: d and s */
+                const int64_t b = 4 * g + j;
+                dl[b] = b < nb ? d[b] : 0.0f;
+                sl[b] = b < nb && mins ? s[b] : 0.0f;
             }
         }
     }
-}
-
-static struct rlx_cpu_qact act_at(void *scratch, int64_t M, int64_t K) {
-    const struct act_layout l = act_layout(M, K);
-    char *p = scratch;
-    return (struct rlx_cpu_qact){.q = (const int8_t *)(p + l.q), .d = (const float *)(p + l.d),
-                                 .s = (const float *)(p + l.s), .bsums = (const int16_t *)(p + l.bsums),
-                                 .bias = (const int32_t *)(p + l.bias), .dl = (const float *)(p + l.dl),
-                                 .sl = (const float *)(p + l.sl), .K = K};
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -356,7 +398,7 @@ static void unpack256(int8_t *v, int *g16, int *sc, int *mn, float *d, float *dm
 static float dot_scalar(const uint8_t *w, const struct rlx_cpu_qact *a, int64_t m, int wt) {
     const int64_t K = a->K, bs = block_of(wt), nb = K / bs;
     const size_t tb = rlx_dtype_traits((enum rlx_dtype)wt)->type_size;
-    const int8_t *q = a->q + m * K;
+    const int8_t *q = a->q + m * a->ldq;
     const float *d = a->d + m * nb;
     float acc = 0.0f;
     int8_t v[256];
@@ -491,7 +533,7 @@ static void sg_quant_rows(void *p, int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; m++) {
         int8_t *q = c->q + m * K;
         float *d = c->d + m * (K / bs), *y = c->af + m * K;
-        quant_row(q, d, c->sums + m * (K / 16), c->a + m * K, K, bs);
+        rlx_cpu_quant_row(q, d, c->sums + m * (K / 16), c->a + m * K, K, bs);
         for (int64_t k = 0; k < K; k++)
             y[k] = (float)q[k] * d[k / bs];
     }
@@ -501,8 +543,12 @@ static void sg_dequant_rows(void *p, int64_t r0, int64_t r1) {
     const struct sg_ctx *c = p;
     const int64_t rb = row_bytes(c->wt, c->K);
     const struct rlx_dtype_traits *t = rlx_dtype_traits((enum rlx_dtype)c->wt);
+    const int avx2 = rlx_cpu_isa() >= RLX_CPU_ISA_AVX2;
     for (int64_t r = r0; r < r1; r++)
-        t->to_f32(c->af + r * c->K, c->w + r * rb, c->K);
+        if (avx2)
+            rlx_cpu_qdequant_avx2(c->af + r * c->K, c->w + r * rb, c->wt, c->K / block_of(c->wt));
+        else
+            t->to_f32(c->af + r * c->K, c->w + r * rb, c->K);
 }
 
 static void matmul_sgemm(float *out, const float *a, const void *w, int wt, int64_t M, int64_t K, int64_t N,
@@ -534,9 +580,10 @@ size_t rlx_cpu_matmul_quant_scratch(int wt, int64_t M, int64_t K, int64_t N) {
     if (M <= 0 || K <= 0 || N <= 0)
         return 0;
     if (M <= RLX_QMV_PASSES_MAX_M)
-        return (act_layout(M, K).end + 3) / 4;
-    (void)wt;
-    return sg_scratch(M, K, N);
+        return (act_layout(M, K).end + RLX_ALIGN + 3) / 4;
+    /* the largest of the prefill paths (the ISA a test may cap to is not an argument) */
+    const size_t sg = sg_scratch(M, K, N), qg = rlx_cpu_qgemm_scratch(wt, M, K, N);
+    return sg > qg ? sg : qg;
 }
 
 void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int64_t M, int64_t K, int64_t N,
@@ -549,19 +596,22 @@ void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int
     }
     if (M <= RLX_QMV_PASSES_MAX_M) {
         const int path = path_now();
-        const struct rlx_cpu_qact all = act_at(scratch, M, K);
+        const struct rlx_cpu_qact all = act_at(scratch, M, K, wt, path);
         act_rows(&all, a, wt, path, 0, M);
         const int64_t bs = block_of(wt);
         for (int64_t m0 = 0; m0 < M; m0 += RLX_QMV_MAX_M) {
-            const struct rlx_cpu_qact part = {
-                .q = all.q + m0 * K, .d = all.d + m0 * (K / bs), .s = all.s + m0 * (K / 32),
-                .bsums = all.bsums + m0 * (K / 16), .bias = all.bias + m0 * (K / 4), .dl = all.dl + m0 * (K / 4),
-                .sl = all.sl + m0 * (K / 4), .K = K};
+            struct rlx_cpu_qact part = all;
+            part.q += m0 * all.ldq, part.d += m0 * (K / bs), part.s += m0 * (K / 32);
+            part.bsums += m0 * (K / 16), part.bias += m0 * all.ldl, part.dl += m0 * all.ldl;
+            part.sl += m0 * all.ldl;
             qmatvec(out + m0 * N, &part, w, wt, path, M - m0 < RLX_QMV_MAX_M ? M - m0 : RLX_QMV_MAX_M, K, N);
         }
         return;
     }
-    matmul_sgemm(out, a, w, wt, M, K, N, scratch);
+    if (path_now() == PATH_VNNI)
+        rlx_cpu_qgemm(out, a, w, wt, M, K, N, scratch);
+    else
+        matmul_sgemm(out, a, w, wt, M, K, N, scratch);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@
  *   32-element types: per block, 8 lanes of sum (q - off) a (bias holds -off * sum a per lane);
  *     acc += cvt(lanes) * (dw * dl) [+ mw * sl]: 8 lanes of the activation's d (and s / 8).
  *   K types: per super-block, the group sums times the integer group scales (VPMADDWD with the
- *     scale in each word), offsets as -off * sum_g sc_g * bsum_g, summed in int32 (exact: at most
- *     1.4e8); acc += cvt(lanes) * (d * da) [- cvt(sum_g m_g bsum_g) * (dmin * da)].
+ *     scale in each word), offsets as -off * sum_g sc_g * bsum_g, in int32 lanes (exact: at most
+ *     1.4e8 each); acc += cvt(lanes) * (d * da) [- cvt(m_g bsum_g lanes) * (dmin * da)].
  * Each output: its lanes summed in a fixed order; nothing depends on M, the row range or threads.
  * Must never read past a weight row (the unaligned loads stay inside their block) and never
  * allocate.
@@ -55,14 +55,6 @@ FN size_t tsize(const int wt) {
     }
 }
 
-/* the sum of the 8 lanes (exact: the callers' sums fit in int32) */
-FN int hsum_i32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-
 FN __m256i ld(const void *p) {
     return _mm256_loadu_si256((const __m256i *)p);
 }
@@ -100,7 +92,7 @@ FN __m256i unpack32(const uint8_t *p, const int wt) {
 
 FN void row32(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
               const int wt, const int M) {
-    const int64_t nb = K / 32, L = K / 4;
+    const int64_t nb = K / 32, L = a->ldl, Q = a->ldq;
     const size_t tb = tsize(wt);
     const uint8_t *row = w + (size_t)r * (size_t)nb * tb;
     const int off = wt == RLX_Q4_0 ? 8 : wt == RLX_Q5_0 ? 16 : 0, mins = wt == RLX_Q4_1 || wt == RLX_Q5_1;
@@ -114,7 +106,7 @@ FN void row32(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8
         const __m256 dw = _mm256_set1_ps(f16s(p));
         const __m256 mw = _mm256_set1_ps(mins ? f16s(p + 2) : 0.0f);
         _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
-            __m256i av = ld(a->q + m * K + 32 * b);
+            __m256i av = ld(a->q + m * Q + 32 * b);
             if (wt == RLX_Q8_0)
                 av = _mm256_sign_epi8(av, u);
             __m256i i = _mm256_madd_epi16(_mm256_maddubs_epi16(ua, av), ones);
@@ -177,7 +169,8 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
     const size_t tb = tsize(wt);
     const uint8_t *row = w + (size_t)r * (size_t)nb * tb;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3);
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    __m256 acc[4];
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = row + (size_t)b * tb;
         __m256i is[4];
@@ -185,7 +178,7 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
         /* dot of 32 unsigned values u (elements 32 j ..) with each row, times the scale words sv */
 #define DOT32(u, j, sv)                                                                                          \
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) is[m] = _mm256_add_epi32(                               \
-        is[m], _mm256_madd_epi16(_mm256_maddubs_epi16((u), ld(a->q + m * K + 256 * b + 32 * (j))), (sv)));
+        is[m], _mm256_madd_epi16(_mm256_maddubs_epi16((u), ld(a->q + m * a->ldq + 256 * b + 32 * (j))), (sv)));
         float d, dmin = 0.0f;
         __m256i mdup = _mm256_setzero_si256(); /* minimums as words [m0 m0 m1 m1 ..] (one per pair of 16) */
         __m256i s16 = _mm256_setzero_si256();  /* 16-element groups: the 16 scales as words */
@@ -263,12 +256,154 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
             __m256i i = is[m];
             if (offs) /* - offs * sum_g sc_g bsum_g */
                 i = _mm256_sub_epi32(i, _mm256_slli_epi32(_mm256_madd_epi16(s16, bs), offs == 32 ? 5 : 2));
-            acc[m] += (d * da) * (float)hsum_i32(i);
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(d * da), acc[m]);
             if (mins)
-                acc[m] -= (dmin * da) * (float)hsum_i32(_mm256_madd_epi16(bs, mdup));
+                acc[m] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mdup)), _mm256_set1_ps(dmin * da),
+                                          acc[m]);
         }
     }
-    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) out[m * ldo + r] = acc[m];
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) out[m * ldo + r] = hsum(acc[m]);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Unpacking to signed integers and group scales (the VNNI GEMM's weight panels, the dequantised
+ * panels of the sgemm prefill)
+ * ------------------------------------------------------------------------------------------- */
+
+int rlx_cpu_quant_group(int wt) {
+    return wt == RLX_Q2_K || wt == RLX_Q3_K || wt == RLX_Q6_K ? 16 : 32;
+}
+
+/* the sums of the two 16-byte halves of v (signed bytes) */
+FN void sums16(__m256i v, int32_t *s0, int32_t *s1) {
+    const __m256i t = _mm256_sad_epu8(_mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+    const __m128i lo = _mm256_castsi256_si128(t), hi = _mm256_extracti128_si256(t, 1);
+    *s0 = (int32_t)(_mm_cvtsi128_si32(lo) + _mm_extract_epi32(lo, 2)) - 2048;
+    *s1 = (int32_t)(_mm_cvtsi128_si32(hi) + _mm_extract_epi32(hi, 2)) - 2048;
+}
+
+/* 32 signed values v at dst (elements g16 * 16 .. of the unit), their group sums into ws */
+FN void put32(int8_t *dst, int32_t *ws, __m256i v, int g16) {
+    _mm256_storeu_si256((__m256i *)dst, v);
+    int32_t s0, s1;
+    sums16(v, &s0, &s1);
+    if (g16)
+        ws[0] = s0, ws[1] = s1;
+    else
+        ws[0] = s0 + s1;
+}
+
+FN void unpack_units(int8_t *v, float *dw, float *mw, int32_t *ws, const uint8_t *src, int64_t n, const int wt) {
+    const size_t tb = tsize(wt);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3);
+    for (int64_t u = 0; u < n; u++) {
+        const uint8_t *p = src + (size_t)u * tb;
+        if (wt == RLX_Q8_0 || wt == RLX_Q4_0 || wt == RLX_Q4_1 || wt == RLX_Q5_0 || wt == RLX_Q5_1) {
+            const int off = wt == RLX_Q4_0 ? 8 : wt == RLX_Q5_0 ? 16 : 0;
+            put32(v + 32 * u, ws + u, _mm256_sub_epi8(unpack32(p, wt), _mm256_set1_epi8((char)off)), 0);
+            dw[u] = f16s(p);
+            mw[u] = wt == RLX_Q4_1 || wt == RLX_Q5_1 ? f16s(p + 2) : 0.0f;
+            continue;
+        }
+        int8_t *o = v + 256 * u;
+        uint8_t sm[16];
+        if (wt == RLX_Q4_K || wt == RLX_Q5_K) {
+            _mm_storeu_si128((__m128i *)sm, k4_scales(p + 4));
+            const float d = f16s(p), dmin = f16s(p + 2);
+            for (int g = 0; g < 8; g++)
+                dw[8 * u + g] = d * (float)sm[g], mw[8 * u + g] = -(dmin * (float)sm[8 + g]);
+            const uint8_t *qs = p + (wt == RLX_Q5_K ? 48 : 16);
+            const __m256i qh = wt == RLX_Q5_K ? ld(p + 16) : _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) {
+                const __m256i x = ld(qs + 32 * c);
+                __m256i lo = _mm256_and_si256(x, m4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+                if (wt == RLX_Q5_K) {
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, _mm256_set1_epi8((char)(1 << (2 * c)))),
+                                                                                _mm256_set1_epi8((char)(1 << (2 * c)))),
+                                                             _mm256_set1_epi8(16)));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, _mm256_set1_epi8((char)(2 << (2 * c)))),
+                                                                                _mm256_set1_epi8((char)(2 << (2 * c)))),
+                                                             _mm256_set1_epi8(16)));
+                }
+                put32(o + 64 * c, ws + 8 * u + 2 * c, lo, 0);
+                put32(o + 64 * c + 32, ws + 8 * u + 2 * c + 1, hi, 0);
+            }
+        } else if (wt == RLX_Q6_K) {
+            const float d = f16s(p + 208);
+            for (int g = 0; g < 16; g++)
+                dw[16 * u + g] = d * (float)(int8_t)p[192 + g], mw[16 * u + g] = 0.0f;
+            const __m256i m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+            for (int h = 0; h < 2; h++) {
+                const __m256i l0 = ld(p + 64 * h), l1 = ld(p + 64 * h + 32), qh = ld(p + 128 + 32 * h);
+                const __m256i k[4] = {
+                    _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+                    _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30))};
+                for (int j = 0; j < 4; j++)
+                    put32(o + 128 * h + 32 * j, ws + 16 * u + 8 * h + 2 * j, _mm256_sub_epi8(k[j], k32), 1);
+            }
+        } else if (wt == RLX_Q3_K) {
+            _mm_storeu_si128((__m128i *)sm, k3_scales(p + 96));
+            const float d = f16s(p + 108);
+            for (int g = 0; g < 16; g++)
+                dw[16 * u + g] = d * (float)(int8_t)sm[g], mw[16 * u + g] = 0.0f;
+            const __m256i hm = ld(p), k4 = _mm256_set1_epi8(4);
+            for (int h = 0; h < 2; h++) {
+                const __m256i x = ld(p + 32 + 32 * h);
+                for (int k = 0; k < 4; k++) {
+                    const __m256i uu = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2 * k), m3),
+                                                       bit_to(hm, 4 * h + k, 2));
+                    put32(o + 128 * h + 32 * k, ws + 16 * u + 8 * h + 2 * k, _mm256_sub_epi8(uu, k4), 1);
+                }
+            }
+        } else { /* Q2_K */
+            const float d = f16s(p + 80), dmin = f16s(p + 82);
+            for (int g = 0; g < 16; g++)
+                dw[16 * u + g] = d * (float)(p[g] & 0x0f), mw[16 * u + g] = -(dmin * (float)(p[g] >> 4));
+            for (int h = 0; h < 2; h++) {
+                const __m256i x = ld(p + 16 + 32 * h);
+                for (int k = 0; k < 4; k++)
+                    put32(o + 128 * h + 32 * k, ws + 16 * u + 8 * h + 2 * k,
+                          _mm256_and_si256(_mm256_srli_epi16(x, 2 * k), m3), 1);
+            }
+        }
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"))) void rlx_cpu_qunpack_avx2(int8_t *v, float *dw, float *mw, int32_t *wsum,
+                                                                   const void *src, int wt, int64_t n) {
+    switch (wt) {
+    case RLX_Q8_0: unpack_units(v, dw, mw, wsum, src, n, RLX_Q8_0); break;
+    case RLX_Q4_0: unpack_units(v, dw, mw, wsum, src, n, RLX_Q4_0); break;
+    case RLX_Q4_1: unpack_units(v, dw, mw, wsum, src, n, RLX_Q4_1); break;
+    case RLX_Q5_0: unpack_units(v, dw, mw, wsum, src, n, RLX_Q5_0); break;
+    case RLX_Q5_1: unpack_units(v, dw, mw, wsum, src, n, RLX_Q5_1); break;
+    case RLX_Q2_K: unpack_units(v, dw, mw, wsum, src, n, RLX_Q2_K); break;
+    case RLX_Q3_K: unpack_units(v, dw, mw, wsum, src, n, RLX_Q3_K); break;
+    case RLX_Q4_K: unpack_units(v, dw, mw, wsum, src, n, RLX_Q4_K); break;
+    case RLX_Q5_K: unpack_units(v, dw, mw, wsum, src, n, RLX_Q5_K); break;
+    default: unpack_units(v, dw, mw, wsum, src, n, RLX_Q6_K); break;
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"))) void rlx_cpu_qdequant_avx2(float *y, const void *src, int wt, int64_t n) {
+    const int64_t bs = wt == RLX_Q8_0 || wt == RLX_Q4_0 || wt == RLX_Q4_1 || wt == RLX_Q5_0 || wt == RLX_Q5_1 ? 32 : 256;
+    const int64_t G = rlx_cpu_quant_group(wt), per = 2048 / bs; /* units per chunk */
+    const size_t tb = tsize(wt);
+    int8_t v[2048];
+    float dw[128], mw[128];
+    int32_t ws[128];
+    for (int64_t u0 = 0; u0 < n; u0 += per) {
+        const int64_t nu = n - u0 < per ? n - u0 : per;
+        rlx_cpu_qunpack_avx2(v, dw, mw, ws, (const uint8_t *)src + (size_t)u0 * tb, wt, nu);
+        float *yo = y + u0 * bs;
+        for (int64_t k = 0; k < nu * bs; k += 8) {
+            const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(v + k))));
+            _mm256_storeu_ps(yo + k, _mm256_fmadd_ps(_mm256_set1_ps(dw[k / G]), x, _mm256_set1_ps(mw[k / G])));
+        }
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -72,90 +72,125 @@ FN __m512i halves16(int a, int b) {
     return _mm512_mask_blend_epi16(0xffff0000u, _mm512_set1_epi16((short)a), _mm512_set1_epi16((short)b));
 }
 
-FN int hsum_i32_256(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* ---------------------------------------------------------------------------------------------
- * 32-element types: two blocks per vector
+ * 32-element types. Q4_0 .. Q5_1: groups of 4 blocks (72 .. 96 bytes: two 64-byte loads, the
+ * second masked to the group) whose nibbles, scales and fifth bits are gathered by word permutes
+ * (every field of these blocks starts at an even byte); the activations are arranged to match
+ * (rlx_cpu_quant_arrange). Q8_0: pairs of blocks (the int8 are whole 32-byte runs).
  * ------------------------------------------------------------------------------------------- */
 
-/* nibbles of the 16 bytes at p0 and at p1: [p0 low | p0 high | p1 low | p1 high] */
-FN __m512i nib64(const uint8_t *p0, const uint8_t *p1) {
-    const __m256i x = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)p1), _mm_loadu_si128((const __m128i *)p0));
-    const __m512i z = cat(x, _mm256_srli_epi16(x, 4));
-    return _mm512_and_si512(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)), _mm512_set1_epi8(0x0f));
+struct idx32 {
+    __m512i nib, qh; /* word indices into the 64 words of a group's two loads */
+};
+
+/* the permutes of 4 blocks of wt (tb bytes each): nib: block j's 8 words of nibbles at words 8j..;
+ * qh: words j and 4 + j the low and high halves of block j's fifth bits */
+FN void idx32_init(struct idx32 *ix, const int wt) {
+    const int tw = (int)tsize(wt) / 2, no = wt == RLX_Q4_0 ? 1 : wt == RLX_Q4_1 ? 2 : wt == RLX_Q5_0 ? 3 : 4;
+    const int ho = wt == RLX_Q5_0 ? 1 : 2;
+    uint16_t nib[32], qh[32];
+    for (int w = 0; w < 32; w++) {
+        nib[w] = (uint16_t)((w / 8) * tw + no + w % 8);
+        qh[w] = (uint16_t)(w < 8 ? (w % 4) * tw + ho + w / 4 : 0);
+    }
+    ix->nib = _mm512_loadu_si512(nib), ix->qh = _mm512_loadu_si512(qh);
 }
 
-/* + 16 where the fifth bit is set: bit j of the words at h0 (bytes 0..31) and h1 (32..63) */
-FN __m512i add5(__m512i z, const uint8_t *h0, const uint8_t *h1) {
-    uint32_t a, b;
-    memcpy(&a, h0, 4), memcpy(&b, h1, 4);
-    return _mm512_mask_add_epi8(z, (__mmask64)a | (__mmask64)b << 32, z, _mm512_set1_epi8(16));
+/* the f16 at p + j tb for the first n (<= 4) blocks as 4 floats (0 past n) */
+FN __m128 scales4(const uint8_t *p, int64_t tb, int n) {
+    uint64_t h = 0;
+    for (int j = 0; j < 4; j++)
+        if (j < n) {
+            uint16_t v;
+            memcpy(&v, p + j * tb, 2);
+            h |= (uint64_t)v << (16 * j);
+        }
+    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h));
 }
 
-/* the 64 values of the blocks at p0 and p1 as bytes: q (unsigned, before the offset); Q8_0: the
- * int8 + 128 */
-FN __m512i unpack64(const uint8_t *p0, const uint8_t *p1, const int wt) {
-    switch (wt) {
-    case RLX_Q8_0: return _mm512_xor_si512(cat(ld32(p0 + 2), ld32(p1 + 2)), _mm512_set1_epi8((char)0x80));
-    case RLX_Q4_0: return nib64(p0 + 2, p1 + 2);
-    case RLX_Q4_1: return nib64(p0 + 4, p1 + 4);
-    case RLX_Q5_0: return add5(nib64(p0 + 6, p1 + 6), p0 + 2, p1 + 2);
-    default: return add5(nib64(p0 + 8, p1 + 8), p0 + 4, p1 + 4);
+/* the group of n (1..4) blocks at p (bytes under masks k0 / k1 of the two loads), lanes 16 g .. */
+FN void group4(__m512 *acc, __m128 *macc, const struct rlx_cpu_qact *a, const uint8_t *p, __mmask64 k0, __mmask64 k1,
+               int64_t g, int n, const struct idx32 *ix, const int wt, const int M) {
+    const int five = wt == RLX_Q5_0 || wt == RLX_Q5_1, mins = wt == RLX_Q4_1 || wt == RLX_Q5_1;
+    const int64_t L = a->ldl, Q = a->ldq, tb = (int64_t)tsize(wt);
+    const __m512i z0 = _mm512_maskz_loadu_epi8(k0, p), z1 = _mm512_maskz_loadu_epi8(k1, p + 64);
+    const __m512i nib = _mm512_permutex2var_epi16(z0, ix->nib, z1), m4 = _mm512_set1_epi8(0x0f);
+    __m512i lo = _mm512_and_si512(nib, m4), hi = _mm512_and_si512(_mm512_srli_epi16(nib, 4), m4);
+    if (five) {
+        const __m128i qh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(z0, ix->qh, z1));
+        const __m512i s16 = _mm512_set1_epi8(16);
+        lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(qh)), lo, s16);
+        hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64((uint64_t)_mm_extract_epi64(qh, 1)), hi, s16);
+    }
+    const __m128 dw = scales4(p, tb, n), mw = mins ? scales4(p + 2, tb, n) : _mm_setzero_ps();
+    const __m512i expand = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 2);
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
+        const int8_t *q = a->q + m * Q + 128 * g;
+        const __m512i bias = mins ? _mm512_setzero_si512() : ld64(a->bias + m * L + 16 * g);
+        const __m512i i = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(bias, lo, ld64(q)), hi, ld64(q + 64));
+        const __m128 dd = _mm_mul_ps(dw, _mm_loadu_ps(a->dl + m * L + 4 * g));
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(expand, _mm512_castps128_ps512(dd)),
+                                 acc[m]);
+        if (mins)
+            macc[m] = _mm_fmadd_ps(mw, _mm_loadu_ps(a->sl + m * L + 4 * g), macc[m]);
     }
 }
 
-/* the f16 at p0 + o in lanes 0..7, at p1 + o in lanes 8..15 (0 there when !two) */
-FN __m512 lanes2(const uint8_t *p0, const uint8_t *p1, int o, int two) {
-    uint16_t h0, h1 = 0;
-    memcpy(&h0, p0 + o, 2);
-    if (two)
-        memcpy(&h1, p1 + o, 2);
-    return _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16((short)h1), _mm_set1_epi16((short)h0)));
+FN __mmask64 bytes_mask(int64_t n) {
+    return n >= 64 ? ~(__mmask64)0 : n <= 0 ? 0 : ((__mmask64)1 << n) - 1;
 }
 
-FN void row32(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
-              const int wt, const int M) {
-    const int64_t nb = K / 32, L = K / 4;
-    const size_t tb = tsize(wt);
-    const uint8_t *row = w + (size_t)r * (size_t)nb * tb;
-    const int off = wt == RLX_Q8_0 ? 128 : wt == RLX_Q4_0 ? 8 : wt == RLX_Q5_0 ? 16 : 0;
-    const int mins = wt == RLX_Q4_1 || wt == RLX_Q5_1;
+FN void row4(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
+             const struct idx32 *ix, const int wt, const int M) {
+    const int64_t nb = K / 32, tb = (int64_t)tsize(wt), gb = 4 * tb;
+    const uint8_t *row = w + r * nb * tb;
+    __m512 acc[4];
+    __m128 macc[4];
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps(), macc[m] = _mm_setzero_ps();
+    const __mmask64 k1 = bytes_mask(gb - 64);
+    int64_t g = 0;
+    for (; 4 * g + 4 <= nb; g++)
+        group4(acc, macc, a, row + g * gb, ~(__mmask64)0, k1, g, 4, ix, wt, M);
+    if (4 * g < nb) { /* the last 1 .. 3 blocks */
+        const int64_t n = (nb - 4 * g) * tb;
+        group4(acc, macc, a, row + g * gb, bytes_mask(n), bytes_mask(n - 64), g, (int)(nb - 4 * g), ix, wt, M);
+    }
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
+        if (wt == RLX_Q4_1 || wt == RLX_Q5_1)
+            acc[m] = _mm512_add_ps(acc[m], _mm512_castps128_ps512(macc[m]));
+        out[m * ldo + r] = _mm512_reduce_add_ps(acc[m]);
+    }
+}
+
+/* Q8_0: blocks at p (and p + 34 when two); the scales from one load of the pair's first 64 (or 34)
+ * bytes, words 0 and 17; the int8 + 128 from two 32-byte runs */
+FN void pair8(__m512 *acc, const struct rlx_cpu_qact *a, const uint8_t *p, int64_t b, const int two, const int M) {
+    const int64_t L = a->ldl, Q = a->ldq;
+    const __m512i z = two ? ld64(p) : _mm512_maskz_loadu_epi8(bytes_mask(34), p);
+    const __m512 dw =
+        _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(
+            _mm512_mask_blend_epi16(0x0000ff00u, _mm512_setzero_si512(), _mm512_set1_epi16(17)), z))); /* [d0 x8 | d1 x8] */
+    const __m512i u = _mm512_xor_si512(cat(ld32(p + 2), ld32(p + (two ? 36 : 2))), _mm512_set1_epi8((char)0x80));
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
+        const __m512i bias = two ? ld64(a->bias + m * L + 8 * b) : _mm512_maskz_loadu_epi32(0xff, a->bias + m * L + 8 * b);
+        const __m512i av = two ? ld64(a->q + m * Q + 32 * b) : _mm512_maskz_loadu_epi8(0xffffffffull, a->q + m * Q + 32 * b);
+        const __m512 dl = two ? _mm512_loadu_ps(a->dl + m * L + 8 * b) : _mm512_maskz_loadu_ps(0xff, a->dl + m * L + 8 * b);
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, u, av)), _mm512_mul_ps(dw, dl), acc[m]);
+    }
+}
+
+FN void row8(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
+             const struct idx32 *ix, const int wt, const int M) {
+    (void)ix, (void)wt;
+    const int64_t nb = K / 32;
+    const uint8_t *row = w + r * nb * RLX_Q8_0_BYTES;
     __m512 acc[4];
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        const uint8_t *p0 = row + (size_t)b * tb, *p1 = p0 + tb;
-        const __m512i u = unpack64(p0, p1, wt);
-        const __m512 dw = lanes2(p0, p1, 0, 1);
-        const __m512 mw = mins ? lanes2(p0, p1, 2, 1) : _mm512_setzero_ps();
-        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
-            const __m512i i = _mm512_dpbusd_epi32(off ? ld64(a->bias + m * L + 8 * b) : _mm512_setzero_si512(), u,
-                                                  ld64(a->q + m * K + 32 * b));
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(dw, _mm512_loadu_ps(a->dl + m * L + 8 * b)),
-                                     acc[m]);
-            if (mins)
-                acc[m] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(a->sl + m * L + 8 * b), acc[m]);
-        }
-    }
-    if (b < nb) { /* the last block alone: lanes 8..15 see zero activations and zero scales */
-        const uint8_t *p0 = row + (size_t)b * tb;
-        const __m512i u = unpack64(p0, p0, wt);
-        const __m512 dw = lanes2(p0, p0, 0, 0);
-        const __m512 mw = mins ? lanes2(p0, p0, 2, 0) : _mm512_setzero_ps();
-        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
-            const __m512i bias = off ? _mm512_maskz_loadu_epi32(0xff, a->bias + m * L + 8 * b) : _mm512_setzero_si512();
-            const __m512i i = _mm512_dpbusd_epi32(bias, u, _mm512_maskz_loadu_epi8(0xffffffffull, a->q + m * K + 32 * b));
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i),
-                                     _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(0xff, a->dl + m * L + 8 * b)), acc[m]);
-            if (mins)
-                acc[m] = _mm512_fmadd_ps(mw, _mm512_maskz_loadu_ps(0xff, a->sl + m * L + 8 * b), acc[m]);
-        }
-    }
+    for (; b + 2 <= nb; b += 2)
+        pair8(acc, a, row + b * RLX_Q8_0_BYTES, b, 1, M);
+    if (b < nb)
+        pair8(acc, a, row + b * RLX_Q8_0_BYTES, b, 0, M);
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) out[m * ldo + r] = _mm512_reduce_add_ps(acc[m]);
 }
 
@@ -188,7 +223,8 @@ static const uint16_t RAMP16[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1,
                                     2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
 
 FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
-             const int wt, const int M) {
+             const struct idx32 *ix, const int wt, const int M) {
+    (void)ix;
     const int64_t nb = K / 256;
     const size_t tb = tsize(wt);
     const uint8_t *row = w + (size_t)r * (size_t)nb * tb;
@@ -197,7 +233,8 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
      * [0 x8 | 1 x8 | 2 x8 | 3 x8] */
     const __m512i ramp32 = halves16(0, 2);
     const __m512i ramp16 = _mm512_loadu_si512(RAMP16);
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    __m512 acc[4];
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = row + (size_t)b * tb;
         __m512i is[4];
@@ -206,7 +243,7 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
          * each row, times the scale words sv */
 #define DOT64(u, j, sv)                                                                                          \
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) is[m] = _mm512_dpwssd_epi32(                           \
-        is[m], _mm512_maddubs_epi16((u), ld64(a->q + m * K + 256 * b + (j))), (sv));
+        is[m], _mm512_maddubs_epi16((u), ld64(a->q + m * a->ldq + 256 * b + (j))), (sv));
         float d, dmin = 0.0f;
         __m256i mdup = _mm256_setzero_si256(); /* minimums as words, one per 16 (bsums) */
         __m256i s16 = _mm256_setzero_si256();  /* 16-element groups: the scales as words */
@@ -286,15 +323,17 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
         _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
             const float da = a->d[m * nb + b];
             const __m256i bs = ld32(a->bsums + m * (K / 16) + 16 * b);
-            int isum = _mm512_reduce_add_epi32(is[m]);
-            if (offs)
-                isum -= offs * hsum_i32_256(_mm256_madd_epi16(s16, bs));
-            acc[m] += (d * da) * (float)isum;
+            __m512i i = is[m];
+            if (offs) /* - offs * sum_g sc_g bsum_g */
+                i = _mm512_sub_epi32(
+                    i, _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16(s16, bs), offs == 32 ? 5 : 2)));
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(d * da), acc[m]);
             if (mins)
-                acc[m] -= (dmin * da) * (float)hsum_i32_256(_mm256_madd_epi16(bs, mdup));
+                acc[m] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mdup))),
+                                          _mm512_set1_ps(dmin * da), acc[m]);
         }
     }
-    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) out[m * ldo + r] = acc[m];
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) out[m * ldo + r] = _mm512_reduce_add_ps(acc[m]);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -304,10 +343,14 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
 #define RANGE(name, kernel)                                                                                      \
     FN void name(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r0, \
                  int64_t r1, const int wt, const int M) {                                                       \
+        struct idx32 ix;                                                                                         \
+        if (wt == RLX_Q4_0 || wt == RLX_Q4_1 || wt == RLX_Q5_0 || wt == RLX_Q5_1)                                \
+            idx32_init(&ix, wt);                                                                                 \
         for (int64_t r = r0; r < r1; r++)                                                                        \
-            kernel(out, ldo, a, w, K, r, wt, M);                                                                 \
+            kernel(out, ldo, a, w, K, r, &ix, wt, M);                                                            \
     }
-RANGE(range32, row32)
+RANGE(range4, row4)
+RANGE(range8, row8)
 RANGE(rangek, rowk)
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) void
@@ -319,8 +362,8 @@ rlx_cpu_qmv_avx512(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M,
         break;
 #define CASES(WT, RANGE_FN) CASE(WT, 1, RANGE_FN) CASE(WT, 2, RANGE_FN) CASE(WT, 3, RANGE_FN) CASE(WT, 4, RANGE_FN)
     switch (wt * 8 + M) {
-        CASES(RLX_Q8_0, range32) CASES(RLX_Q4_0, range32) CASES(RLX_Q4_1, range32) CASES(RLX_Q5_0, range32)
-        CASES(RLX_Q5_1, range32) CASES(RLX_Q2_K, rangek) CASES(RLX_Q3_K, rangek) CASES(RLX_Q4_K, rangek)
+        CASES(RLX_Q8_0, range8) CASES(RLX_Q4_0, range4) CASES(RLX_Q4_1, range4) CASES(RLX_Q5_0, range4)
+        CASES(RLX_Q5_1, range4) CASES(RLX_Q2_K, rangek) CASES(RLX_Q3_K, rangek) CASES(RLX_Q4_K, rangek)
         CASES(RLX_Q5_K, rangek) CASES(RLX_Q6_K, rangek)
     default:
         break;
