@@ -173,9 +173,6 @@ void rlx_cpu_qmv_avx512(float *out, int64_t ldo, const struct rlx_cpu_qact *a, i
 void rlx_cpu_qunpack_avx2(int8_t *v, float *dw, float *mw, int32_t *wsum, const void *src, int wt, int64_t n);
 /* 16 for Q2_K, Q3_K, Q6_K (their groups of 16), else 32 */
 int rlx_cpu_quant_group(int wt);
-/* y (n * bs) f32 = the n blocks at src dequantised through rlx_cpu_qunpack_avx2: each value one
- * fused multiply-add dw * v + mw (within an ulp of the dtype's to_f32). AVX2 only. */
-void rlx_cpu_qdequant_avx2(float *y, const void *src, int wt, int64_t n);
 /* The activation quantisation of quant.c, one row: q (K), d (K / bs), sums of each 16 q (K / 16) */
 void rlx_cpu_quant_row(int8_t *q, float *d, int16_t *sums, const float *x, int64_t K, int64_t bs);
 /* The AVX-512 VNNI GEMM (quant_gemm.c): out (M, N) = the rows of `a` quantised as quant.c states .

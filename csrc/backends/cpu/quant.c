@@ -53,11 +53,13 @@
 #include <stdatomic.h>
 #include <string.h>
 
-/* Rows of `a` per pass of the decode kernels, and up to which M a product runs as passes. */
+/* Rows of `a` per call of the row kernels; up to which M the VNNI path runs the blocked passes
+ * (above: the VNNI GEMM); bytes of quantised rows of `a` per chunk of the blocked passes. */
 #define RLX_QMV_MAX_M 4
-#ifndef RLX_QMV_PASSES_MAX_M
-#define RLX_QMV_PASSES_MAX_M 4
+#ifndef RLX_QMV_VNNI_MAX_M
+#define RLX_QMV_VNNI_MAX_M 12
 #endif
+#define RLX_QMV_CHUNK_BYTES ((int64_t)8 << 20)
 /* Weight rows per pool item (16 floats of out = one cache line) and bytes of weights per piece. */
 #define RLX_QMV_BLOCK 16
 #define RLX_QMV_GRAIN_BYTES (256 * 1024)
@@ -440,12 +442,22 @@ static float dot_scalar(const uint8_t *w, const struct rlx_cpu_qact *a, int64_t 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Decode: passes of up to RLX_QMV_MAX_M rows over the weights, threaded
+ * Decode (and the AVX2 prefill): pieces of weight rows dealt to the threads; within a piece, the
+ * rows of `a` in groups of up to RLX_QMV_MAX_M, so a piece (~256 KiB) is read from DRAM once and
+ * then from L2 for the other groups
  * ------------------------------------------------------------------------------------------- */
+
+/* *a with its rows starting at row m0 */
+static struct rlx_cpu_qact act_part(const struct rlx_cpu_qact *a, int64_t m0, int wt) {
+    struct rlx_cpu_qact p = *a;
+    p.q += m0 * a->ldq, p.d += m0 * (a->K / block_of(wt)), p.s += m0 * (a->K / 32);
+    p.bsums += m0 * (a->K / 16), p.bias += m0 * a->ldl, p.dl += m0 * a->ldl, p.sl += m0 * a->ldl;
+    return p;
+}
 
 struct qmv_ctx {
     float *out;
-    const struct rlx_cpu_qact *a; /* rows m0 .. m0 + M of the quantised activations */
+    const struct rlx_cpu_qact *a; /* the M quantised rows */
     const void *w;
     int wt, path;
     int64_t M, K, N;
@@ -454,15 +466,20 @@ struct qmv_ctx {
 };
 
 static void qmv_rows(const struct qmv_ctx *c, int64_t r0, int64_t r1) {
-    if (c->path == PATH_VNNI) {
-        rlx_cpu_qmv_avx512(c->out, c->N, c->a, (int)c->M, c->w, c->wt, c->K, r0, r1);
-    } else if (c->path == PATH_AVX2) {
-        rlx_cpu_qmv_avx2(c->out, c->N, c->a, (int)c->M, c->w, c->wt, c->K, r0, r1);
-    } else {
-        const int64_t rb = row_bytes(c->wt, c->K);
-        for (int64_t r = r0; r < r1; r++)
-            for (int64_t m = 0; m < c->M; m++)
-                c->out[m * c->N + r] = dot_scalar((const uint8_t *)c->w + r * rb, c->a, m, c->wt);
+    for (int64_t m0 = 0; m0 < c->M; m0 += RLX_QMV_MAX_M) {
+        const int mm = (int)(c->M - m0 < RLX_QMV_MAX_M ? c->M - m0 : RLX_QMV_MAX_M);
+        const struct rlx_cpu_qact a = act_part(c->a, m0, c->wt);
+        float *out = c->out + m0 * c->N;
+        if (c->path == PATH_VNNI) {
+            rlx_cpu_qmv_avx512(out, c->N, &a, mm, c->w, c->wt, c->K, r0, r1);
+        } else if (c->path == PATH_AVX2) {
+            rlx_cpu_qmv_avx2(out, c->N, &a, mm, c->w, c->wt, c->K, r0, r1);
+        } else {
+            const int64_t rb = row_bytes(c->wt, c->K);
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t m = 0; m < mm; m++)
+                    out[m * c->N + r] = dot_scalar((const uint8_t *)c->w + r * rb, &a, m, c->wt);
+        }
     }
 }
 
@@ -478,7 +495,7 @@ static void qmv_task(void *p, int64_t begin, int64_t end) {
     }
 }
 
-/* out (M, N) = the quantised rows a (M <= RLX_QMV_MAX_M) . W^T, W (N, K) of dtype wt */
+/* out (M, N) = the quantised rows a . W^T, W (N, K) of dtype wt */
 static void qmatvec(float *out, const struct rlx_cpu_qact *a, const void *w, int wt, int path, int64_t M,
                     int64_t K, int64_t N) {
     const int64_t block_bytes = RLX_QMV_BLOCK * row_bytes(wt, K);
@@ -543,12 +560,8 @@ static void sg_dequant_rows(void *p, int64_t r0, int64_t r1) {
     const struct sg_ctx *c = p;
     const int64_t rb = row_bytes(c->wt, c->K);
     const struct rlx_dtype_traits *t = rlx_dtype_traits((enum rlx_dtype)c->wt);
-    const int avx2 = rlx_cpu_isa() >= RLX_CPU_ISA_AVX2;
     for (int64_t r = r0; r < r1; r++)
-        if (avx2)
-            rlx_cpu_qdequant_avx2(c->af + r * c->K, c->w + r * rb, c->wt, c->K / block_of(c->wt));
-        else
-            t->to_f32(c->af + r * c->K, c->w + r * rb, c->K);
+        t->to_f32(c->af + r * c->K, c->w + r * rb, c->K);
 }
 
 static void matmul_sgemm(float *out, const float *a, const void *w, int wt, int64_t M, int64_t K, int64_t N,
@@ -576,14 +589,35 @@ static void matmul_sgemm(float *out, const float *a, const void *w, int wt, int6
  * Entry points
  * ------------------------------------------------------------------------------------------- */
 
+/* Rows of `a` per chunk of the blocked passes (their quantised rows about 5 bytes per element) */
+static int64_t mv_chunk(int64_t M, int64_t K) {
+    int64_t r = RLX_QMV_CHUNK_BYTES / (5 * K) / RLX_QMV_MAX_M * RLX_QMV_MAX_M;
+    r = r < RLX_QMV_MAX_M ? RLX_QMV_MAX_M : r;
+    return r < M ? r : M;
+}
+
+/* the path a product takes: the blocked passes (decode; every M on AVX2), the VNNI GEMM, sgemm */
+enum { VIA_PASSES, VIA_QGEMM, VIA_SGEMM };
+
+static int via(int path, int64_t M) {
+    if (path == PATH_VNNI)
+        return M <= RLX_QMV_VNNI_MAX_M ? VIA_PASSES : VIA_QGEMM;
+    if (path == PATH_AVX2)
+        return VIA_PASSES;
+    return M <= RLX_QMV_MAX_M ? VIA_PASSES : VIA_SGEMM;
+}
+
 size_t rlx_cpu_matmul_quant_scratch(int wt, int64_t M, int64_t K, int64_t N) {
     if (M <= 0 || K <= 0 || N <= 0)
         return 0;
-    if (M <= RLX_QMV_PASSES_MAX_M)
-        return (act_layout(M, K).end + RLX_ALIGN + 3) / 4;
-    /* the largest of the prefill paths (the ISA a test may cap to is not an argument) */
-    const size_t sg = sg_scratch(M, K, N), qg = rlx_cpu_qgemm_scratch(wt, M, K, N);
-    return sg > qg ? sg : qg;
+    /* the largest of the paths this M may take (the ISA a test may cap to is not an argument) */
+    size_t need = (act_layout(mv_chunk(M, K), K).end + RLX_ALIGN + 3) / 4;
+    if (M > RLX_QMV_MAX_M) {
+        const size_t sg = sg_scratch(M, K, N), qg = rlx_cpu_qgemm_scratch(wt, M, K, N);
+        need = sg > need ? sg : need;
+        need = qg > need ? qg : need;
+    }
+    return need;
 }
 
 void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int64_t M, int64_t K, int64_t N,
@@ -594,24 +628,22 @@ void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int
         memset(out, 0, (size_t)(M * N) * sizeof(float));
         return;
     }
-    if (M <= RLX_QMV_PASSES_MAX_M) {
-        const int path = path_now();
-        const struct rlx_cpu_qact all = act_at(scratch, M, K, wt, path);
-        act_rows(&all, a, wt, path, 0, M);
-        const int64_t bs = block_of(wt);
-        for (int64_t m0 = 0; m0 < M; m0 += RLX_QMV_MAX_M) {
-            struct rlx_cpu_qact part = all;
-            part.q += m0 * all.ldq, part.d += m0 * (K / bs), part.s += m0 * (K / 32);
-            part.bsums += m0 * (K / 16), part.bias += m0 * all.ldl, part.dl += m0 * all.ldl;
-            part.sl += m0 * all.ldl;
-            qmatvec(out + m0 * N, &part, w, wt, path, M - m0 < RLX_QMV_MAX_M ? M - m0 : RLX_QMV_MAX_M, K, N);
-        }
+    const int path = path_now(), v = via(path, M);
+    if (v == VIA_QGEMM) {
+        rlx_cpu_qgemm(out, a, w, wt, M, K, N, scratch);
         return;
     }
-    if (path_now() == PATH_VNNI)
-        rlx_cpu_qgemm(out, a, w, wt, M, K, N, scratch);
-    else
+    if (v == VIA_SGEMM) {
         matmul_sgemm(out, a, w, wt, M, K, N, scratch);
+        return;
+    }
+    const int64_t mc = mv_chunk(M, K);
+    for (int64_t m0 = 0; m0 < M; m0 += mc) {
+        const int64_t rows = M - m0 < mc ? M - m0 : mc;
+        const struct rlx_cpu_qact act = act_at(scratch, rows, K, wt, path);
+        act_rows(&act, a + m0 * K, wt, path, 0, rows);
+        qmatvec(out + m0 * N, &act, w, wt, path, rows, K, N);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -266,8 +266,7 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Unpacking to signed integers and group scales (the VNNI GEMM's weight panels, the dequantised
- * panels of the sgemm prefill)
+ * Unpacking to signed integers and group scales (the VNNI GEMM's weight panels)
  * ------------------------------------------------------------------------------------------- */
 
 int rlx_cpu_quant_group(int wt) {
@@ -385,24 +384,6 @@ __attribute__((target("avx2,fma,f16c"))) void rlx_cpu_qunpack_avx2(int8_t *v, fl
     case RLX_Q4_K: unpack_units(v, dw, mw, wsum, src, n, RLX_Q4_K); break;
     case RLX_Q5_K: unpack_units(v, dw, mw, wsum, src, n, RLX_Q5_K); break;
     default: unpack_units(v, dw, mw, wsum, src, n, RLX_Q6_K); break;
-    }
-}
-
-__attribute__((target("avx2,fma,f16c"))) void rlx_cpu_qdequant_avx2(float *y, const void *src, int wt, int64_t n) {
-    const int64_t bs = wt == RLX_Q8_0 || wt == RLX_Q4_0 || wt == RLX_Q4_1 || wt == RLX_Q5_0 || wt == RLX_Q5_1 ? 32 : 256;
-    const int64_t G = rlx_cpu_quant_group(wt), per = 2048 / bs; /* units per chunk */
-    const size_t tb = tsize(wt);
-    int8_t v[2048];
-    float dw[128], mw[128];
-    int32_t ws[128];
-    for (int64_t u0 = 0; u0 < n; u0 += per) {
-        const int64_t nu = n - u0 < per ? n - u0 : per;
-        rlx_cpu_qunpack_avx2(v, dw, mw, ws, (const uint8_t *)src + (size_t)u0 * tb, wt, nu);
-        float *yo = y + u0 * bs;
-        for (int64_t k = 0; k < nu * bs; k += 8) {
-            const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(v + k))));
-            _mm256_storeu_ps(yo + k, _mm256_fmadd_ps(_mm256_set1_ps(dw[k / G]), x, _mm256_set1_ps(mw[k / G])));
-        }
     }
 }
 
