@@ -3,17 +3,24 @@
  * of W . row m of the activations quantised by quant.c, for up to 4 rows m at once (the weights
  * unpacked once for all of them). Only called where rlx_cpu_avx512_vnni() (quant.c).
  *
- * 64 weights per vector: two blocks of a 32-element type, or four 16-element / two 32-element
- * groups of a K type, unpacked to unsigned bytes in the activations' order (natural; Q4_K / Q5_K:
- * the low nibbles of two 32-byte chunks, which act_rows in quant.c matches by swapping groups).
- *   32-element types: VPDPBUSD (u8 x s8, 4 products per int32 lane, exact) from the bias lanes
- *     (-off * sum a: the weights' offset; Q8_0's int8 read as w + 128); acc += cvt(lanes) *
- *     (dw * dl) [+ mw * sl] in f32, the two blocks' scales in the two halves.
+ * 64 weights per vector, unpacked to unsigned bytes in the order the activations are kept in.
+ * Zen 4 runs each 512-bit multiply (VPDPBUSD, VPDPWSSD, VPMADDUBSW, FMA, VCVTPH2PS) as two halves
+ * on its two multiply pipes, one instruction per cycle, and one 512-bit load per cycle: measured
+ * (cache-resident weights) the kernels are bound by those two, so they are written to spend as
+ * few of each per weight as the formats allow.
+ *   Q4_0 .. Q5_1: groups of 4 blocks (72 .. 96 bytes: two 64-byte loads, the second masked to the
+ *     group), nibbles and fifth bits gathered by word permutes (every field of these blocks starts
+ *     at an even byte), the activations arranged to match (rlx_cpu_quant_arrange); two VPDPBUSD
+ *     (u8 x s8, 4 products per int32 lane, exact) from the bias lanes (-off * sum a); the 4 block
+ *     scales converted as one xmm and multiplied by the activations' 4 d, then spread over the
+ *     lanes: acc += cvt(lanes) * (dw * da); Q4_1 / Q5_1: + mw * s per block, in an xmm.
+ *   Q8_0: pairs of blocks (two 32-byte runs of int8, read as w + 128; bias -128 * sum a), the two
+ *     scales from one load (words 0 and 17) as [dw0 x 8 | dw1 x 8]: acc += cvt(lanes) * (dw * dl).
  *   K types: VPMADDUBSW (pairs in int16: weights <= 63, so no saturation) then VPDPWSSD with the
- *     group scales in each word (int32, exact); the super-block's lanes summed as integers, the
- *     offset (-off sum_g sc_g bsum_g) and minimum (sum_g m_g bsum_g) terms likewise, then the f32
- *     operations of quant.c's scalar kernel in its order: the K types give the same bits on the
- *     scalar, AVX2 and VNNI paths.
+ *     group scales in each word (int32, exact; Q4_K / Q5_K: the low nibbles of two 32-byte chunks
+ *     per vector, which act_rows matches by swapping groups); per super-block the offset
+ *     (-off * sum_g sc_g bsum_g) subtracted in int32, then acc += cvt(lanes) * (d * da)
+ *     [- cvt(m_g bsum_g) * (dmin * da)] in f32.
  * Each output: a fixed sequence of operations whatever M, the row range or the thread count.
  * Must never read past a weight row (an odd last block is read alone; activations past it are
  * masked) and never allocate.
