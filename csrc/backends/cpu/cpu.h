@@ -150,8 +150,9 @@ struct rlx_cpu_qact {
     const int16_t *bsums;  /* (M, K / 16) sums of each 16 q (natural order): 256-element blocks */
     const int32_t *bias;   /* (M, ldl) per 32-bit lane of q: -off * (sum of the q the lane's int32
                               dot product reads), off = rlx_cpu_quant_off(wt, vnni) */
-    const float *dl;       /* (M, ldl) d of each lane's block (arranged: d of each block, 0 past K) */
-    const float *sl;       /* (M, ldl) s / 8 for each lane: Q4_1, Q5_1 (arranged: s of each block) */
+    const float *dl;       /* (M, ldl) VNNI only: Q8_0 the d of each lane's block; arranged the d
+                              of each block (0 past K) */
+    const float *sl;       /* (M, ldl) VNNI Q4_1 / Q5_1 only: the s of each block (0 past K) */
     int64_t K, ldq, ldl;
 };
 /* The offset the vector kernels of weight dtype wt subtract through `bias` (vnni: the VNNI path). */

@@ -62,7 +62,7 @@
 #define RLX_QMV_CHUNK_BYTES ((int64_t)8 << 20)
 /* Weight rows per pool item (16 floats of out = one cache line) and bytes of weights per piece. */
 #define RLX_QMV_BLOCK 16
-#define RLX_QMV_GRAIN_BYTES (256 * 1024)
+#define RLX_QMV_GRAIN_BYTES (64 * 1024)
 /* Prefill through sgemm: floats of dequantised `a` per chunk of rows, and of dequantised W per
  * panel (at least 16 rows each). */
 #define RLX_QSG_A_FLOATS (1 << 19)
@@ -285,11 +285,10 @@ static void act_rows(const struct rlx_cpu_qact *c, const float *a, int wt, int p
             continue;
         int32_t *bias = (int32_t *)c->bias + m * c->ldl;
         float *dl = (float *)c->dl + m * c->ldl, *sl = (float *)c->sl + m * c->ldl;
-        if (!arr) { /* 8 lanes per block, natural order */
+        if (!arr) { /* 8 lanes per block, natural order (the VNNI Q8_0 kernel also reads dl) */
             for (int64_t l = 0; l < K / 4; l++) {
-                dl[l] = d[l / 8];
-                if (mins)
-                    sl[l] = s[l / 8] * 0.125f;
+                if (vnni)
+                    dl[l] = d[l / 8];
                 if (off)
                     bias[l] = -off * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
             }

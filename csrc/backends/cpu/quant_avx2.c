@@ -9,7 +9,9 @@
  * unsigned are at most 63 (|q| <= 127 on the activation side: 2 * 63 * 127 < 2^15); Q8_0's signed
  * weights go through the sign trick (|w| <= 128 against sign(a, w): 2 * 128 * 127 < 2^15).
  *   32-element types: per block, 8 lanes of sum (q - off) a (bias holds -off * sum a per lane);
- *     acc += cvt(lanes) * (dw * dl) [+ mw * sl]: 8 lanes of the activation's d (and s / 8).
+ *     per 8 blocks, their scales (F16C on 8 gathered halves) times the activations' d as one
+ *     vector; acc += cvt(lanes) * (dw * da) with the block's lane broadcast [+ mw * s: 8 blocks
+ *     per FMA].
  *   K types: per super-block, the group sums times the integer group scales (VPMADDWD with the
  *     scale in each word), offsets as -off * sum_g sc_g * bsum_g, in int32 lanes (exact: at most
  *     1.4e8 each); acc += cvt(lanes) * (d * da) [- cvt(m_g bsum_g lanes) * (dmin * da)].
@@ -90,21 +92,43 @@ FN __m256i unpack32(const uint8_t *p, const int wt) {
     }
 }
 
-FN void row32(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
-              const int wt, const int M) {
+/* the f16 at p + j tb for j < n (<= 8) as 8 floats (0 past n) */
+FN __m256 scales8(const uint8_t *p, size_t tb, int64_t n) {
+    __m128i h = _mm_setzero_si128();
+#define LANE(j)                                                                                                  \
+    if ((j) < n) {                                                                                               \
+        uint16_t v;                                                                                              \
+        memcpy(&v, p + (j) * tb, 2);                                                                             \
+        h = _mm_insert_epi16(h, v, (j));                                                                         \
+    }
+    LANE(0) LANE(1) LANE(2) LANE(3) LANE(4) LANE(5) LANE(6) LANE(7)
+#undef LANE
+    return _mm256_cvtph_ps(h);
+}
+
+/* blocks b0 .. b0 + n (n <= 8) of the row at `row`: the 8 blocks' scales (and minimums) as one
+ * vector each, times the activations' d (and s) of the same 8 blocks; each block's product then
+ * takes its lane. */
+FN void chunk32(__m256 *acc, __m256 *macc, const struct rlx_cpu_qact *a, const uint8_t *row, int64_t K, int64_t b0,
+                const int64_t n, const int wt, const int M) {
     const int64_t nb = K / 32, L = a->ldl, Q = a->ldq;
     const size_t tb = tsize(wt);
-    const uint8_t *row = w + (size_t)r * (size_t)nb * tb;
     const int off = wt == RLX_Q4_0 ? 8 : wt == RLX_Q5_0 ? 16 : 0, mins = wt == RLX_Q4_1 || wt == RLX_Q5_1;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4];
-    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *p = row + (size_t)b * tb;
-        const __m256i u = unpack32(p, wt);
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0));
+    const __m256 dw = scales8(row + (size_t)b0 * tb, tb, n);
+    __m256 dd[4];
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
+        dd[m] = _mm256_mul_ps(dw, _mm256_maskload_ps(a->d + m * nb + b0, mask));
+        if (mins)
+            macc[m] = _mm256_fmadd_ps(scales8(row + (size_t)b0 * tb + 2, tb, n),
+                                      _mm256_maskload_ps(a->s + m * nb + b0, mask), macc[m]);
+    }
+    _Pragma("GCC unroll 8") for (int64_t j = 0; j < n; j++) {
+        const int64_t b = b0 + j;
+        const __m256i u = unpack32(row + (size_t)b * tb, wt);
         const __m256i ua = wt == RLX_Q8_0 ? _mm256_sign_epi8(u, u) : u;
-        const __m256 dw = _mm256_set1_ps(f16s(p));
-        const __m256 mw = _mm256_set1_ps(mins ? f16s(p + 2) : 0.0f);
+        const __m256i lane = _mm256_set1_epi32((int)j);
         _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
             __m256i av = ld(a->q + m * Q + 32 * b);
             if (wt == RLX_Q8_0)
@@ -112,13 +136,23 @@ FN void row32(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8
             __m256i i = _mm256_madd_epi16(_mm256_maddubs_epi16(ua, av), ones);
             if (off)
                 i = _mm256_add_epi32(i, ld(a->bias + m * L + 8 * b));
-            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, _mm256_loadu_ps(a->dl + m * L + 8 * b)),
-                                     acc[m]);
-            if (mins)
-                acc[m] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a->sl + m * L + 8 * b), acc[m]);
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_permutevar8x32_ps(dd[m], lane), acc[m]);
         }
     }
-    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) out[m * ldo + r] = hsum(acc[m]);
+}
+
+FN void row32(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
+              const int wt, const int M) {
+    const int64_t nb = K / 32;
+    const uint8_t *row = w + (size_t)r * (size_t)nb * tsize(wt);
+    __m256 acc[4], macc[4];
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps(), macc[m] = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8)
+        chunk32(acc, macc, a, row, K, b, 8, wt, M);
+    if (b < nb)
+        chunk32(acc, macc, a, row, K, b, nb - b, wt, M);
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) out[m * ldo + r] = hsum(_mm256_add_ps(acc[m], macc[m]));
 }
 
 /* ---------------------------------------------------------------------------------------------
