@@ -11,11 +11,13 @@
  * so c = (1 + 2^-14) / 254 for every type (d is kept in f32, so no f16 rounding of d enters; a
  * block with A < 2^-96 counts as zero: coefficient 1 instead of c). The rest is f32 rounding of
  * the integer sums' scaling and of the sums over blocks (decode, VNNI GEMM), or of the dequantised
- * values and K-long sums (the sgemm prefill): at most gamma * sum_k A |Ws_k| + |Wm_k| with
- * gamma = (K + 32) 2^-23, where Ws / Wm are the parts of W from the scales / from the minimums
- * (to_f32 of the block with the minimum / the scale zeroed), plus the oracle's rounding to f32.
+ * values and K-long sums (the sgemm prefill): at most gamma * sum_k A (|Ws_k| + |Wz_k|) with
+ * gamma = (K + 32) 2^-23, where Wz_k is the value element k would have with its quantised value
+ * zero (the type's offset or minimum) and Ws_k = W_k - Wz_k: the kernels round terms as large as
+ * the two parts apart (the offset of Q4_0 / Q5_0 / Q3_K / Q6_K is taken in one lane or one sum
+ * per block, the minimum in a term of its own), plus the oracle's rounding to f32.
  * Per output (m, n): |cpu - ref| <= sum_b c_b A_mb sum_{k in b} |W_nk| + gamma sum_b A_mb
- * sum_{k in b} (|Ws_nk| + |Wm_nk|) + 2^-23 |ref|.
+ * sum_{k in b} (|Ws_nk| + |Wz_nk|) + 2^-23 |ref|.
  * Where ref is not finite (a NaN or infinite scale in random bytes, a NaN / inf in `a`) the cpu
  * must be non-finite too, and finite where ref is.
  *
@@ -150,46 +152,66 @@ static void put_f16(uint8_t *p, float x) {
     memcpy(p, &h, 2);
 }
 
+static void quant_bytes(int wt, int *q0, int *q1);
+
 /* n blocks of random bytes; valid: the f16 scales replaced by finite values of magnitude 2^-7 .. 2^-4
- * (random sign; minimums likewise) */
+ * (random sign; minimums likewise); valid == 2: and every quantised byte of a block one repeated
+ * value (0x88 in Q4_0 is all values 8: W = 0 while the offset terms are not) */
 static void rand_blocks(uint8_t *w, int wt, int64_t nblocks, int valid) {
     const size_t tb = tr(wt)->type_size;
     for (size_t i = 0; i < (size_t)nblocks * tb; i++)
         w[i] = (uint8_t)rng_u32();
     if (!valid)
         return;
-    int dpos, mpos;
+    int dpos, mpos, q0, q1;
     scale_pos(wt, &dpos, &mpos);
+    quant_bytes(wt, &q0, &q1);
     for (int64_t b = 0; b < nblocks; b++) {
         uint8_t *p = w + (size_t)b * tb;
+        if (valid == 2)
+            memset(p + q0, b % 3 == 0 ? 0x88 : (int)(rng_u32() & 0xff), (size_t)(q1 - q0));
         put_f16(p + dpos, (rng_u32() & 1 ? -1.0f : 1.0f) * ldexpf(rng_f(1, 2), -7 + (int)(rng_u32() % 3)));
         if (mpos >= 0)
             put_f16(p + mpos, (rng_u32() & 1 ? -1.0f : 1.0f) * ldexpf(rng_f(1, 2), -7 + (int)(rng_u32() % 3)));
     }
 }
 
-/* W (rows, K) f32 = to_f32 of the blocks; mag (rows, K) = |W from the scales| + |W from the minimums| */
+/* the bytes [*q0, *q1) of a block holding its quantised values (fifth / high bits included) */
+static void quant_bytes(int wt, int *q0, int *q1) {
+    switch (wt) {
+    case RLX_Q8_0: *q0 = 2, *q1 = 34; break;
+    case RLX_Q4_0: *q0 = 2, *q1 = 18; break;
+    case RLX_Q4_1: *q0 = 4, *q1 = 20; break;
+    case RLX_Q5_0: *q0 = 2, *q1 = 22; break;
+    case RLX_Q5_1: *q0 = 4, *q1 = 24; break;
+    case RLX_Q2_K: *q0 = 16, *q1 = 80; break;
+    case RLX_Q3_K: *q0 = 0, *q1 = 96; break;
+    case RLX_Q4_K: *q0 = 16, *q1 = 144; break;
+    case RLX_Q5_K: *q0 = 16, *q1 = 176; break;
+    default: *q0 = 0, *q1 = 192; break;
+    }
+}
+
+/* W (rows, K) f32 = to_f32 of the blocks; mag (rows, K) = |W - Wz| + |Wz|, Wz the value an element
+ * would have with its quantised value zero (the type's offset or minimum: to_f32 of the block with
+ * its quantised bytes zeroed), i.e. the part of W that scales the quantised value plus the part
+ * that does not, each at full size: what the kernels' f32 rounding is relative to. */
 static void dequant(float *W, float *mag, const uint8_t *w, int wt, int64_t rows, int64_t K) {
     const size_t tb = tr(wt)->type_size, rb = (size_t)(K / tr(wt)->block_size) * tb;
-    int dpos, mpos;
-    scale_pos(wt, &dpos, &mpos);
+    int q0, q1;
+    quant_bytes(wt, &q0, &q1);
     uint8_t *tmp = malloc(rb);
-    float *part = malloc((size_t)K * sizeof(float));
+    float *wz = malloc((size_t)K * sizeof(float));
     for (int64_t r = 0; r < rows; r++) {
         tr(wt)->to_f32(W + r * K, w + (size_t)r * rb, K);
+        memcpy(tmp, w + (size_t)r * rb, rb);
+        for (size_t b = 0; b < rb / tb; b++)
+            memset(tmp + b * tb + q0, 0, (size_t)(q1 - q0));
+        tr(wt)->to_f32(wz, tmp, K);
         for (int64_t k = 0; k < K; k++)
-            mag[r * K + k] = 0.0f;
-        for (int pass = 0; pass < (mpos >= 0 ? 2 : 1); pass++) {
-            memcpy(tmp, w + (size_t)r * rb, rb);
-            if (mpos >= 0)
-                for (size_t b = 0; b < rb / tb; b++)
-                    memset(tmp + b * tb + (pass ? dpos : mpos), 0, 2);
-            tr(wt)->to_f32(part, tmp, K);
-            for (int64_t k = 0; k < K; k++)
-                mag[r * K + k] += fabsf(part[k]);
-        }
+            mag[r * K + k] = fabsf(W[r * K + k] - wz[k]) + fabsf(wz[k]);
     }
-    free(tmp), free(part);
+    free(tmp), free(wz);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -403,6 +425,8 @@ static void test_matmul_quant(void) {
                     quant_case(wt, M, K, N, 1, mi == 4 || mi == 8, 0);
                 }
         quant_case(wt, 8, bs == 32 ? 160 : 512, 33, 0, 0, 0); /* random bytes: NaN / inf scales */
+        quant_case(wt, 5, bs == 32 ? 160 : 512, 33, 2, 0, 0); /* repeated quantised bytes */
+        quant_case(wt, 20, bs == 32 ? 160 : 512, 33, 2, 0, 0);
         quant_case(wt, 7, bs == 32 ? 160 : 512, 9, 1, 1, 1);  /* NaN / inf in a */
         if (!vg)
             quant_case(wt, 33, 3072, 129, 1, 1, 0);

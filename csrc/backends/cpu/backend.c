@@ -25,12 +25,15 @@ static const char *const isa_names[] = {
     [RLX_CPU_ISA_AVX512_BF16] = "avx512f+bf16",
 };
 
-/* The BLAS, its configuration and threads, and the vector ISA the kernels dispatch to. */
+/* The BLAS, its configuration and threads, the vector ISA the kernels dispatch to, and the integer
+ * dot products the block-type (GGUF) kernels use (quant.c). */
 static void cpu_describe(void *ctx, char *buf, size_t cap)
 {
     (void)ctx;
-    snprintf(buf, cap, "blas=%s\nblas_config=%s\nblas_threads=%d\nisa=%s\n", RLX_BUILD_BLAS, openblas_get_config(),
-             openblas_get_num_threads(), isa_names[rlx_cpu_isa()]);
+    const int isa = rlx_cpu_isa();
+    snprintf(buf, cap, "blas=%s\nblas_config=%s\nblas_threads=%d\nisa=%s\nquant=%s\n", RLX_BUILD_BLAS,
+             openblas_get_config(), openblas_get_num_threads(), isa_names[isa],
+             rlx_cpu_avx512_vnni() ? "avx512-vnni" : isa >= RLX_CPU_ISA_AVX2 ? "avx2" : "scalar");
 }
 
 const struct rlx_backend rlx_cpu_backend = {

@@ -148,18 +148,15 @@ struct rlx_cpu_qact {
     const float *d;        /* (M, K / bs) the scale of each block of bs = 32 or 256: value = q * d */
     const float *s;        /* (M, K / 32) d * (sum of the block's q): 32-element blocks */
     const int16_t *bsums;  /* (M, K / 16) sums of each 16 q (natural order): 256-element blocks */
-    const int32_t *bias;   /* (M, ldl) per 32-bit lane of q: -off * (sum of the q the lane's int32
-                              dot product reads), off = rlx_cpu_quant_off(wt, vnni) */
-    const float *dl;       /* (M, ldl) VNNI only: Q8_0 the d of each lane's block; arranged the d
-                              of each block (0 past K) */
-    const float *sl;       /* (M, ldl) VNNI Q4_1 / Q5_1 only: the s of each block (0 past K) */
-    int64_t K, ldq, ldl;
+    const int32_t *bias;   /* (M, K / 32) -off * (sum of the block's q), off = rlx_cpu_quant_off(wt):
+                              the weights' offset, added to one int32 lane of each block */
+    int64_t K, ldq;
 };
-/* The offset the vector kernels of weight dtype wt subtract through `bias` (vnni: the VNNI path). */
-int rlx_cpu_quant_off(int wt, int vnni);
+/* The offset the vector kernels of weight dtype wt subtract through `bias`: Q4_0 8, Q5_0 16, else 0. */
+int rlx_cpu_quant_off(int wt);
 /* Whether the VNNI path reads the activations of wt (Q4_0 .. Q5_1) in groups of 4 blocks: each 128
  * elements as [b0 0..15, b1 0..15, b2 0..15, b3 0..15, b0 16..31, .., b3 16..31], rows padded with
- * zeros to a multiple of 128, 16 lanes per group (lane l: block l / 4, bytes 4l.. and 64 + 4l..). */
+ * zeros to a multiple of 128 (ldq). */
 int rlx_cpu_quant_arrange(int wt, int vnni);
 /* out[m * ldo + r] = row r of W (N rows of K of dtype wt, whole blocks) . row m of the quantised
  * activations, for m < M (1..4) and r in [r0, r1); each the same operations whatever M or the range. */

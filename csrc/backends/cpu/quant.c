@@ -19,10 +19,12 @@
  * with u = 2^-24, so each output differs from the exact product with the dequantised W by at most
  * sum over blocks of A_block * (1 + 2^-14) / 254 * sum |W_block|, plus f32 rounding (kernels.h).
  * Beside q and d each row keeps: per 16 elements the sum of q (bsums, the K types' minimum and
- * offset terms), per 32-element block s = d * sum q (the Q4_1 / Q5_1 minimum term), and for the
- * vector paths of the 32-element types per 4-element lane: d (dl), s / 8 (sl) and -off * sum q
- * (bias, the weights' offset: Q4_0 8, Q5_0 16, Q8_0 128 on the VNNI path, which reads the int8
- * weights as w + 128).
+ * offset terms), and per 32-element block s = d * sum q (the Q4_1 / Q5_1 minimum term) and
+ * -off * sum q (bias, the weights' offset the vector kernels add to one int32 lane of the block:
+ * Q4_0 8, Q5_0 16). Per
+ * element that is 1.4 bytes: the decode kernels stream the weights from DRAM, and every byte of
+ * activations that falls out of L1 (per-lane arrays of 2 bytes per element did, at K = 8192)
+ * takes a line fill from the weights' stream.
  *
  * Outputs. Per block of W: integer dot products of the quantised values (exact, int32), then f32:
  *   32-element types: sum over blocks of (dw * da) * (sum (qw - off) qa) [+ mw * s]
@@ -78,8 +80,8 @@ static int64_t row_bytes(int wt, int64_t K) {
     return K / block_of(wt) * (int64_t)rlx_dtype_traits((enum rlx_dtype)wt)->type_size;
 }
 
-int rlx_cpu_quant_off(int wt, int vnni) {
-    return wt == RLX_Q8_0 ? (vnni ? 128 : 0) : wt == RLX_Q4_0 ? 8 : wt == RLX_Q5_0 ? 16 : 0;
+int rlx_cpu_quant_off(int wt) {
+    return wt == RLX_Q4_0 ? 8 : wt == RLX_Q5_0 ? 16 : 0;
 }
 
 static int path_now(void) {
@@ -214,7 +216,7 @@ void rlx_cpu_quant_row(int8_t *q, float *d, int16_t *sums, const float *x, int64
  * ------------------------------------------------------------------------------------------- */
 
 struct act_layout {
-    size_t q, d, s, bsums, bias, dl, sl, end;
+    size_t q, d, s, bsums, bias, end;
 };
 
 /* K rounded up to whole groups of 4 blocks of 32 (the arranged rows' length) */
@@ -231,9 +233,7 @@ static struct act_layout act_layout(int64_t M, int64_t K) {
     ARR(d, M * (K / 32) * 4);
     ARR(s, M * (K / 32) * 4);
     ARR(bsums, M * (K / 16) * 2);
-    ARR(bias, M * (Kp / 4) * 4);
-    ARR(dl, M * (Kp / 4) * 4);
-    ARR(sl, M * (Kp / 4) * 4);
+    ARR(bias, M * (K / 32) * 4);
 #undef ARR
     l.end = at;
     return l;
@@ -250,17 +250,14 @@ static struct rlx_cpu_qact act_at(void *scratch, int64_t M, int64_t K, int wt, i
     char *p = (char *)(((uintptr_t)scratch + RLX_ALIGN - 1) & ~(uintptr_t)(RLX_ALIGN - 1)); /* whole lines */
     return (struct rlx_cpu_qact){.q = (const int8_t *)(p + l.q), .d = (const float *)(p + l.d),
                                  .s = (const float *)(p + l.s), .bsums = (const int16_t *)(p + l.bsums),
-                                 .bias = (const int32_t *)(p + l.bias), .dl = (const float *)(p + l.dl),
-                                 .sl = (const float *)(p + l.sl), .K = K, .ldq = arr ? padded(K) : K,
-                                 .ldl = arr ? padded(K) / 8 : K / 4};
+                                 .bias = (const int32_t *)(p + l.bias), .K = K, .ldq = arr ? padded(K) : K};
 }
 
 /* Quantises rows [m0, m1) of a (M, K) into the arrays of *c for weight dtype wt on `path`: q, d,
- * bsums, then what that path reads (s; the arranged order; bias, dl, sl). */
+ * bsums, then what that path reads (s, bias; the VNNI order of q). */
 static void act_rows(const struct rlx_cpu_qact *c, const float *a, int wt, int path, int64_t m0, int64_t m1) {
     const int64_t K = c->K, bs = block_of(wt), nb = K / bs;
-    const int vnni = path == PATH_VNNI, off = rlx_cpu_quant_off(wt, vnni);
-    const int mins = wt == RLX_Q4_1 || wt == RLX_Q5_1, arr = rlx_cpu_quant_arrange(wt, vnni);
+    const int vnni = path == PATH_VNNI, off = rlx_cpu_quant_off(wt);
     for (int64_t m = m0; m < m1; m++) {
         int8_t *q = (int8_t *)c->q + m * c->ldq;
         float *d = (float *)c->d + m * nb;
@@ -279,24 +276,16 @@ static void act_rows(const struct rlx_cpu_qact *c, const float *a, int wt, int p
             continue;
         }
         float *s = (float *)c->s + m * nb;
-        for (int64_t b = 0; b < nb; b++)
-            s[b] = d[b] * (float)(bsums[2 * b] + bsums[2 * b + 1]);
-        if (path == PATH_SCALAR)
-            continue;
-        int32_t *bias = (int32_t *)c->bias + m * c->ldl;
-        float *dl = (float *)c->dl + m * c->ldl, *sl = (float *)c->sl + m * c->ldl;
-        if (!arr) { /* 8 lanes per block, natural order (the VNNI Q8_0 kernel also reads dl) */
-            for (int64_t l = 0; l < K / 4; l++) {
-                if (vnni)
-                    dl[l] = d[l / 8];
-                if (off)
-                    bias[l] = -off * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
-            }
-            continue;
+        int32_t *bias = (int32_t *)c->bias + m * nb;
+        for (int64_t b = 0; b < nb; b++) {
+            const int sum = bsums[2 * b] + bsums[2 * b + 1];
+            s[b] = d[b] * (float)sum;
+            bias[b] = -off * sum;
         }
-        /* groups of 4 blocks, from the last (the padding after K first) so q can be rearranged in
-         * place: 16 lanes per group, lane l for block l / 4 */
-        for (int64_t g = padded(K) / 128 - 1; g >= 0; g--) {
+        if (!rlx_cpu_quant_arrange(wt, vnni))
+            continue;
+        /* groups of 4 blocks as [b0 0..15, b1 0..15, b2 0..15, b3 0..15, b0 16..31, ..], zeros past K */
+        for (int64_t g = 0; g < padded(K) / 128; g++) {
             int8_t t[128];
             for (int j = 0; j < 4; j++) {
                 const int64_t b = 4 * g + j;
@@ -306,17 +295,6 @@ static void act_rows(const struct rlx_cpu_qact *c, const float *a, int wt, int p
                 }
             }
             memcpy(q + 128 * g, t, 128);
-            for (int l = 0; l < 16; l++) {
-                int sum = 0;
-                for (int i = 0; i < 4; i++)
-                    sum += t[4 * l + i] + t[64 + 4 * l + i];
-                bias[16 * g + l] = -off * sum;
-            }
-            for (int j = 0; j < 4; j++) { /* per block, padded: d and s */
-                const int64_t b = 4 * g + j;
-                dl[b] = b < nb ? d[b] : 0.0f;
-                sl[b] = b < nb && mins ? s[b] : 0.0f;
-            }
         }
     }
 }
@@ -450,7 +428,7 @@ static float dot_scalar(const uint8_t *w, const struct rlx_cpu_qact *a, int64_t 
 static struct rlx_cpu_qact act_part(const struct rlx_cpu_qact *a, int64_t m0, int wt) {
     struct rlx_cpu_qact p = *a;
     p.q += m0 * a->ldq, p.d += m0 * (a->K / block_of(wt)), p.s += m0 * (a->K / 32);
-    p.bsums += m0 * (a->K / 16), p.bias += m0 * a->ldl, p.dl += m0 * a->ldl, p.sl += m0 * a->ldl;
+    p.bsums += m0 * (a->K / 16), p.bias += m0 * (a->K / 32);
     return p;
 }
 

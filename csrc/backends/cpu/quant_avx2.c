@@ -8,7 +8,7 @@
  * holds the exact sum of 4 consecutive products. No pair can saturate int16: the weights read as
  * unsigned are at most 63 (|q| <= 127 on the activation side: 2 * 63 * 127 < 2^15); Q8_0's signed
  * weights go through the sign trick (|w| <= 128 against sign(a, w): 2 * 128 * 127 < 2^15).
- *   32-element types: per block, 8 lanes of sum (q - off) a (bias holds -off * sum a per lane);
+ *   32-element types: per block, 8 lanes of sum (q - off) a (the block's -off * sum a added to one);
  *     per 8 blocks, their scales (F16C on 8 gathered halves) times the activations' d as one
  *     vector; acc += cvt(lanes) * (dw * da) with the block's lane broadcast [+ mw * s: 8 blocks
  *     per FMA].
@@ -111,7 +111,7 @@ FN __m256 scales8(const uint8_t *p, size_t tb, int64_t n) {
  * takes its lane. */
 FN void chunk32(__m256 *acc, __m256 *macc, const struct rlx_cpu_qact *a, const uint8_t *row, int64_t K, int64_t b0,
                 const int64_t n, const int wt, const int M) {
-    const int64_t nb = K / 32, L = a->ldl, Q = a->ldq;
+    const int64_t nb = K / 32, Q = a->ldq;
     const size_t tb = tsize(wt);
     const int off = wt == RLX_Q4_0 ? 8 : wt == RLX_Q5_0 ? 16 : 0, mins = wt == RLX_Q4_1 || wt == RLX_Q5_1;
     const __m256i ones = _mm256_set1_epi16(1);
@@ -134,8 +134,8 @@ FN void chunk32(__m256 *acc, __m256 *macc, const struct rlx_cpu_qact *a, const u
             if (wt == RLX_Q8_0)
                 av = _mm256_sign_epi8(av, u);
             __m256i i = _mm256_madd_epi16(_mm256_maddubs_epi16(ua, av), ones);
-            if (off)
-                i = _mm256_add_epi32(i, ld(a->bias + m * L + 8 * b));
+            if (off) /* the block's -off * sum a, in its first lane */
+                i = _mm256_add_epi32(i, _mm256_zextsi128_si256(_mm_cvtsi32_si128(a->bias[m * nb + b])));
             acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_permutevar8x32_ps(dd[m], lane), acc[m]);
         }
     }

@@ -11,11 +11,14 @@
  *   Q4_0 .. Q5_1: groups of 4 blocks (72 .. 96 bytes: two 64-byte loads, the second masked to the
  *     group), nibbles and fifth bits gathered by word permutes (every field of these blocks starts
  *     at an even byte), the activations arranged to match (rlx_cpu_quant_arrange); two VPDPBUSD
- *     (u8 x s8, 4 products per int32 lane, exact) from the bias lanes (-off * sum a); the 4 block
+ *     (u8 x s8, 4 products per int32 lane, exact) from the blocks' -off * sum a (one lane each,
+ *     so the lanes sum q a and the offset is taken in one of them: the f32 rounding of the
+ *     lanes is then relative to |q| + off, not |q - off|); the 4 block
  *     scales converted as one xmm and multiplied by the activations' 4 d, then spread over the
  *     lanes: acc += cvt(lanes) * (dw * da); Q4_1 / Q5_1: + mw * s per block, in an xmm.
- *   Q8_0: pairs of blocks (two 32-byte runs of int8, read as w + 128; bias -128 * sum a), the two
- *     scales from one load (words 0 and 17) as [dw0 x 8 | dw1 x 8]: acc += cvt(lanes) * (dw * dl).
+ *   Q8_0: pairs of blocks (two 32-byte runs of int8): VPDPBUSD of |w| with the activations negated
+ *     where w < 0; the two scales converted as one xmm, times the activations' two d, spread over
+ *     the two halves: acc += cvt(lanes) * (dw * da).
  *   K types: VPMADDUBSW (pairs in int16: weights <= 63, so no saturation) then VPDPWSSD with the
  *     group scales in each word (int32, exact; Q4_K / Q5_K: the low nibbles of two 32-byte chunks
  *     per vector, which act_rows matches by swapping groups); per super-block the offset
@@ -119,7 +122,7 @@ FN __m128 scales4(const uint8_t *p, int64_t tb, int n) {
 FN void group4(__m512 *acc, __m128 *macc, const struct rlx_cpu_qact *a, const uint8_t *p, __mmask64 k0, __mmask64 k1,
                int64_t g, int n, const struct idx32 *ix, const int wt, const int M) {
     const int five = wt == RLX_Q5_0 || wt == RLX_Q5_1, mins = wt == RLX_Q4_1 || wt == RLX_Q5_1;
-    const int64_t L = a->ldl, Q = a->ldq, tb = (int64_t)tsize(wt);
+    const int64_t Q = a->ldq, tb = (int64_t)tsize(wt);
     const __m512i z0 = _mm512_maskz_loadu_epi8(k0, p), z1 = _mm512_maskz_loadu_epi8(k1, p + 64);
     const __m512i nib = _mm512_permutex2var_epi16(z0, ix->nib, z1), m4 = _mm512_set1_epi8(0x0f);
     __m512i lo = _mm512_and_si512(nib, m4), hi = _mm512_and_si512(_mm512_srli_epi16(nib, 4), m4);
@@ -131,15 +134,25 @@ FN void group4(__m512 *acc, __m128 *macc, const struct rlx_cpu_qact *a, const ui
     }
     const __m128 dw = scales4(p, tb, n), mw = mins ? scales4(p + 2, tb, n) : _mm_setzero_ps();
     const __m512i expand = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 2);
+    const __mmask8 live = (__mmask8)((1u << n) - 1);
+    const int64_t nb = a->K / 32;
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
         const int8_t *q = a->q + m * Q + 128 * g;
-        const __m512i bias = mins ? _mm512_setzero_si512() : ld64(a->bias + m * L + 16 * g);
+        const float *d = a->d + m * nb + 4 * g;
+        __m512i bias = _mm512_setzero_si512();
+        if (!mins) /* block j's -off * sum a into lane 4 j, the first of its four */
+            bias = _mm512_maskz_permutexvar_epi32(
+                0x1111, expand,
+                _mm512_castsi128_si512(n == 4 ? _mm_loadu_si128((const __m128i *)(a->bias + m * nb + 4 * g))
+                                              : _mm_maskz_loadu_epi32(live, a->bias + m * nb + 4 * g)));
         const __m512i i = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(bias, lo, ld64(q)), hi, ld64(q + 64));
-        const __m128 dd = _mm_mul_ps(dw, _mm_loadu_ps(a->dl + m * L + 4 * g));
+        const __m128 dd = _mm_mul_ps(dw, n == 4 ? _mm_loadu_ps(d) : _mm_maskz_loadu_ps(live, d));
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(expand, _mm512_castps128_ps512(dd)),
                                  acc[m]);
-        if (mins)
-            macc[m] = _mm_fmadd_ps(mw, _mm_loadu_ps(a->sl + m * L + 4 * g), macc[m]);
+        if (mins) {
+            const float *sp = a->s + m * nb + 4 * g;
+            macc[m] = _mm_fmadd_ps(mw, n == 4 ? _mm_loadu_ps(sp) : _mm_maskz_loadu_ps(live, sp), macc[m]);
+        }
     }
 }
 
@@ -169,20 +182,26 @@ FN void row4(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
     }
 }
 
-/* Q8_0: blocks at p (and p + 34 when two); the scales from one load of the pair's first 64 (or 34)
- * bytes, words 0 and 17; the int8 + 128 from two 32-byte runs */
+/* Q8_0: the block at p (and the next one, at p + 34, when two): |w| from two 32-byte runs of int8
+ * against the activations negated where w < 0 (exact int32 lanes, no offset); the two scales as
+ * an xmm, times the activations' two d, spread over the halves */
 FN void pair8(__m512 *acc, const struct rlx_cpu_qact *a, const uint8_t *p, int64_t b, const int two, const int M) {
-    const int64_t L = a->ldl, Q = a->ldq;
-    const __m512i z = two ? ld64(p) : _mm512_maskz_loadu_epi8(bytes_mask(34), p);
-    const __m512 dw =
-        _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(
-            _mm512_mask_blend_epi16(0x0000ff00u, _mm512_setzero_si512(), _mm512_set1_epi16(17)), z))); /* [d0 x8 | d1 x8] */
-    const __m512i u = _mm512_xor_si512(cat(ld32(p + 2), ld32(p + (two ? 36 : 2))), _mm512_set1_epi8((char)0x80));
+    const int64_t Q = a->ldq, nb = a->K / 32;
+    const __m512i w = cat(ld32(p + 2), ld32(p + (two ? 36 : 2))), aw = _mm512_abs_epi8(w);
+    const __mmask64 neg = _mm512_movepi8_mask(w);
+    uint16_t h0, h1 = 0;
+    memcpy(&h0, p, 2);
+    if (two)
+        memcpy(&h1, p + 34, 2);
+    const __m128 dw = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)h0 | (uint32_t)h1 << 16)));
+    const __m512i halves = _mm512_mask_blend_epi32(0xff00, _mm512_setzero_si512(), _mm512_set1_epi32(1));
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
-        const __m512i bias = two ? ld64(a->bias + m * L + 8 * b) : _mm512_maskz_loadu_epi32(0xff, a->bias + m * L + 8 * b);
-        const __m512i av = two ? ld64(a->q + m * Q + 32 * b) : _mm512_maskz_loadu_epi8(0xffffffffull, a->q + m * Q + 32 * b);
-        const __m512 dl = two ? _mm512_loadu_ps(a->dl + m * L + 8 * b) : _mm512_maskz_loadu_ps(0xff, a->dl + m * L + 8 * b);
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, u, av)), _mm512_mul_ps(dw, dl), acc[m]);
+        const float *d = a->d + m * nb + b;
+        const __m128 da = two ? _mm_castpd_ps(_mm_load_sd((const double *)d)) : _mm_load_ss(d);
+        __m512i av = two ? ld64(a->q + m * Q + 32 * b) : _mm512_maskz_loadu_epi8(0xffffffffull, a->q + m * Q + 32 * b);
+        av = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, av)),
+                                 _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_mul_ps(dw, da))), acc[m]);
     }
 }
 
