@@ -22,7 +22,8 @@
  * must be non-finite too, and finite where ref is.
  *
  * Also: the documented quantisation bit for bit (identity weights: out = RN(q * d) exactly) on
- * every path and M; results bitwise identical at 1 and 2 threads; weights and `a` placed against
+ * every path and M; results bitwise identical at 1 and 2 threads (but for the scalar path's
+ * prefill, which is OpenBLAS's sgemm); weights and `a` placed against
  * an unreadable page (an over-read faults); out and scratch guarded (no write past them); M = 0 /
  * N = 0 leave out alone; embedding_quant bit-exact with the ref table (random bytes, NaN included).
  * Prints one line per failure, then "N passed, M failed".
@@ -287,9 +288,11 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
            (long long)K, (long long)N, path_name());
     result(guard_ok(o1, M * N) && guard_ok(o2, M * N), "matmul_quant %s M=%lld K=%lld N=%lld [%s]: wrote past out",
            tn, (long long)M, (long long)K, (long long)N, path_name());
-    result(memcmp(o1, o2, (size_t)(M * N) * sizeof(float)) == 0,
-           "matmul_quant %s M=%lld K=%lld N=%lld [%s]: 2 threads differ from 1", tn, (long long)M, (long long)K,
-           (long long)N, path_name());
+    /* every path but the scalar prefill (sgemm: OpenBLAS's own split of the work) */
+    if (rlx_cpu_isa() >= RLX_CPU_ISA_AVX2 || M <= 4)
+        result(memcmp(o1, o2, (size_t)(M * N) * sizeof(float)) == 0,
+               "matmul_quant %s M=%lld K=%lld N=%lld [%s]: 2 threads differ from 1", tn, (long long)M, (long long)K,
+               (long long)N, path_name());
 
     /* the bound, per output */
     float *W = malloc((size_t)(N * K) * sizeof(float)), *mag = malloc((size_t)(N * K) * sizeof(float));
@@ -420,7 +423,7 @@ static void test_matmul_quant(void) {
             for (int ki = 0; ki < 2; ki++)
                 for (int ni = 0; ni < 2; ni++) {
                     const int64_t M = Ms[mi], K = Ks[ki], N = Ns[ni];
-                    if (vg && M * K * N > 200000 && !(ki == 0 && ni == 0))
+                    if (vg && (M * K * N > 100000 || (M > 8 && ni == 1)) && !(ki == 0 && ni == 0))
                         continue;
                     quant_case(wt, M, K, N, 1, mi == 4 || mi == 8, 0);
                 }
@@ -431,7 +434,7 @@ static void test_matmul_quant(void) {
         if (!vg)
             quant_case(wt, 33, 3072, 129, 1, 1, 0);
         /* the decode split over threads: enough rows for several pieces */
-        quant_case(wt, 2, bs == 32 ? 320 : 768, vg ? 3001 : 6001, 1, 0, 0);
+        quant_case(wt, 2, bs == 32 ? 320 : 768, vg ? 1201 : 6001, 1, 0, 0);
         empty_cases(wt);
     }
     for (int mi = 0; mi < 10; mi++) {

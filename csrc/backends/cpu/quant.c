@@ -33,13 +33,26 @@
  * with each type's group scales sc_g / minimums m_g (quants.c). The vector paths (quant_avx2.c,
  * quant_avx512.c) compute the same integers and differ only in the order of the f32 sums.
  *
- * Decode (M <= RLX_QMV_PASSES_MAX_M): passes of up to 4 rows of `a` over the weights, threaded as
- * matmul.c's matvec (pieces of whole 16-row blocks of ~256 KiB of weights dealt by an atomic, each
- * thread streaming its rows front to back), so every output is one row's fixed sequence of
- * operations: bitwise identical across thread counts and whatever M.
- * Prefill: see rlx_cpu_matmul_quant below.
+ * Paths (rlx_cpu_matmul_quant): which kernels run is chosen per call from rlx_cpu_isa() and
+ * rlx_cpu_avx512_vnni(), never from -march:
+ *   VNNI (AVX-512 with VPDPBUSD): M <= 12 the blocked passes with quant_avx512.c's row kernels,
+ *     above the GEMM of quant_gemm.c;
+ *   AVX2: the blocked passes with quant_avx2.c's row kernels, for every M (they beat dequantising
+ *     panels for sgemm at every M measured, 16 .. 512: see below);
+ *   scalar: M <= 4 the blocked passes with the scalar kernels below, above sgemm on `a`
+ *     quantised and dequantised (q * d in f32) and W dequantised by the dtype's to_f32.
+ * Blocked passes: the pool's threads take pieces of whole 16-row blocks of weight rows (~64 KiB of
+ * weights, dealt by an atomic as matmul.c's matvec, each thread streaming its rows front to back)
+ * and run every group of up to 4 rows of `a` over the piece, so the piece comes from DRAM once and
+ * from L2 for the other groups; rows of `a` in chunks of ~8 MiB of quantised activations. Every
+ * output is one row's fixed sequence of operations: bitwise identical across thread counts and
+ * whatever M or grouping. Each path computes the function above (the GEMM and sgemm up to f32
+ * rounding and summation order); tests/c/test_quant_kernels.c holds each to the ref table.
  *
- * Measured: see the end of this comment block (filled in by the benchmarks).
+ * Measured (Zen 4 EPYC VM, 2 vCPUs shared with other jobs, so best of many passes; /tmp/qb/bench.c,
+ * the kernels linked at -O2 as the extension; shapes of Qwen3-0.6B and Llama-3.2-1B, K -> N:
+ * 1024 -> 2048, 1024, 3072; 2048 -> 1024, 2048, 512, 8192; 3072 -> 1024; 8192 -> 2048):
+ * MEASUREMENTS
  *
  * Must never allocate or fail, never let a vector path run where cpuid lacks it, never read or
  * write past the weights, `a`, out or the scratch the caller sized with matmul_quant_scratch.
@@ -60,6 +73,9 @@
 #define RLX_QMV_MAX_M 4
 #ifndef RLX_QMV_VNNI_MAX_M
 #define RLX_QMV_VNNI_MAX_M 12
+#endif
+#ifndef RLX_QMV_AVX2_MAX_M
+#define RLX_QMV_AVX2_MAX_M 12
 #endif
 #define RLX_QMV_CHUNK_BYTES ((int64_t)8 << 20)
 /* Weight rows per pool item (16 floats of out = one cache line) and bytes of weights per piece. */
@@ -576,11 +592,11 @@ static int64_t mv_chunk(int64_t M, int64_t K) {
 /* the path a product takes: the blocked passes (decode; every M on AVX2), the VNNI GEMM, sgemm */
 enum { VIA_PASSES, VIA_QGEMM, VIA_SGEMM };
 
-static int via(int path, int64_t M) {
+static int via(int path, int wt, int64_t M) {
     if (path == PATH_VNNI)
         return M <= RLX_QMV_VNNI_MAX_M ? VIA_PASSES : VIA_QGEMM;
-    if (path == PATH_AVX2)
-        return VIA_PASSES;
+    if (path == PATH_AVX2) /* Q8_0's weights would saturate VPMADDUBSW's pairs (quant_gemm.c) */
+        return M <= RLX_QMV_AVX2_MAX_M || wt == RLX_Q8_0 ? VIA_PASSES : VIA_QGEMM;
     return M <= RLX_QMV_MAX_M ? VIA_PASSES : VIA_SGEMM;
 }
 
@@ -605,7 +621,7 @@ void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int
         memset(out, 0, (size_t)(M * N) * sizeof(float));
         return;
     }
-    const int path = path_now(), v = via(path, M);
+    const int path = path_now(), v = via(path, wt, M);
     if (v == VIA_QGEMM) {
         rlx_cpu_qgemm(out, a, w, wt, M, K, N, scratch);
         return;

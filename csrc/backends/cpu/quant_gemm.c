@@ -74,7 +74,7 @@ static struct qg_layout qg_layout(int64_t mc, int64_t K, int64_t threads) {
     ARR(dn, mc * (K / 32) * 4);
     ARR(sn, mc * (K / 16) * 2);
     ARR(ap, m16 * K);
-    ARR(as, m16 * (K / 32) * 4);
+    ARR(as, m16 * (K / 16) * 4);
     ARR(am, m16 * (K / 16) * 4);
 #undef ARR
     /* a panel: QG_NR rows of K int8; per group x row dw, mw, start; per group of one row the
@@ -268,16 +268,142 @@ static void qg_task(void *p, int64_t begin, int64_t end) {
     }
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The AVX2 variant (no VNNI): 8 rows of `a` per ymm; VPMADDUBSW (u8 x s8, pairs in int16) then
+ * VPMADDWD by ones in place of VPDPBUSD. A pair is at most 2 * 255 * 64 < 2^15 for weights of
+ * magnitude <= 64, so every type but Q8_0 (which keeps the blocked passes) fits without
+ * saturation. The same panels; per group the activations' scale da and minimum term da * sum q
+ * (K types too: their super-block's d), so every type takes acc += cvt(sum) * (da * dw) [+ am * mw].
+ * ------------------------------------------------------------------------------------------- */
+
+#define QG_MB8 8
+#define AVX2_FN __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
+#define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+
+AVX2_TARGET static void qg_pack_a8(void *p, int64_t b0, int64_t b1) {
+    const struct qg_ctx *c = p;
+    const int64_t K = c->K, bs = bs_of(c->wt), G = rlx_cpu_quant_group(c->wt), nb = K / bs, ng = K / G;
+    int8_t *qn = (int8_t *)(c->base + c->l.qn);
+    float *dn = (float *)(c->base + c->l.dn);
+    int16_t *sn = (int16_t *)(c->base + c->l.sn);
+    for (int64_t mb = b0; mb < b1; mb++) {
+        const int64_t r0 = mb * QG_MB8, rows = c->mc - r0 < QG_MB8 ? c->mc - r0 : QG_MB8;
+        for (int64_t r = r0; r < r0 + rows; r++)
+            rlx_cpu_quant_row(qn + r * K, dn + r * nb, sn + r * (K / 16), c->a + (c->m0 + r) * K, K, bs);
+        uint8_t *ap = (uint8_t *)(c->base + c->l.ap) + mb * QG_MB8 * K;
+        for (int64_t i = 0; i < QG_MB8; i++) {
+            const int8_t *q = qn + (r0 + i) * K;
+            for (int64_t t = 0; t < K / 4; t++)
+                for (int j = 0; j < 4; j++)
+                    ap[(t * QG_MB8 + i) * 4 + j] = (uint8_t)(i < rows ? q[4 * t + j] ^ 0x80 : 0x80);
+        }
+        float *ga = (float *)(c->base + c->l.as) + mb * QG_MB8 * (K / 16);
+        float *gm = (float *)(c->base + c->l.am) + mb * QG_MB8 * (K / 16);
+        for (int64_t i = 0; i < QG_MB8; i++) {
+            const int64_t r = r0 + i;
+            for (int64_t g = 0; g < ng; g++) {
+                float da = 0.0f, sum = 0.0f;
+                if (i < rows) {
+                    const int16_t *s = sn + r * (K / 16);
+                    da = dn[r * nb + g * G / bs];
+                    sum = (float)(G == 16 ? s[g] : s[2 * g] + s[2 * g + 1]);
+                }
+                ga[g * QG_MB8 + i] = da;
+                gm[g * QG_MB8 + i] = da * sum; /* 32-element types: s, as the decode kernels */
+            }
+        }
+    }
+}
+
+/* out rows (<= 8) x weight rows nsub .. nsub + nr (nr <= 4) of the panel */
+AVX2_FN void qg_tile8(float *out, int64_t ldo, int64_t mr, int64_t nr, const uint8_t *ap, const float *ga,
+                      const float *gm, const char *pb, int nsub, int64_t K, const int G, const int mins) {
+    const int64_t ng = K / G;
+    const int8_t *v = (const int8_t *)pb + nsub * K;
+    const size_t gsz = rlx_align_up((size_t)(ng * QG_NR * 4));
+    const float *dw = (const float *)(pb + rlx_align_up((size_t)(QG_NR * K)));
+    const float *mw = (const float *)((const char *)dw + gsz);
+    const int32_t *st = (const int32_t *)((const char *)mw + gsz);
+    dw += nsub, mw += nsub, st += nsub;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4];
+    _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) acc[n] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        __m256i is[4];
+        _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) is[n] = _mm256_set1_epi32(st[g * QG_NR + n]);
+        _Pragma("GCC unroll 8") for (int t = 0; t < G / 4; t++) {
+            const __m256i A = _mm256_load_si256((const __m256i *)(ap + (g * (G / 4) + t) * 32));
+            _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) {
+                int32_t w4;
+                memcpy(&w4, v + n * K + g * G + 4 * t, 4);
+                is[n] = _mm256_add_epi32(is[n], _mm256_madd_epi16(_mm256_maddubs_epi16(A, _mm256_set1_epi32(w4)), ones));
+            }
+        }
+        const __m256 da = _mm256_load_ps(ga + g * QG_MB8);
+        const __m256 am = mins ? _mm256_load_ps(gm + g * QG_MB8) : _mm256_setzero_ps();
+        _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) {
+            acc[n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[n]), _mm256_mul_ps(da, _mm256_set1_ps(dw[g * QG_NR + n])),
+                                     acc[n]);
+            if (mins)
+                acc[n] = _mm256_fmadd_ps(am, _mm256_set1_ps(mw[g * QG_NR + n]), acc[n]);
+        }
+    }
+    float tmp[4][QG_MB8];
+    _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) _mm256_storeu_ps(tmp[n], acc[n]);
+    for (int64_t m = 0; m < mr; m++)
+        for (int64_t n = 0; n < nr; n++)
+            out[m * ldo + n] = tmp[n][m];
+}
+
+#define TILE8(name, G, MINS)                                                                                     \
+    AVX2_TARGET static void name(float *out, int64_t ldo, int64_t mr, int64_t nr, const uint8_t *ap,            \
+                                 const float *ga, const float *gm, const char *pb, int nsub, int64_t K) {        \
+        qg_tile8(out, ldo, mr, nr, ap, ga, gm, pb, nsub, K, G, MINS);                                            \
+    }
+TILE8(tile8_32, 32, 0)
+TILE8(tile8_32m, 32, 1)
+TILE8(tile8_16, 16, 0)
+TILE8(tile8_16m, 16, 1)
+
+static void qg_task8(void *p, int64_t begin, int64_t end) {
+    struct qg_ctx *c = p;
+    (void)end;
+    char *pb = c->base + c->l.panels + (size_t)begin * c->l.panel;
+    const int wt = c->wt, G = rlx_cpu_quant_group(wt);
+    const int mins = wt == RLX_Q4_1 || wt == RLX_Q5_1 || wt == RLX_Q2_K || wt == RLX_Q4_K || wt == RLX_Q5_K;
+    void (*tile)(float *, int64_t, int64_t, int64_t, const uint8_t *, const float *, const float *, const char *, int,
+                 int64_t) = G == 16 ? (mins ? tile8_16m : tile8_16) : (mins ? tile8_32m : tile8_32);
+    const int64_t K = c->K, mblocks = (c->mc + QG_MB8 - 1) / QG_MB8;
+    for (;;) {
+        const int64_t nb = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+        if (nb >= c->nblocks)
+            return;
+        const int64_t n0 = nb * QG_NR, nr = c->N - n0 < QG_NR ? c->N - n0 : QG_NR;
+        qg_pack_b(pb, c, n0, nr);
+        for (int64_t mb = 0; mb < mblocks; mb++) {
+            const int64_t r0 = mb * QG_MB8, mr = c->mc - r0 < QG_MB8 ? c->mc - r0 : QG_MB8;
+            const uint8_t *ap = (const uint8_t *)(c->base + c->l.ap) + r0 * K;
+            const float *ga = (const float *)(c->base + c->l.as) + r0 * (K / 16);
+            const float *gm = (const float *)(c->base + c->l.am) + r0 * (K / 16);
+            float *o = c->out + (c->m0 + r0) * c->N + n0;
+            tile(o, c->N, mr, nr < 4 ? nr : 4, ap, ga, gm, pb, 0, K);
+            if (nr > 4)
+                tile(o + 4, c->N, mr, nr - 4, ap, ga, gm, pb, 4, K);
+        }
+    }
+}
+
 void rlx_cpu_qgemm(float *out, const float *a, const void *w, int wt, int64_t M, int64_t K, int64_t N,
                    float *scratch) {
+    const int vnni = rlx_cpu_avx512_vnni(), mb = vnni ? QG_MB : QG_MB8;
     const int64_t threads = rlx_pool_threads(), mc = chunk_rows(M, K), nblocks = (N + QG_NR - 1) / QG_NR;
     char *base = (char *)(((uintptr_t)scratch + RLX_ALIGN - 1) & ~(uintptr_t)(RLX_ALIGN - 1));
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         struct qg_ctx c = {.out = out, .a = a, .w = w, .base = base, .l = qg_layout(mc, K, threads), .wt = wt,
                            .M = M, .K = K, .N = N, .m0 = m0, .mc = M - m0 < mc ? M - m0 : mc, .nblocks = nblocks};
         atomic_init(&c.next, 0);
-        rlx_parallel_for((c.mc + QG_MB - 1) / QG_MB, 1, qg_pack_a, &c);
+        rlx_parallel_for((c.mc + mb - 1) / mb, 1, vnni ? qg_pack_a : qg_pack_a8, &c);
         const int64_t ntasks = nblocks < threads ? nblocks : threads;
-        rlx_parallel_for(ntasks, 1, qg_task, &c);
+        rlx_parallel_for(ntasks, 1, vnni ? qg_task : qg_task8, &c);
     }
 }
