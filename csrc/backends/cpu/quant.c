@@ -592,11 +592,11 @@ static int64_t mv_chunk(int64_t M, int64_t K) {
 /* the path a product takes: the blocked passes (decode; every M on AVX2), the VNNI GEMM, sgemm */
 enum { VIA_PASSES, VIA_QGEMM, VIA_SGEMM };
 
-static int via(int path, int wt, int64_t M) {
+static int via(int path, int64_t M) {
     if (path == PATH_VNNI)
         return M <= RLX_QMV_VNNI_MAX_M ? VIA_PASSES : VIA_QGEMM;
-    if (path == PATH_AVX2) /* Q8_0's weights would saturate VPMADDUBSW's pairs (quant_gemm.c) */
-        return M <= RLX_QMV_AVX2_MAX_M || wt == RLX_Q8_0 ? VIA_PASSES : VIA_QGEMM;
+    if (path == PATH_AVX2)
+        return M <= RLX_QMV_AVX2_MAX_M ? VIA_PASSES : VIA_QGEMM;
     return M <= RLX_QMV_MAX_M ? VIA_PASSES : VIA_SGEMM;
 }
 
@@ -621,7 +621,7 @@ void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int
         memset(out, 0, (size_t)(M * N) * sizeof(float));
         return;
     }
-    const int path = path_now(), v = via(path, wt, M);
+    const int path = path_now(), v = via(path, M);
     if (v == VIA_QGEMM) {
         rlx_cpu_qgemm(out, a, w, wt, M, K, N, scratch);
         return;

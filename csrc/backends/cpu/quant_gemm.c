@@ -271,9 +271,11 @@ static void qg_task(void *p, int64_t begin, int64_t end) {
 /* ---------------------------------------------------------------------------------------------
  * The AVX2 variant (no VNNI): 8 rows of `a` per ymm; VPMADDUBSW (u8 x s8, pairs in int16) then
  * VPMADDWD by ones in place of VPDPBUSD. A pair is at most 2 * 255 * 64 < 2^15 for weights of
- * magnitude <= 64, so every type but Q8_0 (which keeps the blocked passes) fits without
- * saturation. The same panels; per group the activations' scale da and minimum term da * sum q
- * (K types too: their super-block's d), so every type takes acc += cvt(sum) * (da * dw) [+ am * mw].
+ * magnitude <= 64, so every type but Q8_0 fits without saturation; Q8_0 keeps the activations
+ * signed (no + 128, no correction) and multiplies |w| by them negated where w < 0 (VPSIGNB),
+ * pairs <= 2 * 128 * 127. The same panels; per group the activations' scale da and minimum term
+ * da * sum q (K types too: their super-block's d), so every type takes
+ * acc += cvt(sum) * (da * dw) [+ am * mw].
  * ------------------------------------------------------------------------------------------- */
 
 #define QG_MB8 8
@@ -295,7 +297,8 @@ AVX2_TARGET static void qg_pack_a8(void *p, int64_t b0, int64_t b1) {
             const int8_t *q = qn + (r0 + i) * K;
             for (int64_t t = 0; t < K / 4; t++)
                 for (int j = 0; j < 4; j++)
-                    ap[(t * QG_MB8 + i) * 4 + j] = (uint8_t)(i < rows ? q[4 * t + j] ^ 0x80 : 0x80);
+                    ap[(t * QG_MB8 + i) * 4 + j] = (uint8_t)(c->wt == RLX_Q8_0 ? (i < rows ? q[4 * t + j] : 0)
+                                                                                : (i < rows ? q[4 * t + j] ^ 0x80 : 0x80));
         }
         float *ga = (float *)(c->base + c->l.as) + mb * QG_MB8 * (K / 16);
         float *gm = (float *)(c->base + c->l.am) + mb * QG_MB8 * (K / 16);
@@ -317,7 +320,7 @@ AVX2_TARGET static void qg_pack_a8(void *p, int64_t b0, int64_t b1) {
 
 /* out rows (<= 8) x weight rows nsub .. nsub + nr (nr <= 4) of the panel */
 AVX2_FN void qg_tile8(float *out, int64_t ldo, int64_t mr, int64_t nr, const uint8_t *ap, const float *ga,
-                      const float *gm, const char *pb, int nsub, int64_t K, const int G, const int mins) {
+                      const float *gm, const char *pb, int nsub, int64_t K, const int G, const int mins, const int q8) {
     const int64_t ng = K / G;
     const int8_t *v = (const int8_t *)pb + nsub * K;
     const size_t gsz = rlx_align_up((size_t)(ng * QG_NR * 4));
@@ -330,13 +333,18 @@ AVX2_FN void qg_tile8(float *out, int64_t ldo, int64_t mr, int64_t nr, const uin
     _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) acc[n] = _mm256_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
         __m256i is[4];
-        _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) is[n] = _mm256_set1_epi32(st[g * QG_NR + n]);
+        _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) is[n] = q8 ? _mm256_setzero_si256()
+                                                                      : _mm256_set1_epi32(st[g * QG_NR + n]);
         _Pragma("GCC unroll 8") for (int t = 0; t < G / 4; t++) {
             const __m256i A = _mm256_load_si256((const __m256i *)(ap + (g * (G / 4) + t) * 32));
             _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) {
                 int32_t w4;
                 memcpy(&w4, v + n * K + g * G + 4 * t, 4);
-                is[n] = _mm256_add_epi32(is[n], _mm256_madd_epi16(_mm256_maddubs_epi16(A, _mm256_set1_epi32(w4)), ones));
+                const __m256i wb = _mm256_set1_epi32(w4);
+                /* Q8_0: |w| against the signed activations negated where w < 0 (pairs <= 2 * 128 * 127) */
+                const __m256i p = q8 ? _mm256_maddubs_epi16(_mm256_abs_epi8(wb), _mm256_sign_epi8(A, wb))
+                                     : _mm256_maddubs_epi16(A, wb);
+                is[n] = _mm256_add_epi32(is[n], _mm256_madd_epi16(p, ones));
             }
         }
         const __m256 da = _mm256_load_ps(ga + g * QG_MB8);
@@ -355,15 +363,16 @@ AVX2_FN void qg_tile8(float *out, int64_t ldo, int64_t mr, int64_t nr, const uin
             out[m * ldo + n] = tmp[n][m];
 }
 
-#define TILE8(name, G, MINS)                                                                                     \
+#define TILE8(name, G, MINS, Q8)                                                                                 \
     AVX2_TARGET static void name(float *out, int64_t ldo, int64_t mr, int64_t nr, const uint8_t *ap,            \
                                  const float *ga, const float *gm, const char *pb, int nsub, int64_t K) {        \
-        qg_tile8(out, ldo, mr, nr, ap, ga, gm, pb, nsub, K, G, MINS);                                            \
+        qg_tile8(out, ldo, mr, nr, ap, ga, gm, pb, nsub, K, G, MINS, Q8);                                        \
     }
-TILE8(tile8_32, 32, 0)
-TILE8(tile8_32m, 32, 1)
-TILE8(tile8_16, 16, 0)
-TILE8(tile8_16m, 16, 1)
+TILE8(tile8_32, 32, 0, 0)
+TILE8(tile8_32m, 32, 1, 0)
+TILE8(tile8_16, 16, 0, 0)
+TILE8(tile8_16m, 16, 1, 0)
+TILE8(tile8_q8, 32, 0, 1)
 
 static void qg_task8(void *p, int64_t begin, int64_t end) {
     struct qg_ctx *c = p;
@@ -372,7 +381,8 @@ static void qg_task8(void *p, int64_t begin, int64_t end) {
     const int wt = c->wt, G = rlx_cpu_quant_group(wt);
     const int mins = wt == RLX_Q4_1 || wt == RLX_Q5_1 || wt == RLX_Q2_K || wt == RLX_Q4_K || wt == RLX_Q5_K;
     void (*tile)(float *, int64_t, int64_t, int64_t, const uint8_t *, const float *, const float *, const char *, int,
-                 int64_t) = G == 16 ? (mins ? tile8_16m : tile8_16) : (mins ? tile8_32m : tile8_32);
+                 int64_t) = wt == RLX_Q8_0 ? tile8_q8 : G == 16 ? (mins ? tile8_16m : tile8_16)
+                                                                 : (mins ? tile8_32m : tile8_32);
     const int64_t K = c->K, mblocks = (c->mc + QG_MB8 - 1) / QG_MB8;
     for (;;) {
         const int64_t nb = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
