@@ -335,16 +335,28 @@ AVX2_FN void qg_tile8(float *out, int64_t ldo, int64_t mr, int64_t nr, const uin
         __m256i is[4];
         _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) is[n] = q8 ? _mm256_setzero_si256()
                                                                       : _mm256_set1_epi32(st[g * QG_NR + n]);
-        _Pragma("GCC unroll 8") for (int t = 0; t < G / 4; t++) {
-            const __m256i A = _mm256_load_si256((const __m256i *)(ap + (g * (G / 4) + t) * 32));
-            _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) {
-                int32_t w4;
-                memcpy(&w4, v + n * K + g * G + 4 * t, 4);
-                const __m256i wb = _mm256_set1_epi32(w4);
-                /* Q8_0: |w| against the signed activations negated where w < 0 (pairs <= 2 * 128 * 127) */
-                const __m256i p = q8 ? _mm256_maddubs_epi16(_mm256_abs_epi8(wb), _mm256_sign_epi8(A, wb))
-                                     : _mm256_maddubs_epi16(A, wb);
-                is[n] = _mm256_add_epi32(is[n], _mm256_madd_epi16(p, ones));
+        if (q8) { /* a loop, not unrolled: VPSIGNB unrolled 32 times overflows valgrind's translation */
+            for (int t = 0; t < G / 4; t++) {
+                const __m256i A = _mm256_load_si256((const __m256i *)(ap + (g * (G / 4) + t) * 32));
+                _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) {
+                    int32_t w4;
+                    memcpy(&w4, v + n * K + g * G + 4 * t, 4);
+                    const __m256i wb = _mm256_set1_epi32(w4);
+                    /* |w| against the signed activations negated where w < 0 (pairs <= 2 * 128 * 127) */
+                    is[n] = _mm256_add_epi32(
+                        is[n], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wb), _mm256_sign_epi8(A, wb)),
+                                                 ones));
+                }
+            }
+        } else {
+            _Pragma("GCC unroll 8") for (int t = 0; t < G / 4; t++) {
+                const __m256i A = _mm256_load_si256((const __m256i *)(ap + (g * (G / 4) + t) * 32));
+                _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) {
+                    int32_t w4;
+                    memcpy(&w4, v + n * K + g * G + 4 * t, 4);
+                    is[n] = _mm256_add_epi32(is[n],
+                                             _mm256_madd_epi16(_mm256_maddubs_epi16(A, _mm256_set1_epi32(w4)), ones));
+                }
             }
         }
         const __m256 da = _mm256_load_ps(ga + g * QG_MB8);
