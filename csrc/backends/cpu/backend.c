@@ -18,15 +18,6 @@ static rlx_status cpu_plan_compile(void *ctx, const struct rlx_graph *g, void **
     return rlx_host_state_create(&rlx_cpu_kernels, state);
 }
 
-/* Block-type (GGUF) weights have no cpu kernels yet: refused at compile, naming the node. */
-static bool cpu_supports_op(void *ctx, const struct rlx_graph *g, int id)
-{
-    const struct rlx_node *n = &g->nodes[id];
-    if (n->op == RLX_OP_MATMUL || n->op == RLX_OP_EMBEDDING)
-        if (rlx_dtype_traits(g->nodes[n->in[n->op == RLX_OP_MATMUL ? 1 : 0]].dtype)->block_size > 1) return false;
-    return rlx_host_supports_op(ctx, g, id);
-}
-
 static const char *const isa_names[] = {
     [RLX_CPU_ISA_SCALAR] = "x86-64",
     [RLX_CPU_ISA_AVX2] = "avx2",
@@ -34,12 +25,15 @@ static const char *const isa_names[] = {
     [RLX_CPU_ISA_AVX512_BF16] = "avx512f+bf16",
 };
 
-/* The BLAS, its configuration and threads, and the vector ISA the kernels dispatch to. */
+/* The BLAS, its configuration and threads, the vector ISA the kernels dispatch to, and the integer
+ * dot products the block-type (GGUF) kernels use (quant.c). */
 static void cpu_describe(void *ctx, char *buf, size_t cap)
 {
     (void)ctx;
-    snprintf(buf, cap, "blas=%s\nblas_config=%s\nblas_threads=%d\nisa=%s\n", RLX_BUILD_BLAS, openblas_get_config(),
-             openblas_get_num_threads(), isa_names[rlx_cpu_isa()]);
+    const int isa = rlx_cpu_isa();
+    snprintf(buf, cap, "blas=%s\nblas_config=%s\nblas_threads=%d\nisa=%s\nquant=%s\n", RLX_BUILD_BLAS,
+             openblas_get_config(), openblas_get_num_threads(), isa_names[isa],
+             rlx_cpu_avx512_vnni() ? "avx512-vnni" : isa >= RLX_CPU_ISA_AVX2 ? "avx2" : "scalar");
 }
 
 const struct rlx_backend rlx_cpu_backend = {
@@ -47,7 +41,7 @@ const struct rlx_backend rlx_cpu_backend = {
     .open = rlx_host_open,
     .close = rlx_host_close,
     .describe = cpu_describe,
-    .supports_op = cpu_supports_op,
+    .supports_op = rlx_host_supports_op,
     .buffer_alloc = rlx_host_buffer_alloc,
     .buffer_wrap = rlx_host_buffer_wrap,
     .buffer_release = rlx_host_buffer_release,

@@ -85,6 +85,9 @@ int rlx_cpu_isa(void);
 /* For tests: caps rlx_cpu_isa() at `cap` from now on (it never rises above what cpuid and
  * RLX_CPU_ISA allow); returns the previous cap. Not for use while kernels run on other threads. */
 int rlx_cpu_isa_cap(int cap);
+/* Whether the AVX-512 VNNI integer dot products (VPDPBUSD) may be used: cpuid has AVX512_VNNI and
+ * rlx_cpu_isa() allows AVX-512 (lowp.c). */
+int rlx_cpu_avx512_vnni(void);
 /* dst (n) f32 = src (n) of dtype RLX_BF16 / RLX_F16, widened exactly */
 void rlx_cpu_widen(float *dst, const uint16_t *src, int dtype, int64_t n);
 
@@ -138,6 +141,51 @@ void rlx_cpu_pack_bf16(uint16_t *dst, const float *src, int64_t n);
 size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N);
 void rlx_cpu_gemm_bf16(float *out, const float *a, const uint16_t *b, int64_t M, int64_t K, int64_t N,
                        float *scratch);
+
+/* Block-type (GGUF) weights (quant.c: activation quantisation, dispatch, threads; quant_avx2.c and
+ * quant_avx512.c: the per-ISA row kernels; quant_gemm.c: the VNNI GEMM). Rows of `a` quantised
+ * once per call as quant.c describes; row m of each array below starts at m times its row length.
+ * Natural element order unless stated. */
+struct rlx_cpu_qact {
+    const int8_t *q;       /* (M, ldq) quantised values: natural order, except on the VNNI path for
+                              Q4_K / Q5_K (the 32-element groups of each 128 in the order 0, 2, 1, 3)
+                              and Q4_0 .. Q5_1 (rlx_cpu_quant_arrange: each 128 in 4 blocks' halves) */
+    const float *d;        /* (M, K / bs) the scale of each block of bs = 32 or 256: value = q * d */
+    const float *s;        /* (M, K / 32) d * (sum of the block's q): 32-element blocks */
+    const int16_t *bsums;  /* (M, K / 16) sums of each 16 q (natural order): 256-element blocks */
+    const int32_t *bias;   /* (M, K / 32) -off * (sum of the block's q), off = rlx_cpu_quant_off(wt):
+                              the weights' offset, added to one int32 lane of each block */
+    int64_t K, ldq;
+};
+/* The offset the vector kernels of weight dtype wt subtract through `bias`: Q4_0 8, Q5_0 16, else 0. */
+int rlx_cpu_quant_off(int wt);
+/* Whether the VNNI path reads the activations of wt (Q4_0 .. Q5_1) in groups of 4 blocks: each 128
+ * elements as [b0 0..15, b1 0..15, b2 0..15, b3 0..15, b0 16..31, .., b3 16..31], rows padded with
+ * zeros to a multiple of 128 (ldq). */
+int rlx_cpu_quant_arrange(int wt, int vnni);
+/* out[m * ldo + r] = row r of W (N rows of K of dtype wt, whole blocks) . row m of the quantised
+ * activations, for m < M (1..4) and r in [r0, r1); each the same operations whatever M or the range. */
+void rlx_cpu_qmv_avx2(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt,
+                      int64_t K, int64_t r0, int64_t r1);
+void rlx_cpu_qmv_avx512(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt,
+                        int64_t K, int64_t r0, int64_t r1);
+/* The weights of n whole blocks at src (n * bs elements, bs = 32 or 256) as signed integers v
+ * (natural order) and per group of G elements (G = rlx_cpu_quant_group(wt)): the value of element
+ * k is dw[k / G] * v[k] + mw[k / G] (each product exact in f32), and wsum[k / G] = sum of the
+ * group's v. AVX2 code (quant_avx2.c): only where rlx_cpu_isa() >= AVX2. */
+void rlx_cpu_qunpack_avx2(int8_t *v, float *dw, float *mw, int32_t *wsum, const void *src, int wt, int64_t n);
+/* 16 for Q2_K, Q3_K, Q6_K (their groups of 16), else 32 */
+int rlx_cpu_quant_group(int wt);
+/* The activation quantisation of quant.c, one row: q (K), d (K / bs), sums of each 16 q (K / 16) */
+void rlx_cpu_quant_row(int8_t *q, float *d, int16_t *sums, const float *x, int64_t K, int64_t bs);
+/* The AVX-512 VNNI GEMM (quant_gemm.c): out (M, N) = the rows of `a` quantised as quant.c states .
+ * W^T; scratch rlx_cpu_qgemm_scratch(wt, M, K, N) floats (for the pool's thread count then). */
+size_t rlx_cpu_qgemm_scratch(int wt, int64_t M, int64_t K, int64_t N);
+void rlx_cpu_qgemm(float *out, const float *a, const void *w, int wt, int64_t M, int64_t K, int64_t N, float *scratch);
+void rlx_cpu_matmul_quant(float *out, const float *a, const void *b, int b_dtype, int64_t M, int64_t K, int64_t N,
+                          float *scratch);
+size_t rlx_cpu_matmul_quant_scratch(int b_dtype, int64_t M, int64_t K, int64_t N);
+void rlx_cpu_embedding_quant(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d);
 
 void rlx_cpu_matmul_f32(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N,
                         int trans_b);

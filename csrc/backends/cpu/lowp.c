@@ -71,6 +71,19 @@ int rlx_cpu_isa_cap(int cap) {
     return atomic_exchange_explicit(&isa_cap, cap, memory_order_relaxed);
 }
 
+/* AVX512_VNNI (cpuid leaf 7 subleaf 0, ECX bit 11), asked once; usable only while rlx_cpu_isa()
+ * allows AVX-512 (so valgrind, RLX_CPU_ISA=avx2 and rlx_cpu_isa_cap below AVX-512 turn it off). */
+int rlx_cpu_avx512_vnni(void) {
+    static atomic_int vnni = -1;
+    int v = atomic_load_explicit(&vnni, memory_order_relaxed);
+    if (v < 0) {
+        unsigned a, b, c, d;
+        v = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 11)) ? 1 : 0;
+        atomic_store_explicit(&vnni, v, memory_order_relaxed);
+    }
+    return v && rlx_cpu_isa() >= RLX_CPU_ISA_AVX512;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Rounding to bf16: dst (n) = src (n) rounded to the nearest bf16 (ties to even, NaN quieted),
  * as f32 (rlx_cpu_round_bf16) or as bf16 halves (rlx_cpu_pack_bf16); the same bits as
