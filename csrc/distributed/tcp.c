@@ -259,13 +259,16 @@ static rlx_status parse_addr(const char *addr, int rank, char *host, size_t host
     return RLX_OK;
 }
 
-/* "127.0.0.1:5000" for a socket address (or "an unknown address"). */
+/* "127.0.0.1:5000" for a socket address (or "an unknown address", or "a non-IP socket": glibc names
+ * an AF_UNIX peer "localhost", which would read like loopback). */
 static void addr_name(const struct sockaddr_storage *ss, socklen_t len, char *out, size_t cap)
 {
     char host[INET6_ADDRSTRLEN + 2] = "?";
     char port[8] = "?";
-    if (getnameinfo((const struct sockaddr *)ss, len, host, sizeof host, port, sizeof port,
-                    NI_NUMERICHOST | NI_NUMERICSERV) == 0)
+    if (ss->ss_family != AF_INET && ss->ss_family != AF_INET6)
+        snprintf(out, cap, "a non-IP socket (address family %d)", (int)ss->ss_family);
+    else if (getnameinfo((const struct sockaddr *)ss, len, host, sizeof host, port, sizeof port,
+                         NI_NUMERICHOST | NI_NUMERICSERV) == 0)
         snprintf(out, cap, "%s%s%s:%s", ss->ss_family == AF_INET6 ? "[" : "", host,
                  ss->ss_family == AF_INET6 ? "]" : "", port);
     else
