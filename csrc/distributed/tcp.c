@@ -67,6 +67,7 @@
 
 #include "core/core.h"
 #include "distributed/auth.h"
+#include "distributed/tcp_internal.h"
 #include "distributed/wire.h"
 #include "rlx/dist.h"
 
@@ -578,13 +579,11 @@ static rlx_status recv_msg(struct tcp_transport *t, int fd, unsigned char *buf, 
     return r == IO_OK ? RLX_OK : io_error(r, t->timeout_ms, who, what, done, n);
 }
 
-/* The connecting side of one connection: HELLO_C, HELLO_A; with a token PROOF_C, PROOF_A. */
-static rlx_status connect_peer(struct tcp_transport *t, int peer, const char *addr, int64_t deadline)
+/* The connecting side of the handshake with rank `peer` on fd (connected to addr, a name for
+ * messages; fd already belongs to t->links[peer], which the caller closes on failure): HELLO_C,
+ * HELLO_A; with a token PROOF_C, PROOF_A. */
+static rlx_status connector_handshake(struct tcp_transport *t, int peer, int fd, const char *addr, int64_t deadline)
 {
-    int fd = -1;
-    RLX_TRY(connect_once(addr, peer, deadline, t->timeout_ms, &fd));
-    set_nodelay(fd);
-    t->links[peer].fd = fd; /* owned by t from here: closed by tcp_close on any failure */
     char who[LABEL_MAX], reached[ADDR_NAME_MAX];
     snprintf(who, sizeof who, "rank %d at %s", peer, addr);
     if (!has_token(t) && !t->allow_remote && !peer_is_loopback(fd, reached, sizeof reached))
@@ -618,6 +617,16 @@ static rlx_status connect_peer(struct tcp_transport *t, int peer, const char *ad
         return rlx_set_error(RLX_ERR_IO, "%s failed to prove that it knows the token: it is not rank %d of this job "
                              "(a different RLX_DIST_TOKEN, or an impostor on that address)", who, peer);
     return link_open(t, peer, fd, 1, hello_c, hello_a);
+}
+
+/* Connects to rank `peer` at addr and runs the handshake. */
+static rlx_status connect_peer(struct tcp_transport *t, int peer, const char *addr, int64_t deadline)
+{
+    int fd = -1;
+    RLX_TRY(connect_once(addr, peer, deadline, t->timeout_ms, &fd));
+    set_nodelay(fd);
+    t->links[peer].fd = fd; /* owned by t from here: closed by tcp_close on any failure */
+    return connector_handshake(t, peer, fd, addr, deadline);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1245,6 +1254,28 @@ static rlx_status tcp_configure(struct tcp_transport *t, const struct rlx_tcp_op
     return rlx_hmac_create(&t->hmac);
 }
 
+/* A transport with every link closed (rank and world already checked). */
+static rlx_status tcp_new(int rank, int world, const struct rlx_tcp_opts *opts, struct tcp_transport **out)
+{
+    struct tcp_transport *t = rlx_calloc(1, sizeof *t);
+    if (t == NULL)
+        return RLX_ERR_NOMEM;
+    t->base.ops = &tcp_ops;
+    t->base.rank = rank;
+    t->base.world = world;
+    rlx_status s = tcp_configure(t, opts);
+    if (s == RLX_OK && (t->links = rlx_calloc((size_t)world, sizeof *t->links)) == NULL)
+        s = RLX_ERR_NOMEM;
+    for (int r = 0; s == RLX_OK && r < world; r++)
+        t->links[r].fd = -1;
+    if (s != RLX_OK) {
+        tcp_close(&t->base);
+        return s;
+    }
+    *out = t;
+    return RLX_OK;
+}
+
 rlx_status rlx_tcp_transport_create(int rank, int world, const char *const *addrs, int listen_fd,
                                     const struct rlx_tcp_opts *opts, struct rlx_transport **out)
 {
@@ -1260,27 +1291,12 @@ rlx_status rlx_tcp_transport_create(int rank, int world, const char *const *addr
         if ((s = parse_addr(addrs[r], r, host, sizeof host, port)) != RLX_OK)
             goto done;
     }
-    t = rlx_calloc(1, sizeof *t);
-    if (t == NULL) {
-        s = RLX_ERR_NOMEM;
-        goto done;
-    }
-    t->base.ops = &tcp_ops;
-    t->base.rank = rank;
-    t->base.world = world;
-    if ((s = tcp_configure(t, opts)) != RLX_OK)
+    if ((s = tcp_new(rank, world, opts, &t)) != RLX_OK)
         goto done;
     for (int r = 0; r < world && world > 1 && !has_token(t) && !t->allow_remote; r++) {
         if (r != rank && (s = check_loopback_addr(addrs[r], r)) != RLX_OK)
             goto done;
     }
-    t->links = rlx_calloc((size_t)world, sizeof *t->links);
-    if (t->links == NULL) {
-        s = RLX_ERR_NOMEM;
-        goto done;
-    }
-    for (int r = 0; r < world; r++)
-        t->links[r].fd = -1;
     if (world > 1)
         s = tcp_setup(t, addrs, &listen_fd);
 done:
@@ -1292,4 +1308,108 @@ done:
     }
     *out = &t->base;
     return RLX_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * One connection on a socket the caller made (tcp_internal.h): the handshake and frame code above,
+ * without listening, resolving, connecting, or the poll over many incoming connections.
+ * ------------------------------------------------------------------------------------------- */
+
+static struct tcp_transport *tcp_checked(struct rlx_transport *base)
+{
+    return base != NULL && base->ops == &tcp_ops ? tcp_of(base) : NULL;
+}
+
+static rlx_status set_nonblocking(int fd)
+{
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0)
+        return rlx_set_error(RLX_ERR_IO, "cannot make fd %d non-blocking: %s", fd, strerror(errno));
+    return RLX_OK;
+}
+
+rlx_status rlx_tcp_transport_unconnected(int rank, int world, const struct rlx_tcp_opts *opts,
+                                         struct rlx_transport **out)
+{
+    if (out == NULL || world < 2 || rank < 0 || rank >= world)
+        return rlx_set_error(RLX_ERR_INVALID, "tcp transport: bad arguments (rank %d, world %d%s)", rank, world,
+                             out == NULL ? ", out is NULL" : "");
+    struct tcp_transport *t;
+    RLX_TRY(tcp_new(rank, world, opts, &t));
+    *out = &t->base;
+    return RLX_OK;
+}
+
+rlx_status rlx_tcp_accept_fd(struct rlx_transport *base, int fd, int *peer)
+{
+    struct tcp_transport *t = tcp_checked(base);
+    if (t == NULL || fd < 0 || peer == NULL) {
+        if (fd >= 0)
+            close(fd);
+        return rlx_set_error(RLX_ERR_INVALID, "accept_fd: bad arguments (fd %d)", fd);
+    }
+    rlx_status s = set_nonblocking(fd);
+    if (s != RLX_OK) {
+        close(fd);
+        return s;
+    }
+    struct pending p = {.fd = fd};
+    p.loopback = peer_is_loopback(fd, p.from, sizeof p.from);
+    int64_t deadline = now_ms() + t->timeout_ms;
+    for (;;) {
+        switch (pending_step(t, &p)) { /* reads what has arrived; waits below only when that is not enough */
+        case STEP_MORE: break;
+        case STEP_DONE: *peer = (int)p.rank; return RLX_OK;
+        case STEP_DROPPED:
+            return rlx_set_error(RLX_ERR_IO, "rank %d refused a connection: %s", t->base.rank, t->last_refusal);
+        case STEP_FATAL: close(fd); return RLX_ERR_INTERNAL; /* the message is set by the failed crypto call */
+        }
+        int w = wait_fd(fd, POLLIN, deadline);
+        if (w <= 0) {
+            if (w == 0)
+                s = rlx_set_error(RLX_ERR_IO, "timed out after %.1f s: the peer at %s did not complete its handshake "
+                                  "(%zu bytes of its %s)", t->timeout_ms / 1000.0, p.from, p.got,
+                                  p.want_proof ? "proof" : "HELLO");
+            else
+                s = rlx_set_error(RLX_ERR_IO, "waiting for the handshake of the peer at %s failed: %s", p.from,
+                                  strerror(errno));
+            close(fd);
+            return s;
+        }
+    }
+}
+
+rlx_status rlx_tcp_connect_fd(struct rlx_transport *base, int peer, int fd)
+{
+    struct tcp_transport *t = tcp_checked(base);
+    if (t == NULL || fd < 0 || peer < 0 || peer >= t->base.rank || t->links[peer].fd >= 0) {
+        if (fd >= 0)
+            close(fd);
+        return rlx_set_error(RLX_ERR_INVALID, "connect_fd: bad arguments (peer %d, fd %d): a rank connects to a lower "
+                             "rank it has no link to", peer, fd);
+    }
+    rlx_status s = set_nonblocking(fd);
+    if (s != RLX_OK) {
+        close(fd);
+        return s;
+    }
+    t->links[peer].fd = fd;
+    char addr[32];
+    snprintf(addr, sizeof addr, "fd %d", fd);
+    s = connector_handshake(t, peer, fd, addr, now_ms() + t->timeout_ms);
+    if (s != RLX_OK)
+        drop(t, peer);
+    return s;
+}
+
+int rlx_tcp_link_info(struct rlx_transport *base, int peer, uint64_t *received, uint64_t *sent)
+{
+    struct tcp_transport *t = tcp_checked(base);
+    if (t == NULL || peer < 0 || peer >= t->base.world)
+        return -1;
+    if (received != NULL)
+        *received = t->links[peer].recv_seq;
+    if (sent != NULL)
+        *sent = t->links[peer].send_seq;
+    return t->links[peer].fd >= 0;
 }

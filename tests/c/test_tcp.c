@@ -16,7 +16,8 @@
  * (scanner, garbage, silence, other version/world, wrong token, one that never proves) are refused,
  * logged through the log callback, and the mesh still forms; without a token non-loopback
  * addresses are refused (rlx_sockaddr_is_loopback directly, and a real connection from this host's
- * non-loopback address when it has one). Runs under valgrind in `make test`.
+ * non-loopback address when it has one); the internal entry points of tcp_internal.h (accept and
+ * connect on a socket the caller made) link two transports. Runs under valgrind in `make test`.
  */
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -39,6 +40,7 @@
 #include <openssl/rand.h>
 
 #include "distributed/auth.h"
+#include "distributed/tcp_internal.h"
 #include "distributed/wire.h"
 #include "rlx/dist.h"
 #include "rlx/rlx.h"
@@ -978,6 +980,87 @@ static void test_frame_mac(void)
     close(r.fd);
 }
 
+/* tcp_internal.h: two transports linked over a socketpair by rlx_tcp_connect_fd and
+ * rlx_tcp_accept_fd (the fuzz target tcp_wire drives them against a fake peer; here they meet each
+ * other, with real nonces): messages both ways, the frame counters; a socketpair is not loopback, so
+ * without a token and allow_remote both sides refuse; bad arguments consume the fd. */
+struct fd_side {
+    struct rlx_transport *t;
+    int fd, peer;
+    rlx_status s;
+    char err[512];
+};
+
+static void *fd_accept_main(void *p)
+{
+    struct fd_side *a = p;
+    a->s = rlx_tcp_accept_fd(a->t, a->fd, &a->peer);
+    snprintf(a->err, sizeof a->err, "%s", a->s == RLX_OK ? "" : rlx_last_error());
+    return NULL;
+}
+
+static void fd_pair(const struct rlx_tcp_opts *opts, struct fd_side *a, struct fd_side *c)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        perror("socketpair");
+        exit(2);
+    }
+    *a = (struct fd_side){.fd = sv[0], .peer = -1};
+    *c = (struct fd_side){.fd = sv[1], .peer = 0};
+    CHECK(rlx_tcp_transport_unconnected(0, 2, opts, &a->t) == RLX_OK, "rank 0 unconnected");
+    CHECK(rlx_tcp_transport_unconnected(1, 2, opts, &c->t) == RLX_OK, "rank 1 unconnected");
+    pthread_t th;
+    if (pthread_create(&th, NULL, fd_accept_main, a) != 0) {
+        perror("pthread_create");
+        exit(2);
+    }
+    c->s = rlx_tcp_connect_fd(c->t, 0, c->fd);
+    snprintf(c->err, sizeof c->err, "%s", c->s == RLX_OK ? "" : rlx_last_error());
+    pthread_join(th, NULL);
+}
+
+static void test_fd_entry_points(void)
+{
+    struct rlx_tcp_opts opts = {.timeout_ms = 5000, .token = "tok"};
+    struct fd_side a, c;
+    fd_pair(&opts, &a, &c);
+    CHECK(a.s == RLX_OK && a.peer == 1, "accept_fd linked rank %d: %s", a.peer, a.err);
+    CHECK(c.s == RLX_OK, "connect_fd: %s", c.err);
+    if (a.s == RLX_OK && c.s == RLX_OK) {
+        char buf[16];
+        size_t got = 0;
+        CHECK(c.t->ops->send(c.t, 0, 3, "up", 2) == RLX_OK && a.t->ops->recv(a.t, 1, 3, buf, sizeof buf, &got) == RLX_OK &&
+                  got == 2 && memcmp(buf, "up", 2) == 0, "rank 1 -> rank 0");
+        CHECK(a.t->ops->send(a.t, 1, 4, "down", 4) == RLX_OK && c.t->ops->recv(c.t, 0, 4, buf, sizeof buf, &got) == RLX_OK &&
+                  got == 4 && memcmp(buf, "down", 4) == 0, "rank 0 -> rank 1");
+        uint64_t in = 9, out = 9;
+        CHECK(rlx_tcp_link_info(a.t, 1, &in, &out) == 1 && in == 1 && out == 1, "rank 0's counters %d %d", (int)in,
+              (int)out);
+        CHECK(rlx_tcp_link_info(a.t, 0, NULL, NULL) == 0 && rlx_tcp_link_info(a.t, 2, NULL, NULL) == -1,
+              "no link to itself; rank 2 out of range");
+    }
+    a.t->ops->close(a.t);
+    c.t->ops->close(c.t);
+
+    opts = (struct rlx_tcp_opts){.timeout_ms = 5000}; /* no token, loopback only: a socketpair is refused */
+    fd_pair(&opts, &a, &c);
+    CHECK(c.s == RLX_ERR_INVALID && strstr(c.err, "not a loopback address") != NULL, "connector: %s", c.err);
+    CHECK(a.s == RLX_ERR_IO, "acceptor: %s", a.err);
+    a.t->ops->close(a.t);
+    c.t->ops->close(c.t);
+    opts.allow_remote = 1;
+    fd_pair(&opts, &a, &c);
+    CHECK(a.s == RLX_OK, "no token, allow_remote: acceptor: %s", a.err);
+    CHECK(c.s == RLX_OK, "no token, allow_remote: connector: %s", c.err);
+    CHECK(rlx_tcp_connect_fd(a.t, 1, dup(2)) == RLX_ERR_INVALID, "connect_fd to a higher rank");
+    CHECK(rlx_tcp_connect_fd(c.t, 0, dup(2)) == RLX_ERR_INVALID, "connect_fd to a linked rank");
+    CHECK(rlx_tcp_accept_fd(NULL, dup(2), &a.peer) == RLX_ERR_INVALID, "accept_fd without a transport");
+    a.t->ops->close(a.t);
+    c.t->ops->close(c.t);
+    CHECK(rlx_tcp_transport_unconnected(0, 1, &opts, &a.t) == RLX_ERR_INVALID, "world 1");
+}
+
 /* Deadlines per message: a peer trickling a frame a byte at a time (recv), and one that never
  * reads (send), each end at the timeout. */
 struct trickle {
@@ -1328,6 +1411,7 @@ int main(void)
     test_wrong_token_reveals_nothing();
     test_reflection();
     test_frame_mac();
+    test_fd_entry_points();
     test_deadlines();
     test_strays(1);
     test_strays(0);
