@@ -35,8 +35,10 @@
  *
  * Frames and errors: a frame above max_message_bytes is refused without reading its payload, and
  * the connection to that peer is closed (skipping gigabytes of payload would outlast any timeout).
- * A frame larger than the receive buffer but within max_message_bytes, and a frame with an
- * unexpected tag, are read and discarded (their MAC still checked), so the stream stays in step.
+ * A frame larger than the receive buffer but within max_message_bytes, a frame with an unexpected
+ * tag, and a broadcast or barrier message of another size than every rank agreed (RLX_ERR_IO: the
+ * peer's fault, not a small buffer) are read and discarded (their MAC still checked), so the stream
+ * stays in step.
  * Every frame carries an HMAC under the direction's key over its sequence number, header and
  * payload; a frame whose MAC fails (altered, injected, repeated or reordered in transit, or one
  * lost before it) is an error and closes the connection; the receive buffer may then hold the
@@ -1049,9 +1051,11 @@ static rlx_status check_frame_mac(struct tcp_transport *t, int src, int64_t dead
     return RLX_OK;
 }
 
-/* Receives the next frame from src into data (cap bytes); see the file comment for the errors. */
-static rlx_status recv_frame(struct tcp_transport *t, int src, uint32_t tag, void *data, size_t cap, size_t *got,
-                             const char *verb)
+/* Receives the next frame from src into data (cap bytes); see the file comment for the errors. With
+ * `exact` (broadcast, barrier: every rank agreed on the size) a frame of any other size is the peer's
+ * fault, RLX_ERR_IO, and is discarded without touching data. */
+static rlx_status recv_frame(struct tcp_transport *t, int src, uint32_t tag, void *data, size_t cap, int exact,
+                             size_t *got, const char *verb)
 {
     struct link *l;
     RLX_TRY(peer_link(t, src, verb, &l));
@@ -1090,6 +1094,9 @@ static rlx_status recv_frame(struct tcp_transport *t, int src, uint32_t tag, voi
     if (f.tag != tag)
         s = rlx_set_error(RLX_ERR_IO, "%s: expected a message with %s from rank %d, got one with %s (%" PRIu64
                           " bytes, discarded)", verb, tagt, src, gott, f.length);
+    else if (exact && f.length != cap)
+        s = rlx_set_error(RLX_ERR_IO, "%s: rank %d sent %" PRIu64 " bytes with %s, rank %d expected %zu (discarded)",
+                          verb, src, f.length, tagt, t->base.rank, cap);
     else if (f.length > cap)
         s = rlx_set_error(RLX_ERR_RANGE, "%s: the message from rank %d with %s has %" PRIu64
                           " bytes, more than the %zu-byte buffer (discarded)", verb, src, tagt, f.length, cap);
@@ -1148,7 +1155,7 @@ static rlx_status tcp_recv(struct rlx_transport *base, int src, uint32_t tag, vo
         return rlx_set_error(RLX_ERR_INVALID, "recv: tag %" PRIu32 " is out of range (user tags are < 2^24)", tag);
     if ((data == NULL && cap > 0) || got == NULL)
         return rlx_set_error(RLX_ERR_INVALID, "recv: data or got is NULL");
-    return recv_frame(t, src, tag, data, cap, got, "recv");
+    return recv_frame(t, src, tag, data, cap, 0, got, "recv");
 }
 
 static rlx_status tcp_broadcast(struct rlx_transport *base, int root, void *data, size_t bytes)
@@ -1167,12 +1174,8 @@ static rlx_status tcp_broadcast(struct rlx_transport *base, int root, void *data
         }
         return RLX_OK;
     }
-    size_t got = 0;
-    RLX_TRY(recv_frame(t, root, RLX_WIRE_TAG_BROADCAST, data, bytes, &got, "broadcast"));
-    if (got != bytes)
-        return rlx_set_error(RLX_ERR_IO, "broadcast: root %d sent %zu bytes, rank %d expected %zu", root, got,
-                             base->rank, bytes);
-    return RLX_OK;
+    size_t got;
+    return recv_frame(t, root, RLX_WIRE_TAG_BROADCAST, data, bytes, 1, &got, "broadcast");
 }
 
 /* Every rank > 0 reports to rank 0, which releases them all once each has arrived. */
@@ -1182,10 +1185,10 @@ static rlx_status tcp_barrier(struct rlx_transport *base)
     size_t got;
     if (base->rank != 0) {
         RLX_TRY(send_frame(t, 0, RLX_WIRE_TAG_BARRIER_ARRIVE, NULL, 0, "barrier"));
-        return recv_frame(t, 0, RLX_WIRE_TAG_BARRIER_LEAVE, NULL, 0, &got, "barrier");
+        return recv_frame(t, 0, RLX_WIRE_TAG_BARRIER_LEAVE, NULL, 0, 1, &got, "barrier");
     }
     for (int r = 1; r < base->world; r++)
-        RLX_TRY(recv_frame(t, r, RLX_WIRE_TAG_BARRIER_ARRIVE, NULL, 0, &got, "barrier"));
+        RLX_TRY(recv_frame(t, r, RLX_WIRE_TAG_BARRIER_ARRIVE, NULL, 0, 1, &got, "barrier"));
     for (int r = 1; r < base->world; r++)
         RLX_TRY(send_frame(t, r, RLX_WIRE_TAG_BARRIER_LEAVE, NULL, 0, "barrier"));
     return RLX_OK;

@@ -11,7 +11,8 @@
  * and frame MACs with OpenSSL's HMAC() directly (not through rlx's auth.c): frames byte-exact both
  * ways, with a token and without one (keys from the public RLX_WIRE_KEY_NO_TOKEN); a replayed handshake captured from a good session is refused; a wrong token is refused and
  * the acceptor's bytes hold nothing derived from the token; reflecting a rank's own HELLO or proof
- * back fails; a frame with a wrong MAC is refused; a peer trickling a byte at a time cannot stretch
+ * back fails; a frame with a wrong MAC is refused; collective messages of the wrong size are
+ * RLX_ERR_IO and keep the stream in step; a peer trickling a byte at a time cannot stretch
  * a recv past its timeout, nor a peer that never reads a send; stray connections during set-up
  * (scanner, garbage, silence, other version/world, wrong token, one that never proves) are refused,
  * logged through the log callback, and the mesh still forms; without a token non-loopback
@@ -980,6 +981,55 @@ static void test_frame_mac(void)
     close(r.fd);
 }
 
+/* Rank 0 with a hand-made rank 1 whose collective messages have the wrong size: a barrier message
+ * with a payload, a broadcast longer or shorter than every rank agreed. Each is the peer's fault, so
+ * RLX_ERR_IO like every other peer fault (rlx.Error in Python), not RLX_ERR_RANGE (a caller's buffer
+ * too small: ValueError); each message is consumed whole, so the stream stays in step. (Found by
+ * the fuzz target tcp_wire: the barrier and a longer broadcast were RLX_ERR_RANGE, a shorter
+ * broadcast RLX_ERR_IO.) */
+static void test_collective_sizes(void)
+{
+    char a0[32], a1[32];
+    struct solo o = {.rank = 0, .world = 2, .opts = {.timeout_ms = 5000, .token = "tok"}};
+    o.lfd = make_listener(a0);
+    close(make_listener(a1));
+    o.addrs[0] = a0;
+    o.addrs[1] = a1;
+    solo_start(&o);
+    struct raw r = {.fd = connect_to(a0), .token = "tok"};
+    CHECK(raw_handshake(&r), "handshake with the token");
+    pthread_join(o.th, NULL);
+    CHECK(o.s == RLX_OK, "rank 0 up: %s", o.err);
+    if (o.s != RLX_OK) {
+        close(r.fd);
+        return;
+    }
+    unsigned char frames[4][16 + 8 + 32];
+    size_t n[4];
+    n[0] = raw_frame(&r, frames[0], RLX_WIRE_TAG_BARRIER_ARRIVE, "payload!", 8);
+    n[1] = raw_frame(&r, frames[1], RLX_WIRE_TAG_BROADCAST, "12345678", 8);
+    n[2] = raw_frame(&r, frames[2], RLX_WIRE_TAG_BROADCAST, "12", 2);
+    n[3] = raw_frame(&r, frames[3], 7, "in step", 7);
+    for (int i = 0; i < 4; i++)
+        CHECK(write_full(r.fd, frames[i], n[i]), "frame %d written", i);
+    rlx_status s = o.t->ops->barrier(o.t);
+    CHECK(s == RLX_ERR_IO && strstr(rlx_last_error(), "8 bytes") != NULL,
+          "a barrier message with 8 bytes of payload: %s", rlx_status_name(s));
+    char buf[8];
+    s = o.t->ops->broadcast(o.t, 1, buf, 4);
+    CHECK(s == RLX_ERR_IO && strstr(rlx_last_error(), "8 bytes") != NULL,
+          "a broadcast of 8 bytes where 4 were agreed: %s", rlx_status_name(s));
+    s = o.t->ops->broadcast(o.t, 1, buf, 4);
+    CHECK(s == RLX_ERR_IO && strstr(rlx_last_error(), "2 bytes") != NULL,
+          "a broadcast of 2 bytes where 4 were agreed: %s", rlx_status_name(s));
+    size_t got = 0;
+    s = o.t->ops->recv(o.t, 1, 7, buf, sizeof buf, &got);
+    CHECK(s == RLX_OK && got == 7 && memcmp(buf, "in step", 7) == 0, "the next message arrives: %s",
+          rlx_status_name(s));
+    o.t->ops->close(o.t);
+    close(r.fd);
+}
+
 /* tcp_internal.h: two transports linked over a socketpair by rlx_tcp_connect_fd and
  * rlx_tcp_accept_fd (the fuzz target tcp_wire drives them against a fake peer; here they meet each
  * other, with real nonces): messages both ways, the frame counters; a socketpair is not loopback, so
@@ -1411,6 +1461,7 @@ int main(void)
     test_wrong_token_reveals_nothing();
     test_reflection();
     test_frame_mac();
+    test_collective_sizes();
     test_fd_entry_points();
     test_deadlines();
     test_strays(1);
