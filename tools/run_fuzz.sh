@@ -3,12 +3,12 @@
 #   tools/run_fuzz.sh --time S [target...]   each target for S seconds   (make test: 5 s each)
 #   tools/run_fuzz.sh --runs N [target...]   each target for N inputs    (make fuzz: 1,000,000 each)
 # Targets: config_file weights_file tokenizer_dir gguf_file (Python, atheris) and tcp_wire (C: built by
-# tools/fuzz.mk with a clang that has libFuzzer, $FUZZ_CC or the newest clang found; without one it is
-# skipped with one line; Debian: clang-15) (default: all). Each starts from its committed
+# tools/fuzz.mk with a clang whose libFuzzer links: $FUZZ_CC, else clang, else the newest clang-N;
+# without one it is skipped with one line; Debian: clang-15) (default: all). Each starts from its committed
 # seeds (tests/fuzz/corpus/<target>/, read only) and the crash files of earlier findings
 # (tests/fuzz/crashes/<target>-*), mutates with its dictionary (tests/fuzz/<target>.dict: the
 # format's keys), and keeps what it learns in a temporary corpus that is thrown away.
-# A crash, hang (-timeout) or memory blow-up (-rss_limit_mb) is written to
+# A crash, hang (-timeout) or memory blow-up (-rss_limit_mb; tcp_wire: also -malloc_limit_mb) is written to
 # tests/fuzz/crashes/<target>-<kind>-<sha1>: replay it with pytest tests/fuzz, fix, keep the file.
 # Prints one line per target (inputs run, seconds, crashes); exit status non-zero on any finding.
 set -uo pipefail

@@ -336,7 +336,10 @@ def tcp_wire_seeds() -> dict[str, bytes]:
         "frame-above-max": tcp_input(MAX_64 | AUTO | TOKEN, 0, rw, frame(0, 100)),
         "frame-cut": tcp_input(acc | TOKEN, 0, rw, frame(0, 100, 1 | 128, struct.pack("<H", 60))),
         "frame-after-junk": tcp_input(acc | TOKEN, 0, rw, frame(0, 10) + raw(b"RLXF\0\0\0\0") + frame(0, 10)),
+        "acceptor-duplicate-rank": tcp_input(acc | TOKEN, 0, [(0, 1, 0), (RECV, 0, 16)], frame(0, 10)),
+        "connector-duplicate-rank": tcp_input(con | REMOTE, 0, [(0, 1, 0), (RECV, 0, 16)], frame(0, 10)),
         # timing and closing
+        "keep-open-sends-squeezed": tcp_input(acc | TOKEN | KEEP_OPEN, 0, [(SEND, 1, 0x8000 | 4000)] * 4, b""),
         "keep-open-silent": tcp_input(acc | REMOTE | KEEP_OPEN, 0, rw, b""),
         "keep-open-token-frames": tcp_input(acc | TOKEN | KEEP_OPEN, 0, rw, frames),
         "keep-open-frame-cut": tcp_input(acc | TOKEN | KEEP_OPEN, 0, rw, frame(0, 100, 1 | 128, struct.pack("<H", 30))),

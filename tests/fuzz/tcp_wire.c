@@ -22,10 +22,13 @@
  *             max_message_bytes 64, 4096, 65536, default (1 GiB)
  *   byte 1    world 2 + (b & 3); the transport's rank and the peer's from b >> 2 and b >> 5
  *   2..17     four operations of the transport once the handshake is over, 4 bytes each: kind, tag,
- *             u16 size. kind % 8: 0 none, 1-2 recv(peer, tag, buffer of size), 3 send(peer, tag,
- *             size % 4096 bytes), 4 broadcast from the peer (size bytes), 5 broadcast to the peer
- *             (size % 4096), 6 barrier, 7 recv from a rank chosen by the tag byte (self, out of
- *             range, unlinked)
+ *             u16 size. kind % 8: 0 none, or with an odd tag byte and the link open, a second
+ *             connection whose correct HELLO claims the linked rank (the acceptor must refuse it
+ *             as a duplicate, the connector must not take it); 1-2 recv(peer, tag, buffer of
+ *             size); 3 send(peer, tag, size % 4096 bytes; size bit 15 with mode bit 4: the
+ *             transport's send buffer is shrunk first, so the send can time out part-way);
+ *             4 broadcast from the peer (size bytes); 5 broadcast to the peer (size % 4096);
+ *             6 barrier; 7 recv from a rank chosen by the tag byte (self, out of range, unlinked)
  *   18..      the peer's script, op after op until the input ends; op byte % 7:
  *             0 RAW    n (u8), n bytes written as they are
  *             1 HELLO  flags; a set bit takes the field from the input, else the correct value:
@@ -576,6 +579,37 @@ static void check_output(const struct peer *p, const unsigned char *out, size_t 
         finding("%zu stray bytes after the transport's frames", n - at);
 }
 
+/* A second connection to the transport whose correct HELLO claims `linked`, which is linked already:
+ * the acceptor must answer exactly REFUSE(DUPLICATE), the connector must refuse the socket as an
+ * argument (a rank it has a link to); either way the socket is closed and the link untouched. */
+static rlx_status second_connection(const struct peer *p, struct rlx_transport *t, int linked)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+        finding("harness: socketpair: %s", strerror(errno));
+    unsigned char hello[MSG], answer[64];
+    rlx_wire_head_encode(hello, RLX_WIRE_HELLO_MAGIC, RLX_TCP_PROTOCOL_VERSION, p->rlx_token ? RLX_WIRE_FLAG_TOKEN : 0,
+                         (uint32_t)linked, (uint32_t)p->world);
+    nonce_bytes(2000, hello + HEADB, RLX_WIRE_NONCE_BYTES);
+    if (send(sv[1], hello, MSG, MSG_NOSIGNAL | MSG_DONTWAIT) != MSG)
+        finding("harness: writing the second HELLO: %s", strerror(errno));
+    shutdown(sv[1], SHUT_WR);
+    int other = -1;
+    rlx_status s = p->rlx_accepts ? rlx_tcp_accept_fd(t, sv[0], &other) : rlx_tcp_connect_fd(t, linked, sv[0]);
+    if (fcntl(sv[0], F_GETFD) != -1 || errno != EBADF)
+        finding("the second connection's socket (fd %d) is still open", sv[0]);
+    ssize_t n = recv(sv[1], answer, sizeof answer, MSG_DONTWAIT);
+    struct rlx_wire_head h = rlx_wire_head_decode(answer);
+    if (p->rlx_accepts && (n != HEADB || h.magic != RLX_WIRE_REFUSE_MAGIC || h.info != RLX_WIRE_REFUSE_DUPLICATE ||
+                           h.version != RLX_TCP_PROTOCOL_VERSION || h.rank != (uint32_t)p->rlx_rank))
+        finding("the acceptor answered a second connection from rank %d with %zd bytes, not REFUSE(duplicate)", linked,
+                n);
+    if (!p->rlx_accepts && n > 0)
+        finding("the connector wrote %zd bytes on a socket it should not have taken", n);
+    close(sv[1]);
+    return s;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * One input
  * ------------------------------------------------------------------------------------------- */
@@ -717,7 +751,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char what[64];
         t0 = now_ms();
         switch (kind) {
-        case 0: continue;
+        case 0:
+            if (!(ops[i][1] & 1) || !open0)
+                continue;
+            snprintf(what, sizeof what, "a second connection claiming rank %d", linked);
+            s = second_connection(&p, t, linked);
+            allowed = p.rlx_accepts ? A_IO : A_INVALID;
+            break;
         case 1:
         case 2:
             snprintf(what, sizeof what, "recv(tag %" PRIu32 ", %zu bytes)", tag, size);
@@ -729,6 +769,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             snprintf(what, sizeof what, "send(tag %" PRIu32 ", %zu bytes)", tag, size % 4096);
             for (size_t j = 0; j < size % 4096; j++)
                 buf[j] = pattern(seed, j);
+            if (keep_open && (size & 0x8000) && open0) { /* the smallest send buffer the kernel allows */
+                int one = 1;
+                (void)setsockopt(rlx_fd, SOL_SOCKET, SO_SNDBUF, &one, sizeof one);
+            }
             s = t->ops->send(t, linked, tag, buf, size % 4096);
             allowed = !user_tag ? A_INVALID : size % 4096 > max ? A_RANGE : A_OK | A_IO;
             break;

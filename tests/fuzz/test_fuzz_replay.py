@@ -71,36 +71,40 @@ def test_config_seeds_reach_both_outcomes():
 
 
 @pytest.fixture(scope="module")
-def c_replay() -> dict[str, str]:
-    """The replay programs of the C targets, built (incrementally) by tools/fuzz.mk."""
+def c_replay() -> dict[str, dict[str, str]]:
+    """Each C target's replay program, built (incrementally) by tools/fuzz.mk and run once on all of
+    the target's inputs (verbose): what it printed about each input, by file."""
     progs = {t: os.path.join("build", "fuzz", "replay", t) for t in C_TARGETS}
     r = subprocess.run(["make", "-s", "-f", "tools/fuzz.mk", *progs.values()], cwd=ROOT, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, f"building the replay programs failed:\n{r.stdout}{r.stderr}"
-    return {t: os.path.join(ROOT, p) for t, p in progs.items()}
-
-
-def run_c_target(prog: str, files: list[str]) -> str:
-    """Runs a C target's replay program on files (verbose: a line per input); its stdout."""
-    env = dict(os.environ, RLX_FUZZ_VERBOSE="1")
-    r = subprocess.run([prog, *files], capture_output=True, text=True, timeout=300, env=env)
-    tail = "\n".join((r.stdout + r.stderr).splitlines()[-30:])
-    assert r.returncode == 0, f"{os.path.basename(prog)} failed (exit {r.returncode}); last lines:\n{tail}"
-    assert f"replayed {len(files)} inputs" in r.stdout, tail
-    return r.stdout
+    out = {}
+    for t, prog in progs.items():
+        files = target_files(t)
+        r = subprocess.run([os.path.join(ROOT, prog), *files], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, RLX_FUZZ_VERBOSE="1"))
+        tail = "\n".join((r.stdout + r.stderr).splitlines()[-30:])
+        assert r.returncode == 0, f"{t}'s replay failed (exit {r.returncode}); last lines:\n{tail}"
+        assert f"replayed {len(files)} inputs" in r.stdout, tail
+        chunks = re.split(r"^== (.*)$", r.stdout, flags=re.M)  # "== FILE" before each input's lines
+        out[t] = dict(zip(chunks[1::2], chunks[2::2]))
+    return out
 
 
 @pytest.mark.parametrize("target", C_TARGETS)
 def test_replay_c(target, c_replay):
-    run_c_target(c_replay[target], target_files(target))
+    """Every seed and crash file of a C target ends without a finding (the program aborts on one)."""
+    assert sorted(c_replay[target]) == target_files(target)
 
 
 def test_tcp_wire_seeds_reach_every_outcome(c_replay):
     """The seeds open links on both sides, with and without a token, and pass frames over each; others
     are refused (tests/fuzz/tcp_wire.c prints one line per input)."""
-    out = run_c_target(c_replay["tcp_wire"], sorted(glob.glob(os.path.join(HERE, "corpus", "tcp_wire", "seed-*"))))
-    runs = re.findall(r"^tcp_wire: (acceptor|connector) (token|no-token): handshake (opened|failed), \d+ peer frames, "
-                      r"(\d+) received, (\d+) sent$", out, re.M)
+    seeds = {f: text for f, text in c_replay["tcp_wire"].items() if os.path.basename(f).startswith("seed-")}
+    runs = [m.groups() for text in seeds.values() for m in re.finditer(
+        r"^tcp_wire: (acceptor|connector) (token|no-token): handshake (opened|failed), \d+ peer frames, "
+        r"(\d+) received, (\d+) sent$", text, re.M)]
+    assert len(runs) == len(seeds) >= 40
     for side in ("acceptor", "connector"):
         for token in ("token", "no-token"):
             mine = [r for r in runs if r[0] == side and r[1] == token]
