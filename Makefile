@@ -3,7 +3,7 @@
 #   make demo    set up (apt, .venv, editable build) and generate text
 #   make test    set up and run every test: pytest, C tests under valgrind and TSan, ASan+UBSan, Vulkan,
 #                fuzz (5 s a target)
-#   make fuzz    fuzz the config / weights / tokenizer / GGUF loaders, 1,000,000 inputs a target
+#   make fuzz    fuzz the config / weights / tokenizer / GGUF loaders and the TCP wire, 1,000,000 inputs a target
 #   make build   set up and build the extension in place (rlx/_C*.so)
 #   make bench   set up the benchmark extras and run rlx beside llama.cpp and transformers
 #   make bench-quick   the same, reduced (Qwen3-0.6B, 2 threads, 1 repetition: minutes)
@@ -30,8 +30,10 @@ STAMPS := build/stamps
 
 # System packages (Debian names). Add new ones here. Vulkan: headers + loader, Mesa's lavapipe
 # (the CPU driver the tests run on), the shader compiler and validator, the validation layer.
+# clang-15: libFuzzer for the C fuzz target tcp_wire (tools/fuzz.mk); 15 because Mesa already brings
+# its libllvm15 (clang-15 adds ~29 MB to download; clang-14 would add libllvm14 too).
 APT_PACKAGES := build-essential pkg-config libopenblas-dev libssl-dev valgrind openmpi-bin libopenmpi-dev \
-                libvulkan-dev mesa-vulkan-drivers glslc spirv-tools vulkan-validationlayers
+                libvulkan-dev mesa-vulkan-drivers glslc spirv-tools vulkan-validationlayers clang-15
 # A Debian system Python (or none at all) needs python3, its venv module and
 # its headers as packages too; a pyenv/other Python brings its own.
 PY_IS_OTHER := $(shell $(PYTHON) -c 'import sys; print(int(sys.base_prefix != "/usr"))' 2>/dev/null)
@@ -134,7 +136,8 @@ test-vulkan: build
 	VK_DRIVER_FILES=$${VK_DRIVER_FILES:-$$(ls /usr/share/vulkan/icd.d/lvp_icd.*.json 2>/dev/null | head -1)} \
 	RLX_VULKAN_VALIDATION=1 $(VPY) -m pytest tests/vulkan -q
 
-# Coverage-guided fuzzing (tests/fuzz/, tests/README.md): each target for 1,000,000 inputs.
+# Coverage-guided fuzzing (tests/fuzz/, tests/README.md): each target for 1,000,000 inputs (the C target
+# tcp_wire is built by tools/fuzz.mk with clang-15).
 fuzz: build
 	PYTHON=$(VPY) tools/run_fuzz.sh --runs 1000000
 

@@ -35,8 +35,10 @@
  *
  * Frames and errors: a frame above max_message_bytes is refused without reading its payload, and
  * the connection to that peer is closed (skipping gigabytes of payload would outlast any timeout).
- * A frame larger than the receive buffer but within max_message_bytes, and a frame with an
- * unexpected tag, are read and discarded (their MAC still checked), so the stream stays in step.
+ * A frame larger than the receive buffer but within max_message_bytes, a frame with an unexpected
+ * tag, and a broadcast or barrier message of another size than every rank agreed (RLX_ERR_IO: the
+ * peer's fault, not a small buffer) are read and discarded (their MAC still checked), so the stream
+ * stays in step.
  * Every frame carries an HMAC under the direction's key over its sequence number, header and
  * payload; a frame whose MAC fails (altered, injected, repeated or reordered in transit, or one
  * lost before it) is an error and closes the connection; the receive buffer may then hold the
@@ -67,6 +69,7 @@
 
 #include "core/core.h"
 #include "distributed/auth.h"
+#include "distributed/tcp_internal.h"
 #include "distributed/wire.h"
 #include "rlx/dist.h"
 
@@ -259,13 +262,16 @@ static rlx_status parse_addr(const char *addr, int rank, char *host, size_t host
     return RLX_OK;
 }
 
-/* "127.0.0.1:5000" for a socket address (or "an unknown address"). */
+/* "127.0.0.1:5000" for a socket address (or "an unknown address", or "a non-IP socket": glibc names
+ * an AF_UNIX peer "localhost", which would read like loopback). */
 static void addr_name(const struct sockaddr_storage *ss, socklen_t len, char *out, size_t cap)
 {
     char host[INET6_ADDRSTRLEN + 2] = "?";
     char port[8] = "?";
-    if (getnameinfo((const struct sockaddr *)ss, len, host, sizeof host, port, sizeof port,
-                    NI_NUMERICHOST | NI_NUMERICSERV) == 0)
+    if (ss->ss_family != AF_INET && ss->ss_family != AF_INET6)
+        snprintf(out, cap, "a non-IP socket (address family %d)", (int)ss->ss_family);
+    else if (getnameinfo((const struct sockaddr *)ss, len, host, sizeof host, port, sizeof port,
+                         NI_NUMERICHOST | NI_NUMERICSERV) == 0)
         snprintf(out, cap, "%s%s%s:%s", ss->ss_family == AF_INET6 ? "[" : "", host,
                  ss->ss_family == AF_INET6 ? "]" : "", port);
     else
@@ -575,13 +581,11 @@ static rlx_status recv_msg(struct tcp_transport *t, int fd, unsigned char *buf, 
     return r == IO_OK ? RLX_OK : io_error(r, t->timeout_ms, who, what, done, n);
 }
 
-/* The connecting side of one connection: HELLO_C, HELLO_A; with a token PROOF_C, PROOF_A. */
-static rlx_status connect_peer(struct tcp_transport *t, int peer, const char *addr, int64_t deadline)
+/* The connecting side of the handshake with rank `peer` on fd (connected to addr, a name for
+ * messages; fd already belongs to t->links[peer], which the caller closes on failure): HELLO_C,
+ * HELLO_A; with a token PROOF_C, PROOF_A. */
+static rlx_status connector_handshake(struct tcp_transport *t, int peer, int fd, const char *addr, int64_t deadline)
 {
-    int fd = -1;
-    RLX_TRY(connect_once(addr, peer, deadline, t->timeout_ms, &fd));
-    set_nodelay(fd);
-    t->links[peer].fd = fd; /* owned by t from here: closed by tcp_close on any failure */
     char who[LABEL_MAX], reached[ADDR_NAME_MAX];
     snprintf(who, sizeof who, "rank %d at %s", peer, addr);
     if (!has_token(t) && !t->allow_remote && !peer_is_loopback(fd, reached, sizeof reached))
@@ -615,6 +619,16 @@ static rlx_status connect_peer(struct tcp_transport *t, int peer, const char *ad
         return rlx_set_error(RLX_ERR_IO, "%s failed to prove that it knows the token: it is not rank %d of this job "
                              "(a different RLX_DIST_TOKEN, or an impostor on that address)", who, peer);
     return link_open(t, peer, fd, 1, hello_c, hello_a);
+}
+
+/* Connects to rank `peer` at addr and runs the handshake. */
+static rlx_status connect_peer(struct tcp_transport *t, int peer, const char *addr, int64_t deadline)
+{
+    int fd = -1;
+    RLX_TRY(connect_once(addr, peer, deadline, t->timeout_ms, &fd));
+    set_nodelay(fd);
+    t->links[peer].fd = fd; /* owned by t from here: closed by tcp_close on any failure */
+    return connector_handshake(t, peer, fd, addr, deadline);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1037,9 +1051,11 @@ static rlx_status check_frame_mac(struct tcp_transport *t, int src, int64_t dead
     return RLX_OK;
 }
 
-/* Receives the next frame from src into data (cap bytes); see the file comment for the errors. */
-static rlx_status recv_frame(struct tcp_transport *t, int src, uint32_t tag, void *data, size_t cap, size_t *got,
-                             const char *verb)
+/* Receives the next frame from src into data (cap bytes); see the file comment for the errors. With
+ * `exact` (broadcast, barrier: every rank agreed on the size) a frame of any other size is the peer's
+ * fault, RLX_ERR_IO, and is discarded without touching data. */
+static rlx_status recv_frame(struct tcp_transport *t, int src, uint32_t tag, void *data, size_t cap, int exact,
+                             size_t *got, const char *verb)
 {
     struct link *l;
     RLX_TRY(peer_link(t, src, verb, &l));
@@ -1078,6 +1094,9 @@ static rlx_status recv_frame(struct tcp_transport *t, int src, uint32_t tag, voi
     if (f.tag != tag)
         s = rlx_set_error(RLX_ERR_IO, "%s: expected a message with %s from rank %d, got one with %s (%" PRIu64
                           " bytes, discarded)", verb, tagt, src, gott, f.length);
+    else if (exact && f.length != cap)
+        s = rlx_set_error(RLX_ERR_IO, "%s: rank %d sent %" PRIu64 " bytes with %s, rank %d expected %zu (discarded)",
+                          verb, src, f.length, tagt, t->base.rank, cap);
     else if (f.length > cap)
         s = rlx_set_error(RLX_ERR_RANGE, "%s: the message from rank %d with %s has %" PRIu64
                           " bytes, more than the %zu-byte buffer (discarded)", verb, src, tagt, f.length, cap);
@@ -1136,7 +1155,7 @@ static rlx_status tcp_recv(struct rlx_transport *base, int src, uint32_t tag, vo
         return rlx_set_error(RLX_ERR_INVALID, "recv: tag %" PRIu32 " is out of range (user tags are < 2^24)", tag);
     if ((data == NULL && cap > 0) || got == NULL)
         return rlx_set_error(RLX_ERR_INVALID, "recv: data or got is NULL");
-    return recv_frame(t, src, tag, data, cap, got, "recv");
+    return recv_frame(t, src, tag, data, cap, 0, got, "recv");
 }
 
 static rlx_status tcp_broadcast(struct rlx_transport *base, int root, void *data, size_t bytes)
@@ -1155,12 +1174,8 @@ static rlx_status tcp_broadcast(struct rlx_transport *base, int root, void *data
         }
         return RLX_OK;
     }
-    size_t got = 0;
-    RLX_TRY(recv_frame(t, root, RLX_WIRE_TAG_BROADCAST, data, bytes, &got, "broadcast"));
-    if (got != bytes)
-        return rlx_set_error(RLX_ERR_IO, "broadcast: root %d sent %zu bytes, rank %d expected %zu", root, got,
-                             base->rank, bytes);
-    return RLX_OK;
+    size_t got;
+    return recv_frame(t, root, RLX_WIRE_TAG_BROADCAST, data, bytes, 1, &got, "broadcast");
 }
 
 /* Every rank > 0 reports to rank 0, which releases them all once each has arrived. */
@@ -1170,10 +1185,10 @@ static rlx_status tcp_barrier(struct rlx_transport *base)
     size_t got;
     if (base->rank != 0) {
         RLX_TRY(send_frame(t, 0, RLX_WIRE_TAG_BARRIER_ARRIVE, NULL, 0, "barrier"));
-        return recv_frame(t, 0, RLX_WIRE_TAG_BARRIER_LEAVE, NULL, 0, &got, "barrier");
+        return recv_frame(t, 0, RLX_WIRE_TAG_BARRIER_LEAVE, NULL, 0, 1, &got, "barrier");
     }
     for (int r = 1; r < base->world; r++)
-        RLX_TRY(recv_frame(t, r, RLX_WIRE_TAG_BARRIER_ARRIVE, NULL, 0, &got, "barrier"));
+        RLX_TRY(recv_frame(t, r, RLX_WIRE_TAG_BARRIER_ARRIVE, NULL, 0, 1, &got, "barrier"));
     for (int r = 1; r < base->world; r++)
         RLX_TRY(send_frame(t, r, RLX_WIRE_TAG_BARRIER_LEAVE, NULL, 0, "barrier"));
     return RLX_OK;
@@ -1242,6 +1257,28 @@ static rlx_status tcp_configure(struct tcp_transport *t, const struct rlx_tcp_op
     return rlx_hmac_create(&t->hmac);
 }
 
+/* A transport with every link closed (rank and world already checked). */
+static rlx_status tcp_new(int rank, int world, const struct rlx_tcp_opts *opts, struct tcp_transport **out)
+{
+    struct tcp_transport *t = rlx_calloc(1, sizeof *t);
+    if (t == NULL)
+        return RLX_ERR_NOMEM;
+    t->base.ops = &tcp_ops;
+    t->base.rank = rank;
+    t->base.world = world;
+    rlx_status s = tcp_configure(t, opts);
+    if (s == RLX_OK && (t->links = rlx_calloc((size_t)world, sizeof *t->links)) == NULL)
+        s = RLX_ERR_NOMEM;
+    for (int r = 0; s == RLX_OK && r < world; r++)
+        t->links[r].fd = -1;
+    if (s != RLX_OK) {
+        tcp_close(&t->base);
+        return s;
+    }
+    *out = t;
+    return RLX_OK;
+}
+
 rlx_status rlx_tcp_transport_create(int rank, int world, const char *const *addrs, int listen_fd,
                                     const struct rlx_tcp_opts *opts, struct rlx_transport **out)
 {
@@ -1257,27 +1294,12 @@ rlx_status rlx_tcp_transport_create(int rank, int world, const char *const *addr
         if ((s = parse_addr(addrs[r], r, host, sizeof host, port)) != RLX_OK)
             goto done;
     }
-    t = rlx_calloc(1, sizeof *t);
-    if (t == NULL) {
-        s = RLX_ERR_NOMEM;
-        goto done;
-    }
-    t->base.ops = &tcp_ops;
-    t->base.rank = rank;
-    t->base.world = world;
-    if ((s = tcp_configure(t, opts)) != RLX_OK)
+    if ((s = tcp_new(rank, world, opts, &t)) != RLX_OK)
         goto done;
     for (int r = 0; r < world && world > 1 && !has_token(t) && !t->allow_remote; r++) {
         if (r != rank && (s = check_loopback_addr(addrs[r], r)) != RLX_OK)
             goto done;
     }
-    t->links = rlx_calloc((size_t)world, sizeof *t->links);
-    if (t->links == NULL) {
-        s = RLX_ERR_NOMEM;
-        goto done;
-    }
-    for (int r = 0; r < world; r++)
-        t->links[r].fd = -1;
     if (world > 1)
         s = tcp_setup(t, addrs, &listen_fd);
 done:
@@ -1289,4 +1311,108 @@ done:
     }
     *out = &t->base;
     return RLX_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * One connection on a socket the caller made (tcp_internal.h): the handshake and frame code above,
+ * without listening, resolving, connecting, or the poll over many incoming connections.
+ * ------------------------------------------------------------------------------------------- */
+
+static struct tcp_transport *tcp_checked(struct rlx_transport *base)
+{
+    return base != NULL && base->ops == &tcp_ops ? tcp_of(base) : NULL;
+}
+
+static rlx_status set_nonblocking(int fd)
+{
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0)
+        return rlx_set_error(RLX_ERR_IO, "cannot make fd %d non-blocking: %s", fd, strerror(errno));
+    return RLX_OK;
+}
+
+rlx_status rlx_tcp_transport_unconnected(int rank, int world, const struct rlx_tcp_opts *opts,
+                                         struct rlx_transport **out)
+{
+    if (out == NULL || world < 2 || rank < 0 || rank >= world)
+        return rlx_set_error(RLX_ERR_INVALID, "tcp transport: bad arguments (rank %d, world %d%s)", rank, world,
+                             out == NULL ? ", out is NULL" : "");
+    struct tcp_transport *t;
+    RLX_TRY(tcp_new(rank, world, opts, &t));
+    *out = &t->base;
+    return RLX_OK;
+}
+
+rlx_status rlx_tcp_accept_fd(struct rlx_transport *base, int fd, int *peer)
+{
+    struct tcp_transport *t = tcp_checked(base);
+    if (t == NULL || fd < 0 || peer == NULL) {
+        if (fd >= 0)
+            close(fd);
+        return rlx_set_error(RLX_ERR_INVALID, "accept_fd: bad arguments (fd %d)", fd);
+    }
+    rlx_status s = set_nonblocking(fd);
+    if (s != RLX_OK) {
+        close(fd);
+        return s;
+    }
+    struct pending p = {.fd = fd};
+    p.loopback = peer_is_loopback(fd, p.from, sizeof p.from);
+    int64_t deadline = now_ms() + t->timeout_ms;
+    for (;;) {
+        switch (pending_step(t, &p)) { /* reads what has arrived; waits below only when that is not enough */
+        case STEP_MORE: break;
+        case STEP_DONE: *peer = (int)p.rank; return RLX_OK;
+        case STEP_DROPPED:
+            return rlx_set_error(RLX_ERR_IO, "rank %d refused a connection: %s", t->base.rank, t->last_refusal);
+        case STEP_FATAL: close(fd); return RLX_ERR_INTERNAL; /* the message is set by the failed crypto call */
+        }
+        int w = wait_fd(fd, POLLIN, deadline);
+        if (w <= 0) {
+            if (w == 0)
+                s = rlx_set_error(RLX_ERR_IO, "timed out after %.1f s: the peer at %s did not complete its handshake "
+                                  "(%zu bytes of its %s)", t->timeout_ms / 1000.0, p.from, p.got,
+                                  p.want_proof ? "proof" : "HELLO");
+            else
+                s = rlx_set_error(RLX_ERR_IO, "waiting for the handshake of the peer at %s failed: %s", p.from,
+                                  strerror(errno));
+            close(fd);
+            return s;
+        }
+    }
+}
+
+rlx_status rlx_tcp_connect_fd(struct rlx_transport *base, int peer, int fd)
+{
+    struct tcp_transport *t = tcp_checked(base);
+    if (t == NULL || fd < 0 || peer < 0 || peer >= t->base.rank || t->links[peer].fd >= 0) {
+        if (fd >= 0)
+            close(fd);
+        return rlx_set_error(RLX_ERR_INVALID, "connect_fd: bad arguments (peer %d, fd %d): a rank connects to a lower "
+                             "rank it has no link to", peer, fd);
+    }
+    rlx_status s = set_nonblocking(fd);
+    if (s != RLX_OK) {
+        close(fd);
+        return s;
+    }
+    t->links[peer].fd = fd;
+    char addr[32];
+    snprintf(addr, sizeof addr, "fd %d", fd);
+    s = connector_handshake(t, peer, fd, addr, now_ms() + t->timeout_ms);
+    if (s != RLX_OK)
+        drop(t, peer);
+    return s;
+}
+
+int rlx_tcp_link_info(struct rlx_transport *base, int peer, uint64_t *received, uint64_t *sent)
+{
+    struct tcp_transport *t = tcp_checked(base);
+    if (t == NULL || peer < 0 || peer >= t->base.world)
+        return -1;
+    if (received != NULL)
+        *received = t->links[peer].recv_seq;
+    if (sent != NULL)
+        *sent = t->links[peer].send_seq;
+    return t->links[peer].fd >= 0;
 }

@@ -11,12 +11,14 @@
  * and frame MACs with OpenSSL's HMAC() directly (not through rlx's auth.c): frames byte-exact both
  * ways, with a token and without one (keys from the public RLX_WIRE_KEY_NO_TOKEN); a replayed handshake captured from a good session is refused; a wrong token is refused and
  * the acceptor's bytes hold nothing derived from the token; reflecting a rank's own HELLO or proof
- * back fails; a frame with a wrong MAC is refused; a peer trickling a byte at a time cannot stretch
+ * back fails; a frame with a wrong MAC is refused; collective messages of the wrong size are
+ * RLX_ERR_IO and keep the stream in step; a peer trickling a byte at a time cannot stretch
  * a recv past its timeout, nor a peer that never reads a send; stray connections during set-up
  * (scanner, garbage, silence, other version/world, wrong token, one that never proves) are refused,
  * logged through the log callback, and the mesh still forms; without a token non-loopback
  * addresses are refused (rlx_sockaddr_is_loopback directly, and a real connection from this host's
- * non-loopback address when it has one). Runs under valgrind in `make test`.
+ * non-loopback address when it has one); the internal entry points of tcp_internal.h (accept and
+ * connect on a socket the caller made) link two transports. Runs under valgrind in `make test`.
  */
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -39,6 +41,7 @@
 #include <openssl/rand.h>
 
 #include "distributed/auth.h"
+#include "distributed/tcp_internal.h"
 #include "distributed/wire.h"
 #include "rlx/dist.h"
 #include "rlx/rlx.h"
@@ -978,6 +981,136 @@ static void test_frame_mac(void)
     close(r.fd);
 }
 
+/* Rank 0 with a hand-made rank 1 whose collective messages have the wrong size: a barrier message
+ * with a payload, a broadcast longer or shorter than every rank agreed. Each is the peer's fault, so
+ * RLX_ERR_IO like every other peer fault (rlx.Error in Python), not RLX_ERR_RANGE (a caller's buffer
+ * too small: ValueError); each message is consumed whole, so the stream stays in step. (Found by
+ * the fuzz target tcp_wire: the barrier and a longer broadcast were RLX_ERR_RANGE, a shorter
+ * broadcast RLX_ERR_IO.) */
+static void test_collective_sizes(void)
+{
+    char a0[32], a1[32];
+    struct solo o = {.rank = 0, .world = 2, .opts = {.timeout_ms = 5000, .token = "tok"}};
+    o.lfd = make_listener(a0);
+    close(make_listener(a1));
+    o.addrs[0] = a0;
+    o.addrs[1] = a1;
+    solo_start(&o);
+    struct raw r = {.fd = connect_to(a0), .token = "tok"};
+    CHECK(raw_handshake(&r), "handshake with the token");
+    pthread_join(o.th, NULL);
+    CHECK(o.s == RLX_OK, "rank 0 up: %s", o.err);
+    if (o.s != RLX_OK) {
+        close(r.fd);
+        return;
+    }
+    unsigned char frames[4][16 + 8 + 32];
+    size_t n[4];
+    n[0] = raw_frame(&r, frames[0], RLX_WIRE_TAG_BARRIER_ARRIVE, "payload!", 8);
+    n[1] = raw_frame(&r, frames[1], RLX_WIRE_TAG_BROADCAST, "12345678", 8);
+    n[2] = raw_frame(&r, frames[2], RLX_WIRE_TAG_BROADCAST, "12", 2);
+    n[3] = raw_frame(&r, frames[3], 7, "in step", 7);
+    for (int i = 0; i < 4; i++)
+        CHECK(write_full(r.fd, frames[i], n[i]), "frame %d written", i);
+    rlx_status s = o.t->ops->barrier(o.t);
+    CHECK(s == RLX_ERR_IO && strstr(rlx_last_error(), "8 bytes") != NULL,
+          "a barrier message with 8 bytes of payload: %s", rlx_status_name(s));
+    char buf[8];
+    s = o.t->ops->broadcast(o.t, 1, buf, 4);
+    CHECK(s == RLX_ERR_IO && strstr(rlx_last_error(), "8 bytes") != NULL,
+          "a broadcast of 8 bytes where 4 were agreed: %s", rlx_status_name(s));
+    s = o.t->ops->broadcast(o.t, 1, buf, 4);
+    CHECK(s == RLX_ERR_IO && strstr(rlx_last_error(), "2 bytes") != NULL,
+          "a broadcast of 2 bytes where 4 were agreed: %s", rlx_status_name(s));
+    size_t got = 0;
+    s = o.t->ops->recv(o.t, 1, 7, buf, sizeof buf, &got);
+    CHECK(s == RLX_OK && got == 7 && memcmp(buf, "in step", 7) == 0, "the next message arrives: %s",
+          rlx_status_name(s));
+    o.t->ops->close(o.t);
+    close(r.fd);
+}
+
+/* tcp_internal.h: two transports linked over a socketpair by rlx_tcp_connect_fd and
+ * rlx_tcp_accept_fd (the fuzz target tcp_wire drives them against a fake peer; here they meet each
+ * other, with real nonces): messages both ways, the frame counters; a socketpair is not loopback, so
+ * without a token and allow_remote both sides refuse; bad arguments consume the fd. */
+struct fd_side {
+    struct rlx_transport *t;
+    int fd, peer;
+    rlx_status s;
+    char err[512];
+};
+
+static void *fd_accept_main(void *p)
+{
+    struct fd_side *a = p;
+    a->s = rlx_tcp_accept_fd(a->t, a->fd, &a->peer);
+    snprintf(a->err, sizeof a->err, "%s", a->s == RLX_OK ? "" : rlx_last_error());
+    return NULL;
+}
+
+static void fd_pair(const struct rlx_tcp_opts *opts, struct fd_side *a, struct fd_side *c)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        perror("socketpair");
+        exit(2);
+    }
+    *a = (struct fd_side){.fd = sv[0], .peer = -1};
+    *c = (struct fd_side){.fd = sv[1], .peer = 0};
+    CHECK(rlx_tcp_transport_unconnected(0, 2, opts, &a->t) == RLX_OK, "rank 0 unconnected");
+    CHECK(rlx_tcp_transport_unconnected(1, 2, opts, &c->t) == RLX_OK, "rank 1 unconnected");
+    pthread_t th;
+    if (pthread_create(&th, NULL, fd_accept_main, a) != 0) {
+        perror("pthread_create");
+        exit(2);
+    }
+    c->s = rlx_tcp_connect_fd(c->t, 0, c->fd);
+    snprintf(c->err, sizeof c->err, "%s", c->s == RLX_OK ? "" : rlx_last_error());
+    pthread_join(th, NULL);
+}
+
+static void test_fd_entry_points(void)
+{
+    struct rlx_tcp_opts opts = {.timeout_ms = 5000, .token = "tok"};
+    struct fd_side a, c;
+    fd_pair(&opts, &a, &c);
+    CHECK(a.s == RLX_OK && a.peer == 1, "accept_fd linked rank %d: %s", a.peer, a.err);
+    CHECK(c.s == RLX_OK, "connect_fd: %s", c.err);
+    if (a.s == RLX_OK && c.s == RLX_OK) {
+        char buf[16];
+        size_t got = 0;
+        CHECK(c.t->ops->send(c.t, 0, 3, "up", 2) == RLX_OK && a.t->ops->recv(a.t, 1, 3, buf, sizeof buf, &got) == RLX_OK &&
+                  got == 2 && memcmp(buf, "up", 2) == 0, "rank 1 -> rank 0");
+        CHECK(a.t->ops->send(a.t, 1, 4, "down", 4) == RLX_OK && c.t->ops->recv(c.t, 0, 4, buf, sizeof buf, &got) == RLX_OK &&
+                  got == 4 && memcmp(buf, "down", 4) == 0, "rank 0 -> rank 1");
+        uint64_t in = 9, out = 9;
+        CHECK(rlx_tcp_link_info(a.t, 1, &in, &out) == 1 && in == 1 && out == 1, "rank 0's counters %d %d", (int)in,
+              (int)out);
+        CHECK(rlx_tcp_link_info(a.t, 0, NULL, NULL) == 0 && rlx_tcp_link_info(a.t, 2, NULL, NULL) == -1,
+              "no link to itself; rank 2 out of range");
+    }
+    a.t->ops->close(a.t);
+    c.t->ops->close(c.t);
+
+    opts = (struct rlx_tcp_opts){.timeout_ms = 5000}; /* no token, loopback only: a socketpair is refused */
+    fd_pair(&opts, &a, &c);
+    CHECK(c.s == RLX_ERR_INVALID && strstr(c.err, "not a loopback address") != NULL, "connector: %s", c.err);
+    CHECK(a.s == RLX_ERR_IO, "acceptor: %s", a.err);
+    a.t->ops->close(a.t);
+    c.t->ops->close(c.t);
+    opts.allow_remote = 1;
+    fd_pair(&opts, &a, &c);
+    CHECK(a.s == RLX_OK, "no token, allow_remote: acceptor: %s", a.err);
+    CHECK(c.s == RLX_OK, "no token, allow_remote: connector: %s", c.err);
+    CHECK(rlx_tcp_connect_fd(a.t, 1, dup(2)) == RLX_ERR_INVALID, "connect_fd to a higher rank");
+    CHECK(rlx_tcp_connect_fd(c.t, 0, dup(2)) == RLX_ERR_INVALID, "connect_fd to a linked rank");
+    CHECK(rlx_tcp_accept_fd(NULL, dup(2), &a.peer) == RLX_ERR_INVALID, "accept_fd without a transport");
+    a.t->ops->close(a.t);
+    c.t->ops->close(c.t);
+    CHECK(rlx_tcp_transport_unconnected(0, 1, &opts, &a.t) == RLX_ERR_INVALID, "world 1");
+}
+
 /* Deadlines per message: a peer trickling a frame a byte at a time (recv), and one that never
  * reads (send), each end at the timeout. */
 struct trickle {
@@ -1328,6 +1461,8 @@ int main(void)
     test_wrong_token_reveals_nothing();
     test_reflection();
     test_frame_mac();
+    test_collective_sizes();
+    test_fd_entry_points();
     test_deadlines();
     test_strays(1);
     test_strays(0);

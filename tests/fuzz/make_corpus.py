@@ -1,8 +1,9 @@
 """Writes the seed corpus of every fuzz target: tests/fuzz/corpus/<target>/seed-<name>, a few
 hundred bytes each, in the input format each target's module note describes. Seeds are small
 valid inputs (real Hugging Face config layouts, safetensors files in each dtype, sharded
-directories, both tokenizer kinds) plus the edge cases found by hand, so that the fuzzer starts
-from inputs that reach deep into the loaders. Old seed-* files are replaced; inputs the fuzzer
+directories, both tokenizer kinds; for the TCP wire, correct handshakes on both sides with and
+without a token followed by frames) plus the edge cases found by hand, so that the fuzzer starts
+from inputs that reach deep into the loaders and the transport. Old seed-* files are replaced; inputs the fuzzer
 added to a corpus directory are not touched.
 
     python tests/fuzz/make_corpus.py [--out DIR]
@@ -15,6 +16,7 @@ import glob
 import io
 import json
 import os
+import struct
 
 import numpy as np
 
@@ -248,12 +250,112 @@ def gguf_seeds() -> dict[str, bytes]:
     }
 
 
+# tcp_wire (tests/fuzz/tcp_wire.c, a C target): mode bits, the transport's ops and the peer's script.
+CONNECTOR, TOKEN, DIFFER, REMOTE, KEEP_OPEN, AUTO, MAX_DEFAULT, MAX_64 = 1, 2, 4, 8, 16, 32, 0xC0, 0x00
+RECV, SEND, BCAST_FROM, BCAST_TO, BARRIER, RECV_FROM = 1, 3, 4, 5, 6, 7
+T_BCAST, T_ARRIVE, T_LEAVE, T_2_24 = 0xF0, 0xF1, 0xF2, 0xF4
+
+
+def tcp_input(mode: int, sizes: int, ops: list[tuple[int, int, int]], script: bytes) -> bytes:
+    """mode and sizes bytes, four (kind, tag byte, size) ops, then the peer's script."""
+    ops = (ops + [(0, 0, 0)] * 4)[:4]
+    return bytes([mode, sizes]) + b"".join(struct.pack("<BBH", k, t, n) for k, t, n in ops) + script
+
+
+def frame(tag: int, n: int, flags: int = 1, extra: bytes = b"") -> bytes:
+    """Peer op FRAME: flags (bit 0: payload generated), tag byte, u16 length, then the flags' fields."""
+    return bytes([3, flags, tag]) + struct.pack("<H", n) + extra
+
+
+def hello(flags: int = 0, fields: bytes = b"") -> bytes:
+    return bytes([1, flags]) + fields
+
+
+def proof(flags: int = 0, fields: bytes = b"") -> bytes:
+    return bytes([2, flags]) + fields
+
+
+def refuse(reason: int, flags: int = 0, fields: bytes = b"") -> bytes:
+    return bytes([6, flags]) + fields + struct.pack("<H", reason)
+
+
+def raw(data: bytes) -> bytes:
+    return bytes([0, len(data)]) + data
+
+
+def tcp_wire_seeds() -> dict[str, bytes]:
+    rw = [(RECV, 0, 256), (SEND, 1, 10), (BARRIER, 0, 0), (RECV, 2, 64)]
+    frames = frame(0, 10) + frame(T_ARRIVE, 0) + frame(2, 64)
+    acc = MAX_DEFAULT | AUTO
+    con = MAX_DEFAULT | AUTO | CONNECTOR
+    con_ops = [(RECV, 0, 256), (SEND, 1, 10), (BCAST_FROM, 0, 16), (BARRIER, 0, 0)]
+    con_frames = frame(0, 5, 0, b"hello") + frame(T_BCAST, 16) + frame(T_LEAVE, 0)
+    return {
+        "empty": b"",
+        # correct handshakes, then frames: received, sent, a barrier, a broadcast
+        "acceptor-no-token-frames": tcp_input(acc | REMOTE, 0, rw, frames),
+        "acceptor-token-frames": tcp_input(acc | TOKEN, 0, rw, frames),
+        "acceptor-token-world5": tcp_input(acc | TOKEN, 0x03 | 1 << 2, rw, frames),
+        "connector-token-frames": tcp_input(con | TOKEN, 0x05, con_ops, con_frames),
+        "connector-no-token-frames": tcp_input(con | REMOTE, 0x00, con_ops, con_frames),
+        "frames-tag-mismatch-and-small-buffer": tcp_input(acc | TOKEN, 0, [(RECV, 1, 256), (RECV, 0, 4), (RECV, 0, 256)],
+                                                          frame(0, 10) + frame(0, 10) + frame(0, 3)),
+        "frames-invalid-args": tcp_input(acc | TOKEN, 0x01, [(RECV, T_2_24, 8), (RECV_FROM, 0, 8), (RECV_FROM, 4, 8),
+                                                             (SEND, T_BCAST, 8)], frame(0, 4)),
+        # refused handshakes
+        "acceptor-wrong-token": tcp_input(acc | TOKEN | DIFFER, 0, rw, frames),
+        "acceptor-peer-has-token": tcp_input(acc | REMOTE | DIFFER, 0, rw, frames),
+        "acceptor-peer-has-no-token": tcp_input(MAX_DEFAULT | TOKEN, 0, [], hello(4, struct.pack("<H", 0))),
+        "acceptor-not-loopback": tcp_input(acc, 0, rw, frames),
+        "acceptor-version-2": tcp_input(MAX_DEFAULT | REMOTE, 0, [], hello(2, struct.pack("<H", 2))),
+        "acceptor-world-7": tcp_input(MAX_DEFAULT | REMOTE, 0, [], hello(16, struct.pack("<I", 7))),
+        "acceptor-rank-self": tcp_input(MAX_DEFAULT | REMOTE, 0, [], hello(8, struct.pack("<I", 0))),
+        "acceptor-not-rlx": tcp_input(MAX_DEFAULT | REMOTE, 0, [], raw(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")),
+        "acceptor-hello-cut": tcp_input(MAX_DEFAULT | REMOTE, 0, [], hello(128, bytes([20]))),
+        "acceptor-proof-other-rank": tcp_input(MAX_DEFAULT | TOKEN, 0x01 << 2 | 0x02, [],
+                                               hello() + proof(32, struct.pack("<I", 3))),
+        "acceptor-proof-other-version": tcp_input(MAX_DEFAULT | TOKEN, 0, [], hello() + proof(16, struct.pack("<H", 4))),
+        "acceptor-proof-reflected": tcp_input(MAX_DEFAULT | TOKEN, 0, [], hello() + proof(8)),
+        "acceptor-proof-garbage": tcp_input(MAX_DEFAULT | TOKEN, 0, [], hello() + proof(4, bytes(range(32)))),
+        "connector-refused": tcp_input(MAX_DEFAULT | CONNECTOR | REMOTE, 0, [], refuse(2)),
+        "connector-refused-token": tcp_input(MAX_DEFAULT | CONNECTOR | TOKEN, 0, [], hello() + refuse(5)),
+        "connector-refused-unknown-reason": tcp_input(MAX_DEFAULT | CONNECTOR | REMOTE, 0, [], refuse(77, 4,
+                                                                                                   b"\0\0\0\0")),
+        "connector-reflected-hello": tcp_input(MAX_DEFAULT | CONNECTOR | REMOTE, 0, [], hello(32)),
+        "connector-wrong-rank": tcp_input(MAX_DEFAULT | CONNECTOR | REMOTE, 0, [], hello(8, struct.pack("<I", 1))),
+        "connector-proof-wrong-label": tcp_input(MAX_DEFAULT | CONNECTOR | TOKEN, 0, [], hello() + proof(2)),
+        "connector-not-loopback": tcp_input(con, 0, con_ops, con_frames),
+        # frames that must fail their checks
+        "frame-mac-garbage": tcp_input(acc | TOKEN, 0, rw, frame(0, 10, 1 | 4, bytes(32))),
+        "frame-mac-next-seq": tcp_input(acc | TOKEN, 0, rw, frame(0, 10, 1 | 8)),
+        "frame-mac-reflected": tcp_input(acc | REMOTE, 0, rw, frame(0, 10, 1 | 16)),
+        "frame-no-mac": tcp_input(acc | TOKEN, 0, rw, frame(0, 10, 1 | 32)),
+        "frame-bad-magic": tcp_input(acc | TOKEN, 0, rw, frame(0, 10, 1 | 64, b"RLXH")),
+        "frame-length-huge": tcp_input(acc | TOKEN, 0, rw, frame(0, 10, 1 | 2, struct.pack("<Q", 1 << 62))),
+        "frame-length-plus-one": tcp_input(acc | TOKEN, 0, rw, frame(0, 10, 1 | 2, struct.pack("<Q", 11))),
+        "frame-above-max": tcp_input(MAX_64 | AUTO | TOKEN, 0, rw, frame(0, 100)),
+        "frame-cut": tcp_input(acc | TOKEN, 0, rw, frame(0, 100, 1 | 128, struct.pack("<H", 60))),
+        "frame-after-junk": tcp_input(acc | TOKEN, 0, rw, frame(0, 10) + raw(b"RLXF\0\0\0\0") + frame(0, 10)),
+        "acceptor-duplicate-rank": tcp_input(acc | TOKEN, 0, [(0, 1, 0), (RECV, 0, 16)], frame(0, 10)),
+        "connector-duplicate-rank": tcp_input(con | REMOTE, 0, [(0, 1, 0), (RECV, 0, 16)], frame(0, 10)),
+        # timing and closing
+        "keep-open-sends-squeezed": tcp_input(acc | TOKEN | KEEP_OPEN, 0, [(SEND, 1, 0x8000 | 4000)] * 4, b""),
+        "keep-open-silent": tcp_input(acc | REMOTE | KEEP_OPEN, 0, rw, b""),
+        "keep-open-token-frames": tcp_input(acc | TOKEN | KEEP_OPEN, 0, rw, frames),
+        "keep-open-frame-cut": tcp_input(acc | TOKEN | KEEP_OPEN, 0, rw, frame(0, 100, 1 | 128, struct.pack("<H", 30))),
+        "keep-open-hello-cut": tcp_input(MAX_DEFAULT | REMOTE | KEEP_OPEN, 0, rw, hello(128, bytes([30]))),
+        "peer-stops-reading": tcp_input(acc | TOKEN, 0, rw, frames + bytes([4, 1])),
+        "connector-peer-stops-reading": tcp_input(con | TOKEN, 0x05, con_ops, bytes([4, 2])),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(HERE, "corpus"))
     args = ap.parse_args()
     for target, seeds in (("config_file", config_seeds()), ("weights_file", weights_seeds()),
-                          ("tokenizer_dir", tokenizer_seeds()), ("gguf_file", gguf_seeds())):
+                          ("tokenizer_dir", tokenizer_seeds()), ("gguf_file", gguf_seeds()),
+                          ("tcp_wire", tcp_wire_seeds())):
         d = os.path.join(args.out, target)
         os.makedirs(d, exist_ok=True)
         for old in glob.glob(os.path.join(d, "seed-*")):
