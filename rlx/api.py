@@ -24,8 +24,8 @@ context; ``finish_reason`` says which ("stop" or "length").
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 import os
 import threading
 from typing import Any, Callable, Sequence
@@ -48,6 +48,14 @@ log = logging.getLogger("rlx.api")
 # generation_config.json keys used as sampling defaults, and their types
 _GENERATION_KEYS = {"do_sample": bool, "temperature": float, "top_k": int, "top_p": float, "min_p": float,
                     "repetition_penalty": float}
+# (lower test, upper test, words): the ranges sampling accepts (csrc/gen/sample.c)
+_GENERATION_RANGES = {
+    "temperature": (lambda v: v >= 0, lambda v: True, "finite and >= 0"),
+    "top_k": (lambda v: v >= 0, lambda v: v < 2**31, "an integer in [0, 2^31)"),
+    "top_p": (lambda v: v > 0, lambda v: v <= 1, "in (0, 1]"),
+    "min_p": (lambda v: v >= 0, lambda v: v <= 1, "in [0, 1]"),
+    "repetition_penalty": (lambda v: v > 0, lambda v: True, "finite and > 0"),
+}
 
 
 class TextStream(Stream):
@@ -292,15 +300,18 @@ class Model:
 # -- loading --------------------------------------------------------------------------------------
 
 def generation_defaults(path: str | os.PathLike) -> dict:
-    """The sampling defaults of a model directory's generation_config.json ({} when absent)."""
+    """The sampling defaults of a model directory's generation_config.json ({} when absent), read
+    as config.py reads it (size, encoding and nesting limits, regular files only) and checked
+    against the ranges sampling accepts, so a bad value is a ConfigError at load naming the file
+    and the field, not a ValueError from every later call."""
+    from rlx.config import _read_json, _regular_file
+
     file = os.path.join(os.fspath(path), "generation_config.json")
-    if not os.path.isfile(file):
+    if not _regular_file(file, "generation config"):
         return {}
-    try:
-        with open(file, encoding="utf-8") as f:
-            d = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{file}: not valid JSON ({e})") from None
+    d = _read_json(file)
+    if not isinstance(d, dict):
+        raise ConfigError(f"{file}: must hold a JSON object, got {type(d).__name__}")
     out = {}
     for key, kind in _GENERATION_KEYS.items():
         v = d.get(key)
@@ -309,7 +320,11 @@ def generation_defaults(path: str | os.PathLike) -> dict:
         ok = isinstance(v, bool) if kind is bool else (isinstance(v, (int, float)) and not isinstance(v, bool))
         if not ok or (kind is int and not float(v).is_integer()):
             raise ConfigError(f"{file}: field '{key}' must be a {kind.__name__}, got {v!r}")
-        out[key] = kind(v)
+        v = kind(v)
+        lo, hi, what = _GENERATION_RANGES.get(key, (None, None, ""))
+        if kind is not bool and not (math.isfinite(v) and lo(v) and hi(v)):
+            raise ConfigError(f"{file}: field '{key}' must be {what}, got {v!r}")
+        out[key] = v
     return out
 
 

@@ -7,6 +7,9 @@ model usable."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import numpy as np
 import pytest
 
@@ -227,3 +230,31 @@ def test_progress_bar_when_asked_and_not_otherwise(capsys):
     rlx.load(STORIES)  # None: small model, not a terminal
     rlx.load(STORIES, progress=False)
     assert capsys.readouterr().err == ""
+
+
+@needs_stories
+@pytest.mark.parametrize("text,field", [
+    ('{"temperature": NaN}', "temperature"), ('{"temperature": Infinity}', "temperature"),
+    ('{"temperature": -0.5}', "temperature"), ('{"temperature": "hot"}', "temperature"),
+    ('{"top_p": 1.5}', "top_p"), ('{"top_p": 0}', "top_p"), ('{"top_k": -1}', "top_k"), ('{"top_k": 2.5}', "top_k"),
+    ('{"top_k": 1e30}', "top_k"), ('{"min_p": 2}', "min_p"), ('{"repetition_penalty": 0}', "repetition_penalty"),
+    ('{"do_sample": 1}', "do_sample"), ("[1, 2]", "JSON object"), ("[" * 100000, "nested too deeply"),
+])
+def test_bad_generation_config_is_refused_at_load_naming_the_field(tmp_path, text, field):
+    """generation_config.json's sampling defaults are checked when the model loads, against the
+    ranges sampling accepts, and read as config.json is (limits on size and nesting)."""
+    for f in STORIES.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    (tmp_path / "generation_config.json").write_text(text)
+    with pytest.raises(rlx.ConfigError, match=field):
+        rlx.load(tmp_path)
+
+
+@needs_stories
+def test_generation_config_fifo_is_refused_not_opened(tmp_path):
+    for f in STORIES.iterdir():
+        if f.name != "generation_config.json":
+            shutil.copy(f, tmp_path / f.name)
+    os.mkfifo(tmp_path / "generation_config.json")
+    with pytest.raises(rlx.ConfigError, match="not a regular file"):
+        rlx.load(tmp_path)
