@@ -22,8 +22,8 @@ static rlx_status cpu_plan_compile(void *ctx, const struct rlx_graph *g, void **
 static bool cpu_supports_op(void *ctx, const struct rlx_graph *g, int id)
 {
     const struct rlx_node *n = &g->nodes[id];
-    if (n->op == RLX_OP_MATMUL || n->op == RLX_OP_EMBEDDING)
-        if (rlx_dtype_traits(g->nodes[n->in[n->op == RLX_OP_MATMUL ? 1 : 0]].dtype)->block_size > 1) return false;
+    const int w = n->op == RLX_OP_MATMUL ? 1 : n->op == RLX_OP_EMBEDDING ? 0 : n->op == RLX_OP_MATMUL_ID ? 2 : -1;
+    if (w >= 0 && rlx_dtype_traits(g->nodes[n->in[w]].dtype)->block_size > 1) return false;
     return rlx_host_supports_op(ctx, g, id);
 }
 
