@@ -270,6 +270,9 @@ def quantize_weights(cfg, weights: dict, type: str, threads: int | None = None) 
     from rlx.weights import Packed, block_params
 
     r = recipe(type)
+    if any(cfg.layer_sparse(i) for i in range(cfg.num_hidden_layers)):
+        raise WeightsError(f"dtype={r.name!r}: quantising a mixture-of-experts model ({cfg.model_type}) is not "
+                           "supported yet (its experts have no GGUF tensor types in rlx); load it as f32, f16 or bf16")
     n_threads = _threads(threads)
     out = dict(weights)
     for name, shape, kind in block_params(cfg):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import rlx
+from rlx import dtypes as rlx_dtypes
 from rlx.config import MAX_EXPERTS, MAX_PARAMETERS, Qwen3MoeConfig, config_from_dict, load_config
 from rlx.errors import ConfigError, WeightsError
 from rlx.weights import block_params, check_weights, expected_weights, expert_parts
@@ -173,6 +174,40 @@ def test_cpu_reads_parts_in_place():
     stats = gen.device_stats()
     total = sum(a.nbytes for a in w.values()) + cfg.head_dim // 2 * 4  # and rope.inv_freq
     assert stats["wrapped_bytes"] == total and stats["allocated_bytes"] < total / 4, stats
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_half_precision_experts(dtype):
+    """dtype= converts every part (one copy each, in the part's place) and the core reads them as
+    such: cpu equals the ref device, and with f16 both equal the NumPy reference decoder on the same
+    rounded weights (bf16 weights multiply activations rounded to bf16 too, which the reference
+    decoder, computing in f32, does not: rlx.reference.ops.matmul)."""
+    from rlx.reference.model import forward
+
+    cfg = config_from_dict(dict(BASE, mlp_only_layers=[2]))
+    w = _weights(cfg, np.random.default_rng(4))
+    checked = check_weights(cfg, w, dtype=dtype)
+    parts = checked["model.layers.0.mlp.experts.down_proj.weight"]
+    assert all(rlx_dtypes.of_array(p).name == dtype for p in parts)
+    rounded = {n: (np.asarray(v, np.float32) if not isinstance(v, list) else [np.asarray(p, np.float32) for p in v])
+               for n, v in checked.items()}
+    ids = [5, 17, 2, 96, 40]
+    got = {}
+    for device in ("cpu", "ref"):
+        gen = rlx.Generator(cfg, w, device=device, dtype=dtype, kv_dtype="f32")
+        assert gen.weight_dtypes == {dtype: len([k for _, _, k in block_params(cfg) if k in ("matrix", "experts")])}
+        got[device] = gen.prefill_get_last_logits(ids)
+    np.testing.assert_allclose(got["cpu"], got["ref"], rtol=0, atol=1e-4)
+    if dtype == "f16":
+        np.testing.assert_allclose(got["ref"], forward(cfg, rounded, ids)[-1], rtol=0, atol=1e-4)
+
+
+def test_block_quantisation_is_refused_by_name():
+    cfg = config_from_dict(dict(BASE))
+    w = _weights(cfg, np.random.default_rng(5))
+    for dtype in ("q8_0", "q4_k_m"):
+        with pytest.raises(WeightsError, match=f"dtype='{dtype}': quantising a mixture-of-experts model"):
+            rlx.Generator(cfg, w, device="cpu", dtype=dtype)
 
 
 def test_missing_and_mixed_parts_are_reported():
