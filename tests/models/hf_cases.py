@@ -53,6 +53,9 @@ HF_CASES: dict[str, tuple[str, dict]] = {
     "qwen3moe_e16_k8_step2": ("qwen3_moe", dict(_QWEN3_MOE, num_hidden_layers=3, num_experts=16,
                                                 num_experts_per_tok=8, decoder_sparse_step=2, tie_word_embeddings=True,
                                                 moe_intermediate_size=24)),
+    # every layer sparse and renormalised, tied: the form llama.cpp's qwen3moe (GGUF) has
+    "qwen3moe_e6_k3_norm": ("qwen3_moe", dict(_QWEN3_MOE, num_experts=6, num_experts_per_tok=3, norm_topk_prob=True,
+                                              moe_intermediate_size=32, tie_word_embeddings=True)),
 }
 
 

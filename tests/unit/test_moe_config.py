@@ -1,7 +1,9 @@
 """Qwen3MoeConfig: Hugging Face config.json fields (transformers 4's num_experts and 5's
 num_local_experts), which layers are sparse (decided as transformers decides, checked against the
 layers transformers builds), the ranges checked before anything is sized, and the fields refused by
-name. The expert weights' names and the store of experts as parts (no copy) are checked too."""
+name. The expert weights' names and the store of experts as parts (no copy) are checked too, f16
+/ bf16 experts, the refusals of what does not run (Vulkan, block quantisation, writing a GGUF), and
+llama.cpp's qwen3moe GGUF keys (whole GGUF models: tests/models/test_gguf_models.py)."""
 
 from __future__ import annotations
 
@@ -226,3 +228,53 @@ def test_missing_and_mixed_parts_are_reported():
     w["model.layers.0.mlp.experts.1.gate_proj.weight"] = np.zeros((16, 31), np.float32)
     with pytest.raises(WeightsError, match=r"experts\.1\.gate_proj\.weight' has shape \(16, 31\)"):
         check_weights(cfg, w)
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF (llama.cpp's "qwen3moe"): the expert keys; writing a mixture is refused by name
+# ---------------------------------------------------------------------------------------------
+
+def _moe_gguf(path, drop: str = "", ffn: bool = True):
+    """A metadata-only qwen3moe GGUF file (a vocabulary and the hyperparameters, no tensors)."""
+    gguf = pytest.importorskip("gguf")
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    keys = [("block_count", 4), ("context_length", 64), ("embedding_length", 32), ("feed_forward_length", 48),
+            ("attention.head_count", 4), ("attention.head_count_kv", 2), ("attention.key_length", 8),
+            ("attention.value_length", 8), ("expert_count", 6), ("expert_used_count", 2),
+            ("expert_feed_forward_length", 16)]
+    for key, value in keys:
+        if key != drop and (ffn or key != "feed_forward_length"):
+            w.add_uint32(f"qwen3moe.{key}", value)
+    w.add_float32("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_float32("qwen3moe.rope.freq_base", 1e6)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(97)])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_gguf_expert_keys(tmp_path):
+    """llama.cpp's qwen3moe keys; every layer sparse and renormalised, as its graph runs them (no key
+    says otherwise); feed_forward_length optional (no layer is dense)."""
+    cfg = load_config(_moe_gguf(tmp_path / "a.gguf"))
+    assert isinstance(cfg, Qwen3MoeConfig) and cfg.model_type == "qwen3_moe"
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.intermediate_size) == (6, 2, 16, 48)
+    assert cfg.norm_topk_prob and all(cfg.layer_sparse(i) for i in range(4)) and not cfg.rope_interleaved
+    assert load_config(_moe_gguf(tmp_path / "b.gguf", ffn=False)).intermediate_size == 16
+    with pytest.raises(ConfigError, match="qwen3moe.expert_used_count"):
+        load_config(_moe_gguf(tmp_path / "c.gguf", drop="expert_used_count"))
+
+
+def test_writing_a_mixture_is_refused_by_name(tmp_path):
+    src = _moe_gguf(tmp_path / "src.gguf")
+    with pytest.raises(ConfigError, match="writing a mixture-of-experts model"):
+        rlx.quantize(src, tmp_path / "dst.gguf", type="q8_0")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps(BASE))
+    with pytest.raises(ConfigError, match="writing a mixture-of-experts model"):
+        rlx.quantize(hf, tmp_path / "dst.gguf", type="q8_0")
+    assert not (tmp_path / "dst.gguf").exists()
