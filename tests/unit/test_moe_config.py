@@ -99,6 +99,29 @@ def test_parameter_count_counts_experts():
         config_from_dict(big)
 
 
+# Qwen3-30B-A3B's config.json as published (transformers 4.51), training fields included
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960,
+    "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+    "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936}
+
+
+def test_qwen3_30b_a3b_config():
+    """The real config: every layer sparse, 128 experts, 8 a token; its weights (the decoder
+    builder's list, every expert a part) add up to the 30.5B parameters it is published with."""
+    cfg = config_from_dict(QWEN3_30B_A3B)
+    assert isinstance(cfg, Qwen3MoeConfig) and all(cfg.layer_sparse(i) for i in range(48))
+    exp = expected_weights(cfg)
+    assert len(exp) == 3 + 48 * (4 + 2 + 2 + 1 + 3 * 128)  # embed, norm, head; q/k/v/o, q/k norms, 2 norms, router
+    assert sum(int(np.prod(s)) for s in exp.values()) == 30_532_122_624
+
+
 def test_training_fields_are_ignored():
     cfg = config_from_dict(dict(BASE, router_aux_loss_coef=0.5, output_router_logits=True))
     assert isinstance(cfg, Qwen3MoeConfig)
