@@ -201,6 +201,42 @@ def test_cpu_reads_parts_in_place():
     assert stats["wrapped_bytes"] == total and stats["allocated_bytes"] < total / 4, stats
 
 
+def test_only_the_chosen_experts_are_read(monkeypatch):
+    """Experts no token chooses are never read: with them NaN (8 experts, 2 a token, 2 tokens: at
+    least half of each layer's experts), a one-token prefill and one cached decode step give the
+    logits of the intact model exactly, on cpu and ref. A product over all experts masked by the
+    routing weights would give NaN (NaN * 0 is NaN). The choices come from the NumPy reference
+    decoder (rlx.reference.ops.topk, recorded)."""
+    from rlx.reference import model as ref_model
+    from rlx.reference import ops as ref_ops
+
+    cfg = config_from_dict(dict(BASE, num_experts=8, mlp_only_layers=[1]))
+    w = _weights(cfg, np.random.default_rng(6))
+    ids = [11, 42]
+    chosen: list[np.ndarray] = []
+    topk = ref_ops.topk
+    monkeypatch.setattr(ref_ops, "topk", lambda x, k: chosen.append(topk(x, k)) or chosen[-1])
+    ref_model.forward(cfg, w, ids)
+    sparse = [i for i in range(cfg.num_hidden_layers) if cfg.layer_sparse(i)]
+    assert len(chosen) == len(sparse)
+    nan = dict(w)
+    for layer, picked in zip(sparse, chosen):
+        used = set(picked.ravel().tolist())
+        assert len(used) <= 4
+        for e in set(range(8)) - used:
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                name = f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"
+                nan[name] = np.full_like(w[name], np.nan)
+    for device in ("cpu", "ref"):
+        logits = []
+        for weights in (w, nan):
+            gen = rlx.Generator(cfg, weights, device=device, kv_dtype="f32")
+            logits.append([gen.prefill_get_last_logits(ids[:1]), gen.decode_get_logits(ids[1])])
+        for intact, sparse_read in zip(*logits):
+            assert np.all(np.isfinite(sparse_read))
+            np.testing.assert_array_equal(sparse_read, intact)
+
+
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_half_precision_experts(dtype):
     """dtype= converts every part (one copy each, in the part's place) and the core reads them as
