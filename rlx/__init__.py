@@ -23,7 +23,7 @@ RuntimeError). Logging goes to the standard logging module under "rlx", quiet by
 from rlx import _C
 from rlx import logs
 from rlx._C import Device, Error, build_info, get_num_threads, set_num_threads
-from rlx.config import LlamaConfig, Qwen3Config, load_config
+from rlx.config import LlamaConfig, Qwen3Config, Qwen3MoeConfig, load_config
 from rlx.errors import ConfigError, WeightsError
 from rlx.generator import Generator, SampleOpts, Sequence
 from rlx.stages import PipelineDecodeStage, PipelineStage
@@ -72,6 +72,7 @@ __all__ = [
     "devices",
     "LlamaConfig",
     "Qwen3Config",
+    "Qwen3MoeConfig",
     "load_config",
     "load_weights",
     "quantize",

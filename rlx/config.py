@@ -1,7 +1,7 @@
-"""Model configs for the two decoder families rlx runs: Llama (3.x) and Qwen3.
+"""Model configs for the decoder families rlx runs: Llama (3.x), Qwen3 and Qwen3-MoE.
 
 `load_config(path)` reads a Hugging Face config.json (and generation_config.json beside it, when
-present, for bos/eos) and returns a `LlamaConfig` or `Qwen3Config`. Both are frozen dataclasses
+present, for bos/eos) and returns a `LlamaConfig`, `Qwen3Config` or `Qwen3MoeConfig`. Both are frozen dataclasses
 that validate themselves on construction, in `__post_init__`, before anything is sized by them:
 anything rlx cannot run raises `rlx.ConfigError` naming the field and its value, never a later
 crash, a loop over a billion layers or a silent float32 overflow. A missing path raises
@@ -17,6 +17,13 @@ Hugging Face formats accepted (transformers 4.x and 5.x):
   `use_sliding_window` is true; `layer_types` (when given) decides which layers slide, otherwise
   layer i slides iff i >= max_window_layers. See `Qwen3Config.layer_window`.
 - eos_token_id may be an int or a list; it is always exposed as the tuple `eos_token_ids`.
+- Qwen3-MoE (model_type "qwen3_moe"): num_experts (or transformers 5's `num_local_experts`),
+  num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step and
+  mlp_only_layers, which decide as transformers does which layers are sparse (`layer_sparse`).
+  router_aux_loss_coef and output_router_logits are training fields and are ignored; a shared
+  expert (shared_expert_intermediate_size, Qwen2-MoE's) and sliding windows are refused. Other
+  mixture-of-experts families (mixtral, qwen2_moe, deepseek: num_local_experts / n_routed_experts
+  on another model_type) are refused.
 
 Accepted ranges (the limits come from the C core and from float32, the precision rlx computes in):
 - num_hidden_layers: 1..MAX_LAYERS (256, the C core's RLX_MAX_LAYERS: its per-layer tables).
@@ -30,6 +37,9 @@ Accepted ranges (the limits come from the C core and from float32, the precision
   one machine must hold is checked where memory is taken (the generator's KV reservation and its
   soft memory budget).
 - bos_token_id and every eos id: in [0, vocab_size).
+- num_experts: 0..MAX_EXPERTS (2**16; 0 makes every layer dense, as in transformers);
+  num_experts_per_tok: 1..num_experts; moe_intermediate_size: 1..MAX_DIM; decoder_sparse_step:
+  1..MAX_DIM; mlp_only_layers: distinct layer indices in [0, num_hidden_layers).
 - rms_norm_eps: in [2**-126, 1]: a normal float32 (a smaller value rounds to a subnormal or to 0
   in float32, a larger one is no epsilon but swamps the mean square it is added to; 1e300 would
   become inf and silently zero every activation).
@@ -53,8 +63,8 @@ import numpy as np
 
 from rlx.errors import ConfigError
 
-__all__ = ["ModelConfig", "LlamaConfig", "Qwen3Config", "load_config", "config_from_dict",
-           "MAX_LAYERS", "MAX_DIM", "MAX_PARAMETERS", "MAX_CONFIG_BYTES"]
+__all__ = ["ModelConfig", "LlamaConfig", "Qwen3Config", "Qwen3MoeConfig", "load_config", "config_from_dict",
+           "MAX_LAYERS", "MAX_DIM", "MAX_EXPERTS", "MAX_PARAMETERS", "MAX_CONFIG_BYTES"]
 
 # ---------------------------------------------------------------------------------- limits ----
 
@@ -62,10 +72,11 @@ MAX_LAYERS = 256                  # RLX_MAX_LAYERS in csrc/include/rlx/model.h (
 MAX_DIM = 2**31 - 1               # int32: token ids, positions and graph dims in the C core
 MAX_PARAMETERS = 2**40            # weights a config may describe (see the module note)
 MAX_CONFIG_BYTES = 16 << 20       # config.json / generation_config.json: a few KB in practice
+MAX_EXPERTS = 2**16               # experts of a mixture (128 in Qwen3-30B-A3B; 512 in the largest open ones)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # 2**-126, the smallest normal float32
 
-# Keys that mark a mixture-of-experts model, which rlx does not run yet.
+# Keys that mark a mixture-of-experts model: rlx runs qwen3_moe's, no other family's.
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
@@ -147,15 +158,19 @@ def _normalize_rope_scaling(scaling: Any, max_position_embeddings: int) -> dict 
     return out
 
 
-def _parameter_count(c: "ModelConfig") -> int:
-    """Parameters the sizes imply, computed in closed form (Python ints: no loop, no overflow)."""
+def _parameter_count(c: "ModelConfig", sparse_layers: int = 0, experts: int = 0, expert_ffn: int = 0) -> int:
+    """Parameters the sizes imply, computed in closed form (Python ints: no loop, no overflow);
+    sparse_layers of the layers hold a router (experts, H) and experts SwiGLU MLPs of expert_ffn
+    instead of the dense MLP."""
     H, D, I, V, L = c.hidden_size, c.head_dim, c.intermediate_size, c.vocab_size, c.num_hidden_layers
     q, kv = c.num_attention_heads * D, c.num_key_value_heads * D
-    layer = 2 * H + 2 * q * H + 2 * kv * H + 3 * I * H
+    layer = 2 * H + 2 * q * H + 2 * kv * H
     layer += (q + 2 * kv + H) if c.attention_bias else 0
-    layer += (2 * I + H) if c.mlp_bias else 0
     layer += 2 * D if c.qk_norm else 0
-    return V * H * (1 if c.tie_word_embeddings else 2) + H + L * layer
+    dense = 3 * I * H + ((2 * I + H) if c.mlp_bias else 0)
+    sparse = experts * H + 3 * experts * expert_ffn * H
+    return V * H * (1 if c.tie_word_embeddings else 2) + H + L * layer + (L - sparse_layers) * dense + \
+        sparse_layers * sparse
 
 
 # ----------------------------------------------------------------------------------- configs ----
@@ -220,7 +235,7 @@ class ModelConfig:
         if self.num_attention_heads * self.head_dim > MAX_DIM:
             raise _error("head_dim", f"= {self.head_dim} times num_attention_heads = {self.num_attention_heads} "
                          f"(the q projection's rows) must be at most {MAX_DIM}")
-        n = _parameter_count(self)
+        n = _parameter_count(self, *self._sparse_sizes())
         if n > MAX_PARAMETERS:
             raise ConfigError(f"config sizes describe {n:,} parameters ({2 * n / 2**40:,.1f} TiB at 2 bytes each), "
                               f"more than rlx's limit of MAX_PARAMETERS = 2**40: vocab_size={self.vocab_size}, "
@@ -249,12 +264,22 @@ class ModelConfig:
             _check_int("eos_token_id", e, minimum=0, maximum=self.vocab_size - 1, why=in_vocab)
         _set(self, "eos_token_ids", tuple(eos))
 
+    def _sparse_sizes(self) -> tuple[int, int, int]:
+        """(sparse layers, experts, expert MLP size) for the parameter count: none here."""
+        return 0, 0, 0
+
     def layer_window(self, i: int) -> int:
         """Sliding-window size of layer i; 0 means full causal attention. With window w > 0, key
         position j is visible to query position i iff j <= i and i - j < w."""
         if not 0 <= i < self.num_hidden_layers:
             raise IndexError(f"layer {i} out of range 0..{self.num_hidden_layers - 1}")
         return 0
+
+    def layer_sparse(self, i: int) -> bool:
+        """Whether layer i's MLP is a mixture of experts (never, outside Qwen3MoeConfig)."""
+        if not 0 <= i < self.num_hidden_layers:
+            raise IndexError(f"layer {i} out of range 0..{self.num_hidden_layers - 1}")
+        return False
 
     def rope_inv_freq(self) -> np.ndarray:
         """Inverse RoPE frequencies, float32 (head_dim // 2,), computed step by step in float32
@@ -345,7 +370,62 @@ class Qwen3Config(ModelConfig):
         return self.sliding_window if self.layer_types[i] == "sliding_attention" else 0
 
 
-_FAMILIES: dict[str, type[ModelConfig]] = {"llama": LlamaConfig, "qwen3": Qwen3Config}
+@dataclass(frozen=True)
+class Qwen3MoeConfig(ModelConfig):
+    """Qwen3-MoE decoders (Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's attention (per-head q/k RMSNorm,
+    optional q/k/v/o bias) and, on the sparse layers, a router over num_experts SwiGLU experts of
+    moe_intermediate_size, num_experts_per_tok of them per token, their outputs weighted by the
+    router's softmax probabilities (renormalised to sum 1 when norm_topk_prob). Layer i is sparse
+    iff num_experts > 0, (i + 1) % decoder_sparse_step == 0 and i is not in mlp_only_layers (as
+    transformers decides); the others keep a dense MLP of intermediate_size. Defaults follow
+    transformers' Qwen3MoeConfig (head_dim: hidden_size / heads unless given)."""
+
+    model_type: ClassVar[str] = "qwen3_moe"
+    qk_norm: ClassVar[bool] = True
+
+    max_position_embeddings: int = 32768
+    num_experts: int = 128
+    num_experts_per_tok: int = 8
+    moe_intermediate_size: int = 768
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        # The expert fields before the base class counts parameters with them.
+        _check_int("num_experts", self.num_experts, minimum=0, maximum=MAX_EXPERTS)
+        _check_int("moe_intermediate_size", self.moe_intermediate_size)
+        _check_int("decoder_sparse_step", self.decoder_sparse_step)
+        _check_bool("norm_topk_prob", self.norm_topk_prob)
+        if self.num_experts:
+            _check_int("num_experts_per_tok", self.num_experts_per_tok, maximum=self.num_experts,
+                       why=" (1..num_experts)")
+        _check_int("num_hidden_layers", self.num_hidden_layers, maximum=MAX_LAYERS)
+        only = self.mlp_only_layers
+        if only is None:
+            only = ()
+        if not isinstance(only, (list, tuple)):
+            raise _error("mlp_only_layers", f"must be a list of layer indices, got {type(only).__name__} {_show(only)}")
+        for i in only:
+            _check_int("mlp_only_layers", i, minimum=0, maximum=self.num_hidden_layers - 1,
+                       why=f" (a layer index below num_hidden_layers = {self.num_hidden_layers})")
+        if len(set(only)) != len(only):
+            raise _error("mlp_only_layers", f"names a layer twice: {_show(only)}")
+        _set(self, "mlp_only_layers", tuple(sorted(only)))
+        super().__post_init__()
+        if self.mlp_bias:
+            raise _error("mlp_bias", "= True is not supported for qwen3_moe (its MLPs have no bias)")
+
+    def _sparse_sizes(self) -> tuple[int, int, int]:
+        n = sum(self.layer_sparse(i) for i in range(self.num_hidden_layers))
+        return n, self.num_experts, self.moe_intermediate_size
+
+    def layer_sparse(self, i: int) -> bool:
+        super().layer_sparse(i)
+        return self.num_experts > 0 and (i + 1) % self.decoder_sparse_step == 0 and i not in self.mlp_only_layers
+
+
+_FAMILIES: dict[str, type[ModelConfig]] = {"llama": LlamaConfig, "qwen3": Qwen3Config, "qwen3_moe": Qwen3MoeConfig}
 _TOKEN_FIELDS = ("bos_token_id", "eos_token_id")
 
 
@@ -360,15 +440,19 @@ def config_from_dict(d: dict, generation: dict | None = None) -> ModelConfig:
     model_type = d.get("model_type")
     for key in _MOE_KEYS:
         n = d.get(key)
-        if n is not None and not (isinstance(n, int) and not isinstance(n, bool) and n == 0):
-            raise ConfigError(f"config field '{key}' = {_show(n)}: mixture-of-experts models are not supported yet")
+        if model_type != "qwen3_moe" and n is not None and not (isinstance(n, int) and not isinstance(n, bool)
+                                                                and n == 0):
+            raise ConfigError(f"config field '{key}' = {_show(n)}: mixture-of-experts models other than qwen3_moe "
+                              "are not supported")
     if not isinstance(model_type, str) or model_type not in _FAMILIES:
-        hint = " (mixture-of-experts models are not supported yet)" if "moe" in _show(model_type) else ""
+        hint = " (of mixture-of-experts models, only qwen3_moe is)" if "moe" in _show(model_type) else ""
         raise ConfigError(f"config field 'model_type' = {_show(model_type)} is not supported "
                           f"(supported: {', '.join(sorted(_FAMILIES))}){hint}")
     cls = _FAMILIES[model_type]
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {k: d[k] for k in names if k in d and k not in ("rope_theta", "rope_scaling", "eos_token_ids")}
+    if cls is Qwen3MoeConfig:
+        _moe_fields(d, kwargs)
     for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
         if k not in d:
             raise ConfigError(f"config field '{k}' is required but missing")
@@ -401,11 +485,11 @@ def config_from_dict(d: dict, generation: dict | None = None) -> ModelConfig:
             from_generation.add("bos_token_id")
     kwargs["eos_token_ids"] = eos
     kwargs["bos_token_id"] = bos
-    if cls is Qwen3Config:
+    if cls in (Qwen3Config, Qwen3MoeConfig):
         kwargs.pop("mlp_bias", None)  # transformers' Qwen3 ignores it: its MLP never has a bias
     if kwargs.get("num_key_value_heads", 0) is None:
         del kwargs["num_key_value_heads"]
-    if cls is LlamaConfig and kwargs.get("head_dim", 0) is None:
+    if cls in (LlamaConfig, Qwen3MoeConfig) and kwargs.get("head_dim", 0) is None:
         del kwargs["head_dim"]
     if "layer_types" in kwargs and kwargs["layer_types"] is None:
         del kwargs["layer_types"]
@@ -415,6 +499,29 @@ def config_from_dict(d: dict, generation: dict | None = None) -> ModelConfig:
         if getattr(e, "field", None) in from_generation:
             raise ConfigError(f"{e} (the value comes from generation_config.json)") from None
         raise
+
+
+def _moe_fields(d: dict, kwargs: dict) -> None:
+    """qwen3_moe's fields of a Hugging Face config dict into kwargs: num_experts under either name
+    (transformers 5 writes num_local_experts), and refusals of what rlx does not run."""
+    local = d.get("num_local_experts")
+    if local is not None:
+        if "num_experts" in d and d["num_experts"] != local:
+            raise ConfigError(f"config fields 'num_experts' = {_show(d['num_experts'])} and 'num_local_experts' = "
+                              f"{_show(local)} disagree")
+        kwargs["num_experts"] = local
+    if d.get("n_routed_experts") is not None:
+        raise ConfigError(f"config field 'n_routed_experts' = {_show(d['n_routed_experts'])} is not a qwen3_moe field "
+                          "(DeepSeek's routing is not supported)")
+    shared = d.get("shared_expert_intermediate_size")
+    if shared is not None and shared != 0:
+        raise ConfigError(f"config field 'shared_expert_intermediate_size' = {_show(shared)}: a shared expert "
+                          "(Qwen2-MoE's) is not supported")
+    if d.get("use_sliding_window"):
+        raise ConfigError("config field 'use_sliding_window' = True is not supported for qwen3_moe (transformers "
+                          "versions disagree on which of its layers slide)")
+    if kwargs.get("mlp_only_layers", 0) is None:
+        del kwargs["mlp_only_layers"]
 
 
 def _regular_file(path: str, what: str) -> bool:

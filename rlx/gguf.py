@@ -19,7 +19,7 @@ exposes
 - `get(key, kind, default)`: a metadata value checked for its type; `weights()`: {HF name:
   data view}; `hf_array(name)`: a tensor in Hugging Face row order (q/k un-permuted: a copy).
 
-`config_from_gguf(f)` builds the LlamaConfig / Qwen3Config that the file describes, through
+`config_from_gguf(f)` builds the LlamaConfig / Qwen3Config / Qwen3MoeConfig that the file describes, through
 `rlx.config.config_from_dict` with Hugging Face keys.
 
 This module never copies tensor data, never writes to the file and never converts a dtype:
@@ -98,30 +98,42 @@ _TYPED_NAMES = frozenset(t.name for t in _TYPED)
 ARCHITECTURES: dict[str, dict[str, Any]] = {
     "llama": {"qk_permuted": True},
     "qwen3": {"qk_permuted": False},
+    "qwen3moe": {"qk_permuted": False},
 }
+
+# general.architecture -> Hugging Face model_type, where the two differ
+MODEL_TYPES = {"qwen3moe": "qwen3_moe"}
+
+_ALL = frozenset({"llama", "qwen3", "qwen3moe"})
+_QWEN3 = frozenset({"qwen3", "qwen3moe"})
 
 # GGUF name ("blk.{i}." stands for layer i) -> (Hugging Face name, architectures that have it).
 # A None HF name marks a tensor that is not a weight (rope_freqs: read into the config).
 TENSOR_NAMES: dict[str, tuple[str | None, frozenset[str]]] = {
-    "token_embd.weight": ("model.embed_tokens.weight", frozenset({"llama", "qwen3"})),
-    "output_norm.weight": ("model.norm.weight", frozenset({"llama", "qwen3"})),
-    "output.weight": ("lm_head.weight", frozenset({"llama", "qwen3"})),
+    "token_embd.weight": ("model.embed_tokens.weight", _ALL),
+    "output_norm.weight": ("model.norm.weight", _ALL),
+    "output.weight": ("lm_head.weight", _ALL),
     "rope_freqs.weight": (None, frozenset({"llama"})),
-    "blk.{i}.attn_norm.weight": ("model.layers.{i}.input_layernorm.weight", frozenset({"llama", "qwen3"})),
-    "blk.{i}.attn_q.weight": ("model.layers.{i}.self_attn.q_proj.weight", frozenset({"llama", "qwen3"})),
-    "blk.{i}.attn_k.weight": ("model.layers.{i}.self_attn.k_proj.weight", frozenset({"llama", "qwen3"})),
-    "blk.{i}.attn_v.weight": ("model.layers.{i}.self_attn.v_proj.weight", frozenset({"llama", "qwen3"})),
-    "blk.{i}.attn_output.weight": ("model.layers.{i}.self_attn.o_proj.weight", frozenset({"llama", "qwen3"})),
-    "blk.{i}.attn_q.bias": ("model.layers.{i}.self_attn.q_proj.bias", frozenset({"llama", "qwen3"})),
-    "blk.{i}.attn_k.bias": ("model.layers.{i}.self_attn.k_proj.bias", frozenset({"llama", "qwen3"})),
-    "blk.{i}.attn_v.bias": ("model.layers.{i}.self_attn.v_proj.bias", frozenset({"llama", "qwen3"})),
-    "blk.{i}.attn_output.bias": ("model.layers.{i}.self_attn.o_proj.bias", frozenset({"llama", "qwen3"})),
-    "blk.{i}.attn_q_norm.weight": ("model.layers.{i}.self_attn.q_norm.weight", frozenset({"qwen3"})),
-    "blk.{i}.attn_k_norm.weight": ("model.layers.{i}.self_attn.k_norm.weight", frozenset({"qwen3"})),
-    "blk.{i}.ffn_norm.weight": ("model.layers.{i}.post_attention_layernorm.weight", frozenset({"llama", "qwen3"})),
-    "blk.{i}.ffn_gate.weight": ("model.layers.{i}.mlp.gate_proj.weight", frozenset({"llama", "qwen3"})),
-    "blk.{i}.ffn_up.weight": ("model.layers.{i}.mlp.up_proj.weight", frozenset({"llama", "qwen3"})),
-    "blk.{i}.ffn_down.weight": ("model.layers.{i}.mlp.down_proj.weight", frozenset({"llama", "qwen3"})),
+    "blk.{i}.attn_norm.weight": ("model.layers.{i}.input_layernorm.weight", _ALL),
+    "blk.{i}.attn_q.weight": ("model.layers.{i}.self_attn.q_proj.weight", _ALL),
+    "blk.{i}.attn_k.weight": ("model.layers.{i}.self_attn.k_proj.weight", _ALL),
+    "blk.{i}.attn_v.weight": ("model.layers.{i}.self_attn.v_proj.weight", _ALL),
+    "blk.{i}.attn_output.weight": ("model.layers.{i}.self_attn.o_proj.weight", _ALL),
+    "blk.{i}.attn_q.bias": ("model.layers.{i}.self_attn.q_proj.bias", _ALL),
+    "blk.{i}.attn_k.bias": ("model.layers.{i}.self_attn.k_proj.bias", _ALL),
+    "blk.{i}.attn_v.bias": ("model.layers.{i}.self_attn.v_proj.bias", _ALL),
+    "blk.{i}.attn_output.bias": ("model.layers.{i}.self_attn.o_proj.bias", _ALL),
+    "blk.{i}.attn_q_norm.weight": ("model.layers.{i}.self_attn.q_norm.weight", _QWEN3),
+    "blk.{i}.attn_k_norm.weight": ("model.layers.{i}.self_attn.k_norm.weight", _QWEN3),
+    "blk.{i}.ffn_norm.weight": ("model.layers.{i}.post_attention_layernorm.weight", _ALL),
+    "blk.{i}.ffn_gate.weight": ("model.layers.{i}.mlp.gate_proj.weight", _ALL),
+    "blk.{i}.ffn_up.weight": ("model.layers.{i}.mlp.up_proj.weight", _ALL),
+    "blk.{i}.ffn_down.weight": ("model.layers.{i}.mlp.down_proj.weight", _ALL),
+    # a mixture's router (E, H) and its experts, stacked 3-D (E, out, in) as llama.cpp stores them
+    "blk.{i}.ffn_gate_inp.weight": ("model.layers.{i}.mlp.gate.weight", frozenset({"qwen3moe"})),
+    "blk.{i}.ffn_gate_exps.weight": ("model.layers.{i}.mlp.experts.gate_proj.weight", frozenset({"qwen3moe"})),
+    "blk.{i}.ffn_up_exps.weight": ("model.layers.{i}.mlp.experts.up_proj.weight", frozenset({"qwen3moe"})),
+    "blk.{i}.ffn_down_exps.weight": ("model.layers.{i}.mlp.experts.down_proj.weight", frozenset({"qwen3moe"})),
     "blk.{i}.ffn_gate.bias": ("model.layers.{i}.mlp.gate_proj.bias", frozenset({"llama"})),
     "blk.{i}.ffn_up.bias": ("model.layers.{i}.mlp.up_proj.bias", frozenset({"llama"})),
     "blk.{i}.ffn_down.bias": ("model.layers.{i}.mlp.down_proj.bias", frozenset({"llama"})),
@@ -526,7 +538,7 @@ def _rope_scaling(gf: GGUFFile, arch: str, theta: float, head_dim: int) -> dict 
 
 
 def config_from_gguf(gguf_file: GGUFFile | str | os.PathLike) -> ModelConfig:
-    """The LlamaConfig / Qwen3Config a GGUF file describes (Hugging Face keys through
+    """The LlamaConfig / Qwen3Config / Qwen3MoeConfig a GGUF file describes (Hugging Face keys through
     `config_from_dict`). Metadata keys, {arch} = general.architecture:
         vocab_size              token_embd rows, else len(tokenizer.ggml.tokens), else {arch}.vocab_size
         hidden_size             {arch}.embedding_length
@@ -544,6 +556,13 @@ def config_from_gguf(gguf_file: GGUFFile | str | os.PathLike) -> ModelConfig:
         mlp_bias                gate/up/down bias tensors (all three or none)
         bos_token_id            tokenizer.ggml.bos_token_id
         eos_token_id            tokenizer.ggml.eos_token_id, then eot / eom ids when present
+    and for a mixture of experts (architecture "qwen3moe", model_type "qwen3_moe"):
+        num_experts             {arch}.expert_count
+        num_experts_per_tok     {arch}.expert_used_count
+        moe_intermediate_size   {arch}.expert_feed_forward_length
+        intermediate_size       {arch}.feed_forward_length (default: the expert's: no layer is dense)
+        norm_topk_prob          True, and every layer sparse: llama.cpp's qwen3moe graph has no key
+                                for either (it always renormalises, as Qwen3-MoE's released configs do)
     A file without tensors (a vocabulary-only file) gets tie_word_embeddings = False and no
     biases: those facts live in the tensors."""
     gf = gguf_file if isinstance(gguf_file, GGUFFile) else GGUFFile(gguf_file)
@@ -592,11 +611,13 @@ def config_from_gguf(gguf_file: GGUFFile | str | os.PathLike) -> ModelConfig:
                               f"{', '.join(parts)} or none")
         return bool(have)
 
+    # a mixture's dense MLP size is optional: no layer of llama.cpp's qwen3moe is dense
+    dense_default = (gf.get(k + "expert_feed_forward_length", int),) if arch == "qwen3moe" else ()
     d: dict[str, Any] = {
-        "model_type": arch,
+        "model_type": MODEL_TYPES.get(arch, arch),
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": gf.get(k + "feed_forward_length", int),
+        "intermediate_size": gf.get(k + "feed_forward_length", int, *dense_default),
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
@@ -611,6 +632,9 @@ def config_from_gguf(gguf_file: GGUFFile | str | os.PathLike) -> ModelConfig:
     }
     if arch == "llama":
         d["mlp_bias"] = present(("gate_proj", "up_proj", "down_proj"), "MLP")
+    if arch == "qwen3moe":
+        d.update(num_experts=gf.get(k + "expert_count", int), num_experts_per_tok=gf.get(k + "expert_used_count", int),
+                 moe_intermediate_size=gf.get(k + "expert_feed_forward_length", int), norm_topk_prob=True)
     bos = gf.get("tokenizer.ggml.bos_token_id", int, None)
     if bos is not None:
         d["bos_token_id"] = bos

@@ -195,6 +195,22 @@ class Graph:
     def reshape(self, x: Value, shape: Sequence[Dim]) -> Value:
         return self._op("reshape", [x], {"shape": parse_shape(shape)})
 
+    def topk(self, x: Value, k: int) -> Value:
+        """x f32 (..., N) -> i32 (..., k): the indices of the k largest values of each row, largest
+        first, exactly those torch.topk returns on the CPU (ties included; NaN counts as largest)."""
+        return self._op("topk", [x], {"k": int(k)})
+
+    def matmul_id(self, a: Value, ids: Value, w: Value) -> Value:
+        """a (S, A, K) with A = 1 or n, ids i32 (S, n), w (E, N, K) stacked experts -> (S, n, N): row
+        j of token s is a[s, 0 if A == 1 else j] @ w[ids[s, j]]^T. Only the named experts are read;
+        an id outside [0, E) raises at run."""
+        return self._op("matmul_id", [a, ids, w])
+
+    def moe_combine(self, y: Value, probs: Value, ids: Value, norm: bool = False) -> Value:
+        """y (S, n, H), probs (S, E), ids i32 (S, n) -> (S, H): sum over j of w[s, j] * y[s, j], w[s, j] =
+        probs[s, ids[s, j]], divided by the row's sum of them when norm."""
+        return self._op("moe_combine", [y, probs, ids], {"norm": bool(norm)})
+
     # -- inspection --------------------------------------------------------------------------
     def symbol(self, name: str) -> int:
         return self._g.symbol(name)

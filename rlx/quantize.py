@@ -57,8 +57,9 @@ Memory: tensor by tensor, in chunks of rows; never an f32 copy of the whole mode
 single tensor's output is held while it is written). The file is written as dst + ".part" and
 renamed when complete; a failure removes it.
 
-Errors: an unknown type (ValueError naming the known ones), an unsupported architecture or a
-config GGUF cannot hold (rlx.ConfigError), an unreadable source, NaN / inf in a tensor, values
+Errors: an unknown type (ValueError naming the known ones), an unsupported architecture, a
+mixture of experts (Qwen3-MoE: not written yet, nor quantised in memory) or a config GGUF cannot
+hold (rlx.ConfigError; WeightsError from quantize_weights), an unreadable source, NaN / inf in a tensor, values
 too large for a type's f16 scales, or a quantised source without allow_requantize
 (rlx.WeightsError naming the file and tensor).
 
@@ -270,6 +271,9 @@ def quantize_weights(cfg, weights: dict, type: str, threads: int | None = None) 
     from rlx.weights import Packed, block_params
 
     r = recipe(type)
+    if any(cfg.layer_sparse(i) for i in range(cfg.num_hidden_layers)):
+        raise WeightsError(f"dtype={r.name!r}: quantising a mixture-of-experts model ({cfg.model_type}) is not "
+                           "supported yet (its experts have no GGUF tensor types in rlx); load it as f32, f16 or bf16")
     n_threads = _threads(threads)
     out = dict(weights)
     for name, shape, kind in block_params(cfg):
@@ -346,6 +350,7 @@ class _GGUFSource:
         self.gf = gguf.GGUFFile(path)
         self.cfg = gguf.config_from_gguf(self.gf)
         self.arch = self.cfg.model_type
+        _refuse_mixture(path, self.cfg)
         self.tied = "lm_head.weight" not in self.gf.tensors
         self.tensors: list[_Tensor] = []
         if self.gf.rope_freqs is not None:
@@ -377,6 +382,12 @@ class _GGUFSource:
                                    "copy")
 
 
+def _refuse_mixture(path: str, cfg) -> None:
+    if any(cfg.layer_sparse(i) for i in range(cfg.num_hidden_layers)):
+        raise ConfigError(f"{path}: writing a mixture-of-experts model ({cfg.model_type}) is not supported yet "
+                          "(its stacked experts have no tensor types in rlx.quantize)")
+
+
 class _HFSource:
     """A Hugging Face directory: config.json, safetensors, and a tokenizer when there is one."""
 
@@ -389,6 +400,7 @@ class _HFSource:
         self.cfg = cfg = load_config(path)
         self.arch = cfg.model_type
         self.tied = cfg.tie_word_embeddings
+        _refuse_mixture(path, cfg)
         if self.arch not in gguf.ARCHITECTURES:
             raise ConfigError(f"{path}: architecture '{self.arch}' has no GGUF mapping in rlx")
         if any(cfg.layer_window(i) for i in range(cfg.num_hidden_layers)):

@@ -29,6 +29,14 @@ the tensor and the files.
 `expected_weights(cfg)` lists every tensor the decoder needs with its HF shape (from the C
 decoder builder, the one place the names live), and `check_weights(cfg, weights)` verifies a dict
 (loaded or built in memory) against it, keeping each tensor's own dtype.
+
+Mixture-of-experts layers (Qwen3-MoE) read each projection's experts as one stacked param (E, out,
+in), "model.layers.N.mlp.experts.gate_proj.weight" (block_params kind "experts"). A GGUF file holds
+them so (one 3-D tensor, used in place); a Hugging Face file holds one 2-D tensor per expert,
+"model.layers.N.mlp.experts.E.gate_proj.weight" (`expert_parts` names them). check_weights hands
+such parts on as a list, and the core uses each part in place where the device reads host memory
+(a table of pointers, no copy; devices with memory of their own get one buffer, each part uploaded
+at its place): stacking them in NumPy would copy every expert, nearly the whole model.
 """
 
 from __future__ import annotations
@@ -45,7 +53,8 @@ from rlx import _C
 from rlx import dtypes as _dtypes
 from rlx.errors import WeightsError
 
-__all__ = ["load_weights", "expected_weights", "check_weights", "block_params", "dtype_summary", "Packed"]
+__all__ = ["load_weights", "expected_weights", "check_weights", "block_params", "expert_parts", "dtype_summary",
+           "Packed"]
 
 # safetensors dtype names rlx reads -> rlx dtypes (sizes and NumPy dtypes come from rlx.dtypes)
 _SAFETENSORS = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
@@ -301,8 +310,9 @@ class Packed:
 
 
 def _c_config(cfg) -> dict:
-    """The fields the C core reads, with each layer's sliding window resolved."""
-    return {
+    """The fields the C core reads, with each layer's sliding window (and, for a mixture, whether it
+    is sparse) resolved."""
+    out = {
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
@@ -319,29 +329,51 @@ def _c_config(cfg) -> dict:
         "rope_interleaved": cfg.rope_interleaved,
         "layer_windows": [cfg.layer_window(i) for i in range(cfg.num_hidden_layers)],
     }
+    sparse = [cfg.layer_sparse(i) for i in range(cfg.num_hidden_layers)]
+    if any(sparse):
+        out.update(layer_sparse=sparse, num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+                   moe_intermediate_size=cfg.moe_intermediate_size, norm_topk_prob=cfg.norm_topk_prob)
+    return out
 
 
-_KINDS = {0: "matrix", 1: "vector", 2: "derived"}
+_KINDS = {0: "matrix", 1: "vector", 2: "derived", 3: "experts"}
+
+
+def _decoder_rows(cfg, block) -> list:
+    begin, end, embed, head = (0, cfg.num_hidden_layers, True, True) if block is None else (
+        block.layer_begin, block.layer_end, block.embed, block.head)
+    return _C.decoder_params(_c_config(cfg), begin, end, embed, head)
 
 
 def block_params(cfg, block=None) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape, kind) of every tensor a block of the decoder reads, in the order the C builder
     makes them (the names live in the C decoder builder and nowhere else). kind: "matrix" (a
-    projection, the embedding or the LM head: any real-valued dtype), "vector" (norms and biases:
-    float32) or "derived" (rope.inv_freq, computed from the config). block: an
-    rlx.distributed.BlockSpec, or None for the whole model."""
-    begin, end, embed, head = (0, cfg.num_hidden_layers, True, True) if block is None else (
-        block.layer_begin, block.layer_end, block.embed, block.head)
-    rows = _C.decoder_params(_c_config(cfg), begin, end, embed, head)
-    return [(name, tuple(shape), _KINDS[kind]) for name, shape, kind in rows]
+    projection, the embedding or the LM head: any real-valued dtype), "experts" (a mixture's
+    experts of one projection stacked (E, out_features, in_features): any real-valued dtype),
+    "vector" (norms and biases: float32) or "derived" (rope.inv_freq, computed from the config).
+    block: an rlx.distributed.BlockSpec, or None for the whole model."""
+    return [(name, tuple(shape), _KINDS[kind]) for name, shape, kind, _ in _decoder_rows(cfg, block)]
+
+
+def expert_parts(cfg, block=None) -> dict[str, list[str]]:
+    """{stacked experts name: the names of its E parts in a Hugging Face file, in expert order}."""
+    return {name: [fmt % e for e in range(shape[0])] for name, shape, _, fmt in _decoder_rows(cfg, block) if fmt}
 
 
 def expected_weights(cfg, block=None) -> dict[str, tuple[int, ...]]:
-    """Every tensor the decoder (or a block of it) reads from a file, with its Hugging Face shape, in
+    """Every tensor the decoder (or a block of it) reads from a Hugging Face file, with its shape, in
     layer order. Projections are stored (out_features, in_features). attention_bias adds biases to
     q, k, v AND o; mlp_bias to gate, up and down; qk_norm (Qwen3) adds per-head q_norm / k_norm of
-    (head_dim,). lm_head.weight is listed only when embeddings are not tied."""
-    return {name: shape for name, shape, kind in block_params(cfg, block) if kind != "derived"}
+    (head_dim,). lm_head.weight is listed only when embeddings are not tied. A sparse layer lists
+    its router (model.layers.N.mlp.gate.weight, (E, H)) and every expert's projections (parts of
+    the stacked params, see expert_parts)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape, kind, fmt in _decoder_rows(cfg, block):
+        if fmt:
+            out.update((fmt % e, tuple(shape[1:])) for e in range(shape[0]))
+        elif kind != 2:
+            out[name] = tuple(shape)
+    return out
 
 
 def _shape_of(arr) -> tuple[int, ...]:
@@ -350,10 +382,13 @@ def _shape_of(arr) -> tuple[int, ...]:
 
 def check_weights(cfg, weights: dict, block=None, dtype: str | None = None) -> dict:
     """Checks weights against `expected_weights(cfg, block)` and returns {name: value} holding
-    exactly the expected names, ready for the C model: each matrix in its own dtype (float32,
+    exactly the block's params, ready for the C model: each matrix in its own dtype (float32,
     float16, bfloat16 arrays, or Packed block weights), or converted to `dtype` when given: "f32",
     "bf16", "f16", or a block type / quantisation recipe ("q8_0", "q4_k_m": each matrix quantised
-    as rlx.quantize would write it, see rlx/quantize.py); norms and biases as float32. block narrows the expected names to a pipeline
+    as rlx.quantize would write it, see rlx/quantize.py); norms and biases as float32. Stacked
+    experts come either as the stacked tensor (a GGUF file's; any matrix dtype) or as their E parts
+    (a Hugging Face file's, `expert_parts`), which are returned as a list in expert order, each part
+    as a matrix is (one dtype for all of them). block narrows the expected names to a pipeline
     stage's block: names outside it are neither required nor reported as extra. Missing, extra or
     mis-shaped tensors raise one WeightsError listing every problem (tensor name, expected and
     actual shapes; the message is capped in length). A tied model may carry an lm_head.weight of
@@ -363,39 +398,40 @@ def check_weights(cfg, weights: dict, block=None, dtype: str | None = None) -> d
         from rlx.quantize import quantize_weights  # ValueError naming the known types
 
         weights, dtype = quantize_weights(cfg, weights, dtype), None
-    params = {name: (shape, kind) for name, shape, kind in block_params(cfg, block) if kind != "derived"}
-    whole = None if block is None else set(expected_weights(cfg))
+    rows = [r for r in _decoder_rows(cfg, block) if r[2] != 2]
+    known = {r[0] for r in rows} | {fmt % e for _, shape, _, fmt in rows if fmt for e in range(shape[0])}
+    if block is not None:
+        whole = _decoder_rows(cfg, None)
+        known |= {r[0] for r in whole} | {fmt % e for _, shape, _, fmt in whole if fmt for e in range(shape[0])}
     problems: list[str] = []
     out: dict = {}
-    f32 = _dtypes.DTYPES["f32"].numpy
-    for name, (shape, kind) in params.items():
+    for name, shape, kind, fmt in rows:
+        shape = tuple(shape)
+        if fmt and name not in weights:
+            parts = [fmt % e for e in range(shape[0])]
+            missing = [p for p in parts if p not in weights]
+            if missing:
+                problems.append(f"missing tensor '{name}' (expected shape {shape}) or its {shape[0]} parts: "
+                                f"{len(missing)} missing, the first '{missing[0]}' (expected shape {shape[1:]})")
+                continue
+            values = [_matrix(p, weights[p], shape[1:], True, dtype, problems) for p in parts]
+            if any(v is None for v in values):
+                continue
+            kinds = {v[1] if isinstance(v, tuple) else v.dtype for v in values}
+            if len(kinds) > 1:
+                problems.append(f"the parts of '{name}' mix dtypes {sorted(map(str, kinds))}; one projection's "
+                                "experts share a dtype")
+                continue
+            out[name] = values
+            continue
         if name not in weights:
             problems.append(f"missing tensor '{name}' (expected shape {shape})")
             continue
-        arr = weights[name]
-        if not isinstance(arr, (np.ndarray, Packed)):
-            arr = np.asarray(arr)
-        if _shape_of(arr) != shape:
-            problems.append(f"tensor '{name}' has shape {_shape_of(arr)}, expected {shape}")
-            continue
-        if isinstance(arr, Packed):
-            if kind != "matrix" or (dtype is not None and dtype != _dtypes.parse(arr.dtype).name):
-                problems.append(f"tensor '{name}' is packed {arr.dtype}; " + (
-                    "only matrices may be packed" if kind != "matrix" else f"it cannot be converted to {dtype}"))
-                continue
-            out[name] = arr.raw()
-            continue
-        have = _dtypes.of_array(arr)
-        if arr.dtype.kind != "f" and not (have is not None and have.is_float):
-            problems.append(f"tensor '{name}' has dtype {arr.dtype}, expected a float dtype (incl. bfloat16)")
-            continue
-        kept = arr.dtype if have is not None else f32  # float64 and other floats: float32, once
-        want = (_dtypes.DTYPES[dtype].numpy if dtype else kept) if kind == "matrix" else f32
-        if arr.dtype != want or not arr.flags.c_contiguous or not arr.flags.aligned:
-            arr = np.ascontiguousarray(arr.astype(want, copy=False))
-        out[name] = arr
+        value = _matrix(name, weights[name], shape, kind != 1, dtype, problems)
+        if value is not None:
+            out[name] = value
     for name in weights:
-        if name in params or (whole is not None and name in whole):
+        if name in known:
             continue
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             shape = _shape_of(weights[name])
@@ -412,13 +448,40 @@ def check_weights(cfg, weights: dict, block=None, dtype: str | None = None) -> d
     return out
 
 
+def _matrix(name: str, arr, shape: tuple, matrix: bool, dtype: str | None, problems: list):
+    """One checked tensor for the C model (a matrix: its dtype kept, or converted to dtype; else
+    float32), or None after appending the problem."""
+    if not isinstance(arr, (np.ndarray, Packed)):
+        arr = np.asarray(arr)
+    if _shape_of(arr) != shape:
+        problems.append(f"tensor '{name}' has shape {_shape_of(arr)}, expected {shape}")
+        return None
+    if isinstance(arr, Packed):
+        if not matrix or (dtype is not None and dtype != _dtypes.parse(arr.dtype).name):
+            problems.append(f"tensor '{name}' is packed {arr.dtype}; " + (
+                "only matrices may be packed" if not matrix else f"it cannot be converted to {dtype}"))
+            return None
+        return arr.raw()
+    have = _dtypes.of_array(arr)
+    if arr.dtype.kind != "f" and not (have is not None and have.is_float):
+        problems.append(f"tensor '{name}' has dtype {arr.dtype}, expected a float dtype (incl. bfloat16)")
+        return None
+    f32 = _dtypes.DTYPES["f32"].numpy
+    kept = arr.dtype if have is not None else f32  # float64 and other floats: float32, once
+    want = (_dtypes.DTYPES[dtype].numpy if dtype else kept) if matrix else f32
+    if arr.dtype != want or not arr.flags.c_contiguous or not arr.flags.aligned:
+        arr = np.ascontiguousarray(arr.astype(want, copy=False))
+    return arr
+
+
 def dtype_summary(cfg, weights: dict, block=None) -> dict[str, int]:
     """{dtype name: number of matrices} of checked weights (arrays and packed tuples): the dtypes
     the projections, embedding and LM head are computed from (norms and biases are float32)."""
     counts: dict[str, int] = {}
     for name, _, kind in block_params(cfg, block):
-        if kind == "matrix" and name in weights:
+        if kind in ("matrix", "experts") and name in weights:
             v = weights[name]
+            v = v[0] if isinstance(v, list) else v  # experts as parts: one dtype
             dt = v[1] if isinstance(v, tuple) else _dtypes.of_array(v).name
             counts[dt] = counts.get(dt, 0) + 1
     return counts

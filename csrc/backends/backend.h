@@ -29,6 +29,10 @@ struct rlx_buffer {
     bool wrapped;     /* caller's host memory used in place (never written by kernels) */
     void *data;       /* host-addressable memory, or NULL */
     void *impl;       /* backend-specific */
+    int64_t parts;    /* > 0: not device memory but a weight store's table of parts (weights.c): `data`
+                         holds `parts` pointers to host memory, one per part of a stacked weight whose
+                         parts are not contiguous (experts read in place from a Hugging Face file);
+                         only on devices that wrap host memory, only read by MATMUL_ID */
 };
 
 /* A value placed in memory for one run: contiguous row-major. */

@@ -105,6 +105,7 @@ void rlx_host_state_free(void *ctx, void *state)
     struct rlx_host_state *st = state;
     if (!st) return;
     free(st->scratch);
+    free(st->experts);
     free(st);
 }
 
@@ -115,6 +116,16 @@ static rlx_status need_scratch(struct rlx_host_state *st, size_t floats)
     if (!p) return rlx_set_error(RLX_ERR_NOMEM, "out of memory for %zu floats of kernel scratch", floats);
     st->scratch = p;
     st->scratch_floats = floats;
+    return RLX_OK;
+}
+
+static rlx_status need_experts(struct rlx_host_state *st, size_t n)
+{
+    if (n <= st->expert_cap) return RLX_OK;
+    const void **p = realloc(st->experts, n * sizeof *p);
+    if (!p) return rlx_set_error(RLX_ERR_NOMEM, "out of memory for %zu expert pointers", n);
+    st->experts = p;
+    st->expert_cap = n;
     return RLX_OK;
 }
 
@@ -212,6 +223,46 @@ static rlx_status run_attention(struct rlx_host_state *st, int id, const struct 
     RLX_TRY(need_scratch(st, st->k->attention_scratch(&a)));
     a.scratch = st->scratch;
     st->k->attention(&a);
+    return RLX_OK;
+}
+
+/* Every expert id of ids (count of them) in [0, E). */
+static rlx_status check_ids(int id, const struct rlx_node *n, const struct rlx_tensor *ids, int64_t E)
+{
+    const int32_t *p = ptr(ids);
+    const int64_t count = rlx_tensor_numel(ids), per_row = ids->shape[ids->ndim - 1];
+    for (int64_t i = 0; i < count; i++)
+        if (p[i] < 0 || p[i] >= E)
+            return rlx_set_error(RLX_ERR_RANGE, "node %d (%s): expert id %d (row %lld, slot %lld) is outside [0, %lld)",
+                                 id, rlx_op_name(n->op), p[i], (long long)(i / per_row), (long long)(i % per_row),
+                                 (long long)E);
+    return RLX_OK;
+}
+
+/* The kernel gets one pointer per expert: into the stacked weight, or a weight store's parts. */
+static rlx_status run_matmul_id(struct rlx_host_state *st, int id, const struct rlx_node *n,
+                                const struct rlx_tensor *v, const struct rlx_tensor *out)
+{
+    const struct rlx_tensor *a = &v[n->in[0]], *ids = &v[n->in[1]], *w = &v[n->in[2]];
+    const int64_t E = w->shape[0], N = w->shape[1], K = w->shape[2], R = ids->shape[0] * ids->shape[1];
+    RLX_TRY(check_ids(id, n, ids, E));
+    if (R > INT_MAX || K > INT_MAX || N > INT_MAX)
+        return rlx_set_error(RLX_ERR_UNSUPPORTED, "node %d (matmul_id): dims %lld x %lld x %lld exceed the BLAS's "
+                             "32-bit sizes", id, (long long)R, (long long)K, (long long)N);
+    RLX_TRY(need_experts(st, (size_t)E));
+    if (w->buf->parts) {
+        assert(w->buf->parts == E && w->offset == 0);
+        memcpy(st->experts, w->buf->data, (size_t)E * sizeof *st->experts);
+    } else {
+        const size_t expert = bytes_of(w->dtype, N * K);
+        for (int64_t e = 0; e < E; e++) st->experts[e] = (const char *)ptr(w) + (size_t)e * expert;
+    }
+    struct rlx_matmul_id_args args = {.out = ptr(out), .a = ptr(a), .ids = ptr(ids), .w = st->experts,
+                                      .w_dtype = w->dtype, .S = ids->shape[0], .A = a->shape[1],
+                                      .n = ids->shape[1], .K = K, .N = N, .E = E};
+    RLX_TRY(need_scratch(st, st->k->matmul_id_scratch(&args)));
+    args.scratch = st->scratch;
+    st->k->matmul_id(&args);
     return RLX_OK;
 }
 
@@ -327,6 +378,22 @@ static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g,
         axis_split(x, n->attrs.axis, &outer, &step);
         copy_blocks((char *)o, step * (size_t)n->attrs.len, (const char *)ptr(x) + step * (size_t)start,
                     step * (size_t)extent, outer, step * (size_t)n->attrs.len);
+        return RLX_OK;
+    }
+    case RLX_OP_TOPK: {
+        const struct rlx_tensor *x = &v[n->in[0]];
+        const int64_t len = x->shape[x->ndim - 1];
+        RLX_TRY(need_scratch(st, k->topk_scratch(len)));
+        k->topk_f32(ptr(out), fin(v, n, 0), rows_of(x), len, n->attrs.k, st->scratch);
+        return RLX_OK;
+    }
+    case RLX_OP_MATMUL_ID:
+        return run_matmul_id(st, id, n, v, out);
+    case RLX_OP_MOE_COMBINE: {
+        const struct rlx_tensor *y = &v[n->in[0]], *probs = &v[n->in[1]], *ids = &v[n->in[2]];
+        RLX_TRY(check_ids(id, n, ids, probs->shape[1]));
+        k->moe_combine_f32(o, ptr(y), ptr(probs), ptr(ids), y->shape[0], y->shape[1], y->shape[2], probs->shape[1],
+                           n->attrs.norm);
         return RLX_OK;
     }
     case RLX_OP_COUNT:

@@ -30,6 +30,8 @@ struct rlx_host_state {
     const struct rlx_kernels *k;
     float *scratch;
     size_t scratch_floats;
+    const void **experts;            /* (expert_cap) MATMUL_ID's pointer per expert, grown on demand */
+    size_t expert_cap;
 };
 rlx_status rlx_host_state_create(const struct rlx_kernels *k, void **state);
 void rlx_host_state_free(void *ctx, void *state);

@@ -32,6 +32,19 @@ struct rlx_attn_args {
 };
 /* A query row whose keys are all masked produces zeros. */
 
+/* A product with weights chosen per row from stacked experts (RLX_OP_MATMUL_ID). */
+struct rlx_matmul_id_args {
+    float *out;               /* (S, n, N) */
+    const float *a;           /* (S, A, K): row j of token s reads a[s, A == 1 ? 0 : j] */
+    const int32_t *ids;       /* (S, n), each in [0, E) (the dispatcher has checked) */
+    const void *const *w;     /* (E) expert e's weight (N, K), rows of w_dtype (whole blocks of K) */
+    int w_dtype;              /* any real-valued dtype; each row's product is the one the table's matmul
+                                 entry for that dtype computes (matmul_f32 with trans_b, matmul_lowp,
+                                 matmul_quant), up to summation order */
+    int64_t S, A, n, K, N, E;
+    float *scratch;           /* at least matmul_id_scratch(this) floats */
+};
+
 struct rlx_kernels {
     const char *name;
     /* out (M, N) = a (M, K) @ b, b (N, K) read transposed if trans_b else b (K, N) */
@@ -92,7 +105,23 @@ struct rlx_kernels {
     void (*attention)(const struct rlx_attn_args *a);
     /* floats of scratch attention needs for these arguments (scratch itself unused) */
     size_t (*attention_scratch)(const struct rlx_attn_args *a);
+    /* out (rows, k) i32 = per row of x (rows, n) the indices torch.topk returns (rlx_topk_f32 in
+     * core/topk.c: both tables use that one definition, whose oracle is torch itself); scratch:
+     * topk_scratch(n) floats */
+    void (*topk_f32)(int32_t *out, const float *x, int64_t rows, int64_t n, int64_t k, float *scratch);
+    size_t (*topk_scratch)(int64_t n);
+    /* see rlx_matmul_id_args */
+    void (*matmul_id)(const struct rlx_matmul_id_args *a);
+    size_t (*matmul_id_scratch)(const struct rlx_matmul_id_args *a);
+    /* out (S, H) = sum over j < n, in order, of w[s, j] * y (S, n, H)[s, j], w[s, j] = probs (S, E)[s, ids[s, j]],
+     * divided by the sum of the row's n values (in order) when norm; ids (S, n) in [0, E) */
+    void (*moe_combine_f32)(float *out, const float *y, const float *probs, const int32_t *ids, int64_t S, int64_t n,
+                            int64_t H, int64_t E, int norm);
 };
+
+/* The shared TOPK (backends/topk.c): scratch of rlx_topk_scratch(n) floats. */
+void rlx_topk_f32(int32_t *out, const float *x, int64_t rows, int64_t n, int64_t k, float *scratch);
+size_t rlx_topk_scratch(int64_t n);
 
 extern const struct rlx_kernels rlx_cpu_kernels;
 extern const struct rlx_kernels rlx_ref_kernels;

@@ -17,6 +17,7 @@
 
 #include "core/core.h"
 #include "gen/gen.h"
+#include "ir/graph.h"
 #include "runtime/plan.h"
 
 static double now_seconds(void)
@@ -43,6 +44,29 @@ static void release_plans_locked(struct rlx_model *m)
     m->n_slots = 0;
 }
 
+/* RLX_ERR_UNSUPPORTED, before any weight is stored, when the device has no kernel for an op of the
+ * block (a mixture-of-experts layer's TOPK / MATMUL_ID / MOE_COMBINE on a backend without them), naming
+ * the op: a clear refusal at load instead of a failed compile at the first token. */
+static rlx_status check_device_runs(const struct rlx_model_config *cfg, const struct rlx_device *dev,
+                                    int64_t layer_begin, int64_t layer_end, unsigned ends)
+{
+    struct rlx_block_spec spec = {.layer_begin = layer_begin, .layer_end = layer_end, .flags = ends,
+                                  .seq = rlx_dim_const(1), .kv_rows = rlx_dim_const(1), .kv_dtype = RLX_F32};
+    struct rlx_graph *g;
+    RLX_TRY(rlx_decoder_build(cfg, &spec, NULL, &g, NULL));
+    rlx_status s = RLX_OK;
+    for (int id = 0; id < g->n_nodes && s == RLX_OK; id++) {
+        const enum rlx_op op = g->nodes[id].op;
+        if (dev->be->supports_op(dev->ctx, g, id)) continue;
+        const bool moe = op == RLX_OP_TOPK || op == RLX_OP_MATMUL_ID || op == RLX_OP_MOE_COMBINE;
+        s = rlx_set_error(RLX_ERR_UNSUPPORTED, "device '%s' cannot run this model: it has no kernel for op %s%s",
+                          dev->name, rlx_op_name(op),
+                          moe ? " (the mixture-of-experts layers of Qwen3-MoE are not implemented on this device)" : "");
+    }
+    rlx_graph_free(g);
+    return s;
+}
+
 rlx_status rlx_model_create(const struct rlx_model_config *cfg, struct rlx_device *dev, int64_t layer_begin,
                             int64_t layer_end, unsigned ends, struct rlx_model **out)
 {
@@ -53,6 +77,7 @@ rlx_status rlx_model_create(const struct rlx_model_config *cfg, struct rlx_devic
                              (long long)layer_begin, (long long)layer_end, (long long)cfg->n_layers);
     if (ends & ~(unsigned)(RLX_BLOCK_EMBED | RLX_BLOCK_HEAD))
         return rlx_set_error(RLX_ERR_INVALID, "model block: ends may only be RLX_BLOCK_EMBED | RLX_BLOCK_HEAD");
+    RLX_TRY(check_device_runs(cfg, dev, layer_begin, layer_end, ends));
     struct rlx_model *m = rlx_calloc(1, sizeof *m);
     if (!m) return RLX_ERR_NOMEM;
     m->cfg = *cfg;
@@ -87,25 +112,54 @@ void rlx_model_free(struct rlx_model *m)
     free(m);
 }
 
+/* "(2, 3, 4)" into buf */
+static void shape_text(char *buf, size_t cap, int ndim, const int64_t *shape)
+{
+    size_t len = (size_t)snprintf(buf, cap, "(");
+    for (int d = 0; d < ndim && len < cap; d++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (len < cap) snprintf(buf + len, cap - len, ")");
+}
+
+/* The block's param `name`, or RLX_ERR_INVALID naming it. */
+static rlx_status find_param(const struct rlx_model *m, const char *name, const struct rlx_param_info **out)
+{
+    for (int i = 0; name && i < m->n_params; i++)
+        if (strcmp(m->params[i].name, name) == 0) {
+            *out = &m->params[i];
+            return RLX_OK;
+        }
+    return rlx_set_error(RLX_ERR_INVALID, "weight '%s' is not read by this model's block", name ? name : "(null)");
+}
+
+/* t against param pi, whose shape from dim `skip` on it must have (a part of stacked experts: 1) */
+static rlx_status check_tensor(const struct rlx_param_info *pi, const char *what, const struct rlx_host_tensor *t,
+                               int skip)
+{
+    bool ok = t->ndim == pi->ndim - skip;
+    for (int d = 0; ok && d < t->ndim; d++) ok = t->shape[d] == pi->shape[d + skip];
+    if (!ok) {
+        char have[96], want[96];
+        shape_text(have, sizeof have, t->ndim, t->shape);
+        shape_text(want, sizeof want, pi->ndim - skip, pi->shape + skip);
+        return rlx_set_error(RLX_ERR_SHAPE, "%s has shape %s, expected %s", what, have, want);
+    }
+    const struct rlx_dtype_traits *tr = rlx_dtype_traits(t->dtype);
+    const bool matrix = pi->kind == RLX_PARAM_MATRIX || pi->kind == RLX_PARAM_EXPERTS;
+    if (matrix ? !(tr && tr->is_float) : t->dtype != RLX_F32)
+        return rlx_set_error(RLX_ERR_DTYPE, "%s is %s; %s", what, rlx_dtype_name(t->dtype),
+                             matrix ? "a matrix takes a real-valued dtype (f32, f16, bf16, q8_0)"
+                                    : "norms, biases and rope.inv_freq are f32");
+    return RLX_OK;
+}
+
 static rlx_status check_weight(const struct rlx_model *m, const char *name, const struct rlx_host_tensor *t)
 {
-    const struct rlx_param_info *pi = NULL;
-    for (int i = 0; name && i < m->n_params && !pi; i++)
-        if (strcmp(m->params[i].name, name) == 0) pi = &m->params[i];
-    if (!pi) return rlx_set_error(RLX_ERR_INVALID, "weight '%s' is not read by this model's block", name ? name : "(null)");
-    bool ok = t->ndim == pi->ndim;
-    for (int d = 0; ok && d < pi->ndim; d++) ok = t->shape[d] == pi->shape[d];
-    if (!ok)
-        return rlx_set_error(RLX_ERR_SHAPE, "weight '%s' has shape (%lld%s%lld), expected (%lld%s%lld)", name,
-                             (long long)(t->ndim > 0 ? t->shape[0] : 0), t->ndim > 1 ? ", " : "",
-                             (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)pi->shape[0],
-                             pi->ndim > 1 ? ", " : "", (long long)(pi->ndim > 1 ? pi->shape[1] : 0));
-    const struct rlx_dtype_traits *tr = rlx_dtype_traits(t->dtype);
-    if (pi->kind == RLX_PARAM_MATRIX ? !(tr && tr->is_float) : t->dtype != RLX_F32)
-        return rlx_set_error(RLX_ERR_DTYPE, "weight '%s' is %s; %s", name, rlx_dtype_name(t->dtype),
-                             pi->kind == RLX_PARAM_MATRIX ? "a matrix takes a real-valued dtype (f32, f16, bf16, q8_0)"
-                                                          : "norms, biases and rope.inv_freq are f32");
-    return RLX_OK;
+    const struct rlx_param_info *pi;
+    RLX_TRY(find_param(m, name, &pi));
+    char what[RLX_NAME_MAX + 16];
+    snprintf(what, sizeof what, "weight '%s'", name);
+    return check_tensor(pi, what, t, 0);
 }
 
 rlx_status rlx_model_set_weight(struct rlx_model *m, const char *name, const struct rlx_host_tensor *t)
@@ -115,6 +169,32 @@ rlx_status rlx_model_set_weight(struct rlx_model *m, const char *name, const str
     rlx_model_lock(m);
     release_plans_locked(m); /* plans point at the weight being replaced */
     rlx_status s = rlx_weights_set(m->weights, name, t);
+    rlx_model_unlock(m);
+    return s;
+}
+
+rlx_status rlx_model_set_weight_parts(struct rlx_model *m, const char *name, int64_t n,
+                                      const struct rlx_host_tensor *parts)
+{
+    const struct rlx_param_info *pi;
+    RLX_TRY(find_param(m, name, &pi));
+    if (pi->kind != RLX_PARAM_EXPERTS)
+        return rlx_set_error(RLX_ERR_INVALID, "weight '%s' is not stacked experts: it takes one tensor", name);
+    if (!parts || n != pi->shape[0])
+        return rlx_set_error(RLX_ERR_SHAPE, "weight '%s' takes %lld parts (one per expert), got %lld", name,
+                             (long long)pi->shape[0], (long long)n);
+    for (int64_t e = 0; e < n; e++) {
+        char part[RLX_NAME_MAX + 16], quoted[sizeof part + 16];
+        snprintf(part, sizeof part, pi->part_fmt, (int)e);
+        snprintf(quoted, sizeof quoted, "weight '%s'", part);
+        RLX_TRY(check_tensor(pi, quoted, &parts[e], 1));
+        if (parts[e].dtype != parts[0].dtype)
+            return rlx_set_error(RLX_ERR_DTYPE, "%s is %s, expert 0 is %s: the experts of a projection share a dtype",
+                                 quoted, rlx_dtype_name(parts[e].dtype), rlx_dtype_name(parts[0].dtype));
+    }
+    rlx_model_lock(m);
+    release_plans_locked(m);
+    rlx_status s = rlx_weights_set_parts(m->weights, name, n, parts);
     rlx_model_unlock(m);
     return s;
 }

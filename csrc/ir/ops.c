@@ -65,15 +65,15 @@ static rlx_status infer_leaf(const struct rlx_graph *g, int id, struct rlx_node 
 
 static bool is_lowp(enum rlx_dtype dt) { return dt == RLX_BF16 || dt == RLX_F16; }
 
-/* A weight of a matmul or an embedding: any real-valued dtype (f32, 16-bit, the block types).
- * Other than f32 it must be stored (N, K) with constant K of whole blocks. */
+/* A weight of a matmul, an embedding or a matmul_id: any real-valued dtype (f32, 16-bit, the block
+ * types). A block type must be stored in rows (..., K) of constant K in whole blocks. */
 static bool weight_fits(const struct rlx_node *w, enum rlx_dtype *bad_block)
 {
     const struct rlx_dtype_traits *t = rlx_dtype_traits(w->dtype);
     int64_t k;
     *bad_block = RLX_DTYPE_COUNT;
     if (!t || !t->is_float) return false;
-    if (t->block_size > 1 && (w->ndim != 2 || !const_dim(&w->shape[1], &k) || k % t->block_size)) {
+    if (t->block_size > 1 && (w->ndim < 2 || !const_dim(&w->shape[w->ndim - 1], &k) || k % t->block_size)) {
         *bad_block = w->dtype;
         return false;
     }
@@ -86,7 +86,7 @@ static bool elementwise_dtype(enum rlx_dtype dt) { return rlx_dtype_traits(dt)->
 static rlx_status infer_matmul(const struct rlx_graph *g, int id, struct rlx_node *n)
 {
     const struct rlx_node *a = IN(0), *b = IN(1);
-    enum rlx_dtype bad;
+    enum rlx_dtype bad = RLX_DTYPE_COUNT; /* set by weight_fits, which a failed dtype test skips */
     if (a->dtype != RLX_F32 || !weight_fits(b, &bad))
         return fail(g, id, n, RLX_ERR_DTYPE, bad != RLX_DTYPE_COUNT
                                                  ? "a block-type b must be (N, K) with K a whole number of blocks"
@@ -109,7 +109,7 @@ static rlx_status infer_matmul(const struct rlx_graph *g, int id, struct rlx_nod
 static rlx_status infer_embedding(const struct rlx_graph *g, int id, struct rlx_node *n)
 {
     const struct rlx_node *t = IN(0), *ids = IN(1);
-    enum rlx_dtype bad;
+    enum rlx_dtype bad = RLX_DTYPE_COUNT; /* set by weight_fits, which a failed dtype test skips */
     if (!weight_fits(t, &bad) || ids->dtype != RLX_I32)
         return fail(g, id, n, RLX_ERR_DTYPE, "embedding takes a real-valued table (rows of whole blocks) and i32 ids");
     if (t->ndim != 2 || ids->ndim < 1 || ids->ndim > RLX_MAX_DIMS - 1)
@@ -322,6 +322,57 @@ static rlx_status infer_fused_out(const struct rlx_graph *g, int id, struct rlx_
     return RLX_OK;
 }
 
+/* Inputs: x (..., N). Output i32 (..., k). */
+static rlx_status infer_topk(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *x = IN(0);
+    if (x->dtype != RLX_F32) return fail(g, id, n, RLX_ERR_DTYPE, "topk takes f32");
+    int64_t len;
+    if (x->ndim < 1 || !const_dim(&x->shape[x->ndim - 1], &len))
+        return fail(g, id, n, RLX_ERR_SHAPE, "x must be (..., N) with constant N");
+    if (n->attrs.k < 1 || n->attrs.k > len) return fail(g, id, n, RLX_ERR_INVALID, "k must be in [1, N]");
+    struct rlx_dim shape[RLX_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 1] = rlx_dim_const(n->attrs.k);
+    set_out(n, RLX_I32, x->ndim, shape);
+    return RLX_OK;
+}
+
+/* Inputs: a (S, A, K), ids (S, n), w (E, N, K). Output (S, n, N). */
+static rlx_status infer_matmul_id(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *a = IN(0), *ids = IN(1), *w = IN(2);
+    enum rlx_dtype bad = RLX_DTYPE_COUNT; /* set by weight_fits, which a failed dtype test skips */
+    if (a->dtype != RLX_F32 || ids->dtype != RLX_I32 || !weight_fits(w, &bad))
+        return fail(g, id, n, RLX_ERR_DTYPE, bad != RLX_DTYPE_COUNT
+                                                 ? "a block-type w must be (E, N, K) with K a whole number of blocks"
+                                                 : "matmul_id takes f32 a, i32 ids and a real-valued w");
+    int64_t slots, rows, experts, wn;
+    if (a->ndim != 3 || ids->ndim != 2 || w->ndim != 3 || !rlx_dim_equal(&a->shape[0], &ids->shape[0]) ||
+        !const_dim(&ids->shape[1], &slots) || !const_dim(&a->shape[1], &rows) || (rows != 1 && rows != slots) ||
+        !const_dim(&w->shape[0], &experts) || experts < 1 || !const_dim(&w->shape[1], &wn) ||
+        !rlx_dim_equal(&a->shape[2], &w->shape[2]))
+        return fail(g, id, n, RLX_ERR_SHAPE, "a must be (S, A, K) with A = 1 or n, ids (S, n), w (E, N, K) "
+                                             "with constant E, N and n");
+    set_out(n, RLX_F32, 3, (struct rlx_dim[]){a->shape[0], ids->shape[1], w->shape[1]});
+    return RLX_OK;
+}
+
+/* Inputs: y (S, n, H), probs (S, E), ids (S, n). Output (S, H). */
+static rlx_status infer_moe_combine(const struct rlx_graph *g, int id, struct rlx_node *n)
+{
+    const struct rlx_node *y = IN(0), *p = IN(1), *ids = IN(2);
+    if (y->dtype != RLX_F32 || p->dtype != RLX_F32 || ids->dtype != RLX_I32)
+        return fail(g, id, n, RLX_ERR_DTYPE, "moe_combine takes f32 y and probs, i32 ids");
+    int64_t e;
+    if (y->ndim != 3 || p->ndim != 2 || ids->ndim != 2 || !rlx_dim_equal(&y->shape[0], &p->shape[0]) ||
+        !rlx_dim_equal(&y->shape[0], &ids->shape[0]) || !rlx_dim_equal(&y->shape[1], &ids->shape[1]) ||
+        !const_dim(&p->shape[1], &e) || e < 1)
+        return fail(g, id, n, RLX_ERR_SHAPE, "y must be (S, n, H), probs (S, E) with constant E, ids (S, n)");
+    set_out(n, RLX_F32, 2, (struct rlx_dim[]){y->shape[0], y->shape[2]});
+    return RLX_OK;
+}
+
 /* The rows, listed once: X(op, name, min inputs, max inputs, user-visible, shape rule). The table
  * and a count of the rows are both made from this list; the static assertions below lock them to
  * the enum (exactly RLX_OP_COUNT rows, none past it), and -Woverride-init (an error here) refuses
@@ -347,7 +398,10 @@ static rlx_status infer_fused_out(const struct rlx_graph *g, int id, struct rlx_
     X(RLX_OP_FUSED_OUT, "fused_out", 1, 1, false, infer_fused_out)                                 \
     X(RLX_OP_STATE, "state", 0, 0, false, infer_leaf)                                              \
     X(RLX_OP_CACHE_WRITE, "cache_write", 3, 3, false, infer_cache_write)                           \
-    X(RLX_OP_CONVERT, "convert", 1, 1, true, infer_convert)
+    X(RLX_OP_CONVERT, "convert", 1, 1, true, infer_convert)                                        \
+    X(RLX_OP_TOPK, "topk", 1, 1, true, infer_topk)                                                 \
+    X(RLX_OP_MATMUL_ID, "matmul_id", 3, 3, true, infer_matmul_id)                                  \
+    X(RLX_OP_MOE_COMBINE, "moe_combine", 3, 3, true, infer_moe_combine)
 
 #define AS_ROW(op, nm, lo, hi, usr, fn) [op] = {.name = nm, .min_in = lo, .max_in = hi, .user = usr, .infer = fn},
 #define PLUS_ONE(...) +1

@@ -1,7 +1,8 @@
 /*
- * decoder.c - the ONE decoder builder for Llama 3.2 and Qwen3. Each family difference is a config
- * field, never a code path of its own: q/k norm (Qwen3), biases, per-layer sliding windows,
- * tied embeddings, head_dim independent of hidden / heads. RoPE's inverse frequencies come in as
+ * decoder.c - the ONE decoder builder for Llama 3.2, Qwen3 and Qwen3-MoE. Each family difference is a
+ * config field, never a code path of its own: q/k norm (Qwen3), biases, per-layer sliding windows,
+ * tied embeddings, head_dim independent of hidden / heads, and per layer a dense or a sparse
+ * (mixture-of-experts) MLP. RoPE's inverse frequencies come in as
  * the param "rope.inv_freq", so Llama 3 scaling is data. A block of layers [begin, end) is built
  * with optional ends (embedding, LM head), so the whole model and a pipeline stage are the same
  * code. With the KV cache (RLX_BLOCK_CACHE) each layer writes its new K/V rows into its cache
@@ -12,6 +13,7 @@
  * only: never runs, never allocates tensors.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,9 +44,17 @@ rlx_status rlx_model_config_check(const struct rlx_model_config *c)
     if (c->head_dim % 2) return rlx_set_error(RLX_ERR_INVALID, "model config: head_dim %lld is odd", (long long)c->head_dim);
     if (!(c->rms_norm_eps >= 0.0f) || !isfinite(c->rms_norm_eps))
         return rlx_set_error(RLX_ERR_INVALID, "model config: rms_norm_eps must be a finite number >= 0");
-    for (int64_t l = 0; l < c->n_layers; l++)
+    bool sparse = false;
+    for (int64_t l = 0; l < c->n_layers; l++) {
         if (c->layer_window[l] < 0)
             return rlx_set_error(RLX_ERR_INVALID, "model config: layer %lld has a negative window", (long long)l);
+        sparse |= c->layer_sparse[l];
+    }
+    if (sparse && (c->n_experts < 1 || c->n_experts > INT32_MAX || c->n_experts_used < 1 ||
+                   c->n_experts_used > c->n_experts || c->moe_intermediate_size < 1))
+        return rlx_set_error(RLX_ERR_INVALID, "model config: sparse layers need 1 <= n_experts_used (%lld) <= n_experts "
+                             "(%lld) <= %d and moe_intermediate_size (%lld) >= 1", (long long)c->n_experts_used,
+                             (long long)c->n_experts, INT32_MAX, (long long)c->moe_intermediate_size);
     return RLX_OK;
 }
 
@@ -159,6 +169,40 @@ struct inv {
     int pos, inv_freq;
 };
 
+/* The SwiGLU MLP of a dense layer: h (SEQ, H) -> (SEQ, H). */
+static int dense_mlp(struct bld *b, const struct rlx_model_config *c, int h, long long l)
+{
+    const int64_t H = c->hidden_size, F = c->intermediate_size;
+    int gate = linear(b, h, H, F, c->mlp_bias, "model.layers.%lld.mlp.gate_proj", l);       /* (SEQ, F) */
+    int up = linear(b, h, H, F, c->mlp_bias, "model.layers.%lld.mlp.up_proj", l);           /* (SEQ, F) */
+    int m = op(b, RLX_OP_MUL, 2, (int[]){op(b, RLX_OP_SILU, 1, (int[]){gate}, NULL), up}, NULL);
+    return linear(b, m, F, H, c->mlp_bias, "model.layers.%lld.mlp.down_proj", l);
+}
+
+/* The sparse MLP of a mixture layer (Qwen3-MoE): h (SEQ, H) -> (SEQ, H). The router's softmax
+ * probabilities pick each token's k experts (TOPK: as torch.topk, ties included); MATMUL_ID runs
+ * the k experts' gate / up and down products on the token (reading those experts' weights only);
+ * MOE_COMBINE sums their outputs weighted by the probabilities (renormalised when norm_topk_prob).
+ * The experts of each projection are one stacked param (E, out, in). */
+static int sparse_mlp(struct bld *b, const struct rlx_model_config *c, const struct rlx_block_spec *spec, int h,
+                      long long l)
+{
+    const int64_t H = c->hidden_size, E = c->n_experts, F = c->moe_intermediate_size;
+    int probs = op(b, RLX_OP_SOFTMAX, 1, (int[]){linear(b, h, H, E, false, "model.layers.%lld.mlp.gate", l)}, NULL);
+    struct rlx_attrs ka = {.k = (int32_t)c->n_experts_used};
+    int ids = op(b, RLX_OP_TOPK, 1, (int[]){probs}, &ka);                                     /* (SEQ, k) i32 */
+    int x = reshape(b, h, 3, (struct rlx_dim[]){spec->seq, rlx_dim_const(1), rlx_dim_const(H)}); /* (SEQ, 1, H) */
+    int wg = param(b, true, 3, (int64_t[]){E, F, H}, "model.layers.%lld.mlp.experts.gate_proj.weight", l);
+    int wu = param(b, true, 3, (int64_t[]){E, F, H}, "model.layers.%lld.mlp.experts.up_proj.weight", l);
+    int wd = param(b, true, 3, (int64_t[]){E, H, F}, "model.layers.%lld.mlp.experts.down_proj.weight", l);
+    int gate = op(b, RLX_OP_MATMUL_ID, 3, (int[]){x, ids, wg}, NULL);                          /* (SEQ, k, F) */
+    int up = op(b, RLX_OP_MATMUL_ID, 3, (int[]){x, ids, wu}, NULL);                            /* (SEQ, k, F) */
+    int m = op(b, RLX_OP_MUL, 2, (int[]){op(b, RLX_OP_SILU, 1, (int[]){gate}, NULL), up}, NULL);
+    int down = op(b, RLX_OP_MATMUL_ID, 3, (int[]){m, ids, wd}, NULL);                          /* (SEQ, k, H) */
+    struct rlx_attrs ca = {.norm = c->norm_topk_prob};
+    return op(b, RLX_OP_MOE_COMBINE, 3, (int[]){down, probs, ids}, &ca);                      /* (SEQ, H) */
+}
+
 /* One decoder layer: x (SEQ, H) -> x (SEQ, H). l: global layer index, li: local. */
 static int layer(struct bld *b, const struct rlx_model_config *c, const struct rlx_block_spec *spec,
                  struct rlx_block_io *io, const struct inv *in, int x, long long l, int li)
@@ -200,13 +244,10 @@ static int layer(struct bld *b, const struct rlx_model_config *c, const struct r
     a = reshape(b, a, 2, (struct rlx_dim[]){S, rlx_dim_const(Hq * D)});                  /* (SEQ, Hq*D) */
     int o = linear(b, a, Hq * D, H, c->attention_bias, "model.layers.%lld.self_attn.o_proj", l);
     x = op(b, RLX_OP_ADD, 2, (int[]){x, o}, NULL);
-    /* SwiGLU MLP */
+    /* SwiGLU MLP, or the mixture of experts on a sparse layer */
     h = rmsnorm(b, c, x, H, "model.layers.%lld.post_attention_layernorm.weight", l);
-    int gate = linear(b, h, H, c->intermediate_size, c->mlp_bias, "model.layers.%lld.mlp.gate_proj", l);
-    int up = linear(b, h, H, c->intermediate_size, c->mlp_bias, "model.layers.%lld.mlp.up_proj", l);
-    int m = op(b, RLX_OP_MUL, 2, (int[]){op(b, RLX_OP_SILU, 1, (int[]){gate}, NULL), up}, NULL);
-    int down = linear(b, m, c->intermediate_size, H, c->mlp_bias, "model.layers.%lld.mlp.down_proj", l);
-    return op(b, RLX_OP_ADD, 2, (int[]){x, down}, NULL);
+    int mlp = c->layer_sparse[l] ? sparse_mlp(b, c, spec, h, l) : dense_mlp(b, c, h, l);
+    return op(b, RLX_OP_ADD, 2, (int[]){x, mlp}, NULL);
 }
 
 rlx_status rlx_decoder_build(const struct rlx_model_config *c, const struct rlx_block_spec *spec,
@@ -283,10 +324,15 @@ rlx_status rlx_decoder_params(const struct rlx_model_config *c, int64_t layer_be
         pi->ndim = nd->ndim;
         for (int d = 0; d < nd->ndim; d++) pi->shape[d] = nd->shape[d].c;
         pi->kind = strcmp(nd->name, "rope.inv_freq") == 0 ? RLX_PARAM_DERIVED : RLX_PARAM_VECTOR;
-        for (int u = id + 1; u < g->n_nodes; u++) { /* a matmul's b or an embedding's table */
+        for (int u = id + 1; u < g->n_nodes; u++) { /* a matmul's b, an embedding's table, stacked experts */
             const struct rlx_node *un = &g->nodes[u];
             if ((un->op == RLX_OP_MATMUL && un->in[1] == id) || (un->op == RLX_OP_EMBEDDING && un->in[0] == id))
                 pi->kind = RLX_PARAM_MATRIX;
+            if (un->op == RLX_OP_MATMUL_ID && un->in[2] == id) pi->kind = RLX_PARAM_EXPERTS;
+        }
+        if (pi->kind == RLX_PARAM_EXPERTS) { /* "...mlp.experts.P" -> "...mlp.experts.%d.P" */
+            const char *at = strstr(nd->name, ".experts.") + strlen(".experts.");
+            snprintf(pi->part_fmt, sizeof pi->part_fmt, "%.*s%%d.%s", (int)(at - nd->name), nd->name, at);
         }
     }
     rlx_graph_free(g);

@@ -37,7 +37,9 @@ static int get_bool(PyObject *d, const char *key, bool *out)
     return 0;
 }
 
-/* The C config from the dict rlx.Generator builds (HF field names + "qk_norm", "layer_windows"). */
+/* The C config from the dict rlx.Generator builds (HF field names + "qk_norm", "layer_windows", and for
+ * a mixture of experts "layer_sparse" with num_experts, num_experts_per_tok, moe_intermediate_size,
+ * norm_topk_prob). */
 int rlx_py_config_from_dict(PyObject *d, struct rlx_model_config *c)
 {
     memset(c, 0, sizeof *c);
@@ -70,6 +72,30 @@ int rlx_py_config_from_dict(PyObject *d, struct rlx_model_config *c)
     if (c->n_layers < 1 || c->n_layers > RLX_MAX_LAYERS) {
         PyErr_Format(PyExc_ValueError, "model config: num_hidden_layers must be in 1..%d", RLX_MAX_LAYERS);
         return -1;
+    }
+    /* optional: a mixture of experts (Qwen3-MoE); "layer_sparse" marks its sparse layers */
+    PyObject *sparse = PyDict_GetItemString(d, "layer_sparse");
+    if (sparse != NULL && sparse != Py_None) {
+        if (get_int(d, "num_experts", &c->n_experts) || get_int(d, "num_experts_per_tok", &c->n_experts_used) ||
+            get_int(d, "moe_intermediate_size", &c->moe_intermediate_size) ||
+            get_bool(d, "norm_topk_prob", &c->norm_topk_prob))
+            return -1;
+        PyObject *seq = PySequence_Fast(sparse, "layer_sparse must be a sequence of bools");
+        if (seq == NULL) return -1;
+        if (PySequence_Fast_GET_SIZE(seq) != c->n_layers) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "layer_sparse must hold one bool per layer");
+            return -1;
+        }
+        for (int64_t l = 0; l < c->n_layers; l++) {
+            int t = PyObject_IsTrue(PySequence_Fast_GET_ITEM(seq, l));
+            if (t < 0) {
+                Py_DECREF(seq);
+                return -1;
+            }
+            c->layer_sparse[l] = t != 0;
+        }
+        Py_DECREF(seq);
     }
     PyObject *win = PyDict_GetItemString(d, "layer_windows");
     if (win != NULL && win != Py_None) {

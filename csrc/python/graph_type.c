@@ -6,7 +6,7 @@
  *     dim   := int                                  a constant
  *            | (c: int, terms: [(symbol: str, coef: int), ...])   c + sum coef * symbol
  * Symbols are looked up (and created) by name in the graph. Attributes come as a dict whose keys
- * are the fields of struct rlx_attrs (eps, scale, trans_b, causal, window, axis, start, len, dtype,
+ * are the fields of struct rlx_attrs (eps, scale, trans_b, causal, window, axis, start, len, dtype, k, norm,
  * shape); an unknown key is a ValueError naming it.
  *
  * Every method runs with the GIL held and is cheap (shape inference only); the GIL is what keeps
@@ -181,11 +181,15 @@ static int parse_attrs(struct rlx_graph *g, const char *op_name, PyObject *dict,
             if (v == -1.0 && PyErr_Occurred())
                 return -1;
             *(k[0] == 'e' ? &a->eps : &a->scale) = (float)v;
-        } else if (strcmp(k, "trans_b") == 0 || strcmp(k, "causal") == 0 || strcmp(k, "interleaved") == 0) {
+        } else if (strcmp(k, "trans_b") == 0 || strcmp(k, "causal") == 0 || strcmp(k, "interleaved") == 0 ||
+                   strcmp(k, "norm") == 0) {
             int v = PyObject_IsTrue(val);
             if (v < 0)
                 return -1;
-            *(k[0] == 't' ? &a->trans_b : k[0] == 'c' ? &a->causal : &a->interleaved) = v;
+            *(k[0] == 't' ? &a->trans_b : k[0] == 'c' ? &a->causal : k[0] == 'i' ? &a->interleaved : &a->norm) = v;
+        } else if (strcmp(k, "k") == 0) {
+            if (as_int32(val, "attribute 'k'", &a->k) < 0)
+                return -1;
         } else if (strcmp(k, "window") == 0) {
             if (as_int64(val, "attribute 'window'", &a->window) < 0)
                 return -1;
@@ -212,7 +216,7 @@ static int parse_attrs(struct rlx_graph *g, const char *op_name, PyObject *dict,
         } else {
             PyErr_Format(PyExc_ValueError,
                          "unknown attribute '%s' for op '%s' (known: eps, scale, trans_b, causal, window, "
-                         "axis, start, len, shape, dtype, interleaved)", k, op_name);
+                         "axis, start, len, shape, dtype, interleaved, k, norm)", k, op_name);
             return -1;
         }
     }

@@ -37,7 +37,35 @@ static void model_dealloc(struct model_object *self)
     Py_DECREF(tp);
 }
 
-/* Stores one weight (GIL released for the upload) and keeps what it reads. */
+/* Stores stacked experts from a list of parts (one array or raw tuple per expert). */
+static int set_weight_parts(struct model_object *self, PyObject *key, const char *name, PyObject *list)
+{
+    const Py_ssize_t n = PyList_GET_SIZE(list);
+    struct rlx_host_tensor *parts = PyMem_Calloc(n ? (size_t)n : 1, sizeof *parts);
+    PyObject *keep = PyList_New(n);
+    int rc = -1;
+    if (parts == NULL || keep == NULL) {
+        if (parts == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k;
+        if (rlx_py_host_tensor_from(PyList_GET_ITEM(list, i), name, &parts[i], &k) < 0) goto done;
+        PyList_SET_ITEM(keep, i, k);
+    }
+    rlx_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = rlx_model_set_weight_parts(self->model, name, (int64_t)n, parts);
+    Py_END_ALLOW_THREADS
+    rc = rlx_py_raise(s) ? -1 : PyDict_SetItem(self->weights, key, keep);
+done:
+    Py_XDECREF(keep);
+    PyMem_Free(parts);
+    return rc;
+}
+
+/* Stores one weight (GIL released for the upload) and keeps what it reads; a list is stacked
+ * experts given as their parts. */
 static int set_weight(struct model_object *self, PyObject *key, PyObject *val)
 {
     const char *name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
@@ -45,6 +73,7 @@ static int set_weight(struct model_object *self, PyObject *key, PyObject *val)
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "weight names must be str");
         return -1;
     }
+    if (PyList_Check(val)) return set_weight_parts(self, key, name, val);
     struct rlx_host_tensor t;
     PyObject *keep;
     if (rlx_py_host_tensor_from(val, name, &t, &keep) < 0) return -1;
@@ -229,8 +258,9 @@ static PyObject *model_get_vocab_size(struct model_object *self, void *closure)
 
 const char rlx_py_decoder_params_doc[] =
     "decoder_params(config: dict, layer_begin=0, layer_end=-1, embed=True, head=True) -> list[tuple]\n\n"
-    "(name, shape, kind) of every weight the block reads, in build order; kind 0 = matrix (any real-valued\n"
-    "dtype), 1 = vector (f32: norms, biases), 2 = derived (rope.inv_freq, computed from the config).";
+    "(name, shape, kind, part_fmt) of every weight the block reads, in build order; kind 0 = matrix (any\n"
+    "real-valued dtype), 1 = vector (f32: norms, biases), 2 = derived (rope.inv_freq, computed from the\n"
+    "config), 3 = stacked experts (E, out, in), whose parts a Hugging Face file names part_fmt % e (else None).";
 
 PyObject *rlx_py_decoder_params(PyObject *module, PyObject *args, PyObject *kwargs)
 {
@@ -251,9 +281,15 @@ PyObject *rlx_py_decoder_params(PyObject *module, PyObject *args, PyObject *kwar
     if (rlx_py_raise(rlx_decoder_params(&cfg, begin, end, ends, &p, &n))) return NULL;
     PyObject *out = PyList_New(n);
     for (int i = 0; out && i < n; i++) {
-        PyObject *shape = p[i].ndim == 1 ? Py_BuildValue("(L)", (long long)p[i].shape[0])
-                                         : Py_BuildValue("(LL)", (long long)p[i].shape[0], (long long)p[i].shape[1]);
-        PyObject *row = shape ? Py_BuildValue("(sNi)", p[i].name, shape, (int)p[i].kind) : NULL;
+        PyObject *shape = PyTuple_New(p[i].ndim);
+        for (int d = 0; shape && d < p[i].ndim; d++) {
+            PyObject *v = PyLong_FromLongLong((long long)p[i].shape[d]);
+            if (v == NULL) Py_CLEAR(shape);
+            else PyTuple_SET_ITEM(shape, d, v);
+        }
+        PyObject *row = shape ? Py_BuildValue("(sNiz)", p[i].name, shape, (int)p[i].kind,
+                                              p[i].part_fmt[0] ? p[i].part_fmt : NULL)
+                              : NULL;
         if (row == NULL) Py_CLEAR(out);
         else PyList_SET_ITEM(out, i, row);
     }
@@ -307,7 +343,8 @@ static PyGetSetDef model_getset[] = {
 static PyType_Slot model_slots[] = {
     {Py_tp_doc, (void *)"Model(config: dict, weights: dict, device='cpu', layer_begin=0, layer_end=-1, embed=True, "
                         "head=True): a model or pipeline block on a device. A weight is an array (float32, float16, "
-                        "bfloat16) or (raw uint8 blocks, dtype name, logical shape)."},
+                        "bfloat16) or (raw uint8 blocks, dtype name, logical shape); stacked experts may also be a "
+                        "list of their parts, one such weight per expert (used in place where the device allows)."},
     {Py_tp_new, (void *)model_new},
     {Py_tp_dealloc, (void *)model_dealloc},
     {Py_tp_methods, model_methods},

@@ -4,6 +4,13 @@
  * names them, so N plans over one store cost one copy of the weights (none on the host). Lookups
  * are by exact name over a flat array: a model has a few hundred weights and binding happens per
  * compile, not per step. Never copies a weight it can use in place; never prints.
+ *
+ * A stacked weight (a mixture's experts, (E, N, K)) may come as E separate parts, as a Hugging Face
+ * file holds them (one 2-D tensor per expert, not contiguous). Devices with memory of their own get
+ * one buffer with each part uploaded at its place (no copy on the host); devices that read host
+ * memory use every part in place and the weight is a table of E pointers (struct rlx_buffer.parts),
+ * which only MATMUL_ID reads (binding refuses any other reader). So a Hugging Face MoE model loads
+ * without a copy of its experts, as a GGUF file's already stacked experts do.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -20,8 +27,12 @@ struct weight {
     int ndim;
     int64_t shape[RLX_MAX_DIMS];
     size_t bytes;
-    struct rlx_buffer *buf;     /* owned by the store: a wrapper or an upload */
+    struct rlx_buffer *buf;     /* owned by the store: a wrapper or an upload; with parts, the table */
     int guard;                  /* registration of the host memory used in place, or -1 */
+    int64_t n_parts;            /* > 0: a stacked weight used in place from separate parts: buf is a
+                                   table (buf->parts pointers, not device memory) over part[] */
+    struct rlx_buffer **part;   /* (n_parts) the parts' wrappers */
+    int *part_guard;            /* (n_parts) their registrations */
 };
 
 /* A file weights were read from, as it was at load. */
@@ -51,13 +62,32 @@ rlx_status rlx_weights_create(struct rlx_device *dev, struct rlx_weights **out)
     return RLX_OK;
 }
 
+/* Frees what one weight holds (its buffer, or its table and parts, and their guards). */
+static void release(struct rlx_device *dev, struct weight *w)
+{
+    rlx_guard_remove(w->guard);
+    if (!w->n_parts) {
+        rlx_dev_free(dev, w->buf);
+    } else {
+        for (int64_t i = 0; i < w->n_parts; i++) {
+            rlx_guard_remove(w->part_guard[i]);
+            rlx_dev_free(dev, w->part[i]);
+        }
+        free(w->buf->data);
+        free(w->buf);
+        free(w->part);
+        free(w->part_guard);
+    }
+    w->buf = NULL;
+    w->part = NULL;
+    w->part_guard = NULL;
+    w->n_parts = 0;
+}
+
 void rlx_weights_free(struct rlx_weights *ws)
 {
     if (!ws) return;
-    for (int i = 0; i < ws->n; i++) {
-        rlx_guard_remove(ws->w[i].guard);
-        rlx_dev_free(ws->dev, ws->w[i].buf);
-    }
+    for (int i = 0; i < ws->n; i++) release(ws->dev, &ws->w[i]);
     for (int i = 0; i < ws->n_src; i++) free(ws->src[i].path);
     free(ws->src);
     free(ws->w);
@@ -71,27 +101,61 @@ static struct weight *find(const struct rlx_weights *ws, const char *name)
     return NULL;
 }
 
-rlx_status rlx_weights_set(struct rlx_weights *ws, const char *name, const struct rlx_host_tensor *t)
+/* Checks a tensor handed to the store (name, description, data, finite block scales); *bytes: its size. */
+static rlx_status check_tensor(const char *name, const struct rlx_host_tensor *t, size_t *bytes)
 {
-    if (!name || !name[0] || strlen(name) >= RLX_NAME_MAX)
-        return rlx_set_error(RLX_ERR_INVALID, "weight name must be 1..%d characters", RLX_NAME_MAX - 1);
     if (!t || (unsigned)t->dtype >= RLX_DTYPE_COUNT || t->ndim < 0 || t->ndim > RLX_MAX_DIMS)
         return rlx_set_error(RLX_ERR_INVALID, "weight '%s': bad tensor description", name);
-    size_t bytes;
-    rlx_status s = rlx_shape_bytes(t->dtype, t->ndim, t->shape, &bytes);
+    rlx_status s = rlx_shape_bytes(t->dtype, t->ndim, t->shape, bytes);
     if (s != RLX_OK) return rlx_error_context(s, "weight '%s'", name);
-    if (!t->data && bytes) return rlx_set_error(RLX_ERR_INVALID, "weight '%s': no data", name);
+    if (!t->data && *bytes) return rlx_set_error(RLX_ERR_INVALID, "weight '%s': no data", name);
     const struct rlx_dtype_traits *tr = rlx_dtype_traits(t->dtype);
-    const int64_t bad = rlx_blocks_nonfinite(t->dtype, t->data, (int64_t)(bytes / tr->type_size) * tr->block_size);
+    const int64_t bad = rlx_blocks_nonfinite(t->dtype, t->data, (int64_t)(*bytes / tr->type_size) * tr->block_size);
     if (bad >= 0)
         return rlx_set_error(RLX_ERR_INVALID, "weight '%s' (%s): block %lld has a NaN or infinite scale (a corrupt file)",
                              name, rlx_dtype_name(t->dtype), (long long)bad);
+    return RLX_OK;
+}
+
+static rlx_status check_name(const char *name)
+{
+    if (!name || !name[0] || strlen(name) >= RLX_NAME_MAX)
+        return rlx_set_error(RLX_ERR_INVALID, "weight name must be 1..%d characters", RLX_NAME_MAX - 1);
+    return RLX_OK;
+}
+
+/* Records the placed weight `nw` under its name, replacing (and releasing) one of that name. On
+ * failure releases nw. */
+static rlx_status install(struct rlx_weights *ws, struct weight *nw)
+{
+    struct weight *w = find(ws, nw->name);
+    if (w) {
+        release(ws->dev, w);
+        ws->bytes -= w->bytes;
+    } else {
+        rlx_status s = rlx_grow(&ws->w, &ws->cap, ws->n + 1);
+        if (s != RLX_OK) {
+            release(ws->dev, nw);
+            return s;
+        }
+        w = &ws->w[ws->n++];
+    }
+    *w = *nw;
+    ws->bytes += w->bytes;
+    return RLX_OK;
+}
+
+rlx_status rlx_weights_set(struct rlx_weights *ws, const char *name, const struct rlx_host_tensor *t)
+{
+    RLX_TRY(check_name(name));
+    size_t bytes;
+    RLX_TRY(check_tensor(name, t, &bytes));
     /* guarded while it is read: for good when used in place, during the upload otherwise */
     int guard;
     RLX_TRY(rlx_guard_add(t->data, bytes, &ws->faulted, &guard));
     struct rlx_buffer *b = NULL;
     size_t cap = 0;
-    s = rlx_dev_place(ws->dev, t->data, bytes, &b, &cap);
+    rlx_status s = rlx_dev_place(ws->dev, t->data, bytes, &b, &cap);
     if (s == RLX_OK && !b->wrapped) {
         rlx_guard_remove(guard);
         guard = -1;
@@ -102,29 +166,90 @@ rlx_status rlx_weights_set(struct rlx_weights *ws, const char *name, const struc
         rlx_dev_free(ws->dev, b);
         return rlx_error_context(s, "weight '%s'", name);
     }
-    struct weight *w = find(ws, name);
-    if (w) {
-        rlx_guard_remove(w->guard);
-        rlx_dev_free(ws->dev, w->buf);
-        ws->bytes -= w->bytes;
-    } else {
-        s = rlx_grow(&ws->w, &ws->cap, ws->n + 1);
-        if (s != RLX_OK) {
-            rlx_guard_remove(guard);
-            rlx_dev_free(ws->dev, b);
-            return s;
-        }
-        w = &ws->w[ws->n++];
-        strcpy(w->name, name);
+    struct weight nw = {.guard = guard, .dtype = t->dtype, .ndim = t->ndim, .bytes = bytes, .buf = b};
+    strcpy(nw.name, name);
+    memcpy(nw.shape, t->shape, sizeof nw.shape);
+    return install(ws, &nw);
+}
+
+/* A table over the n parts' wrappers (used in place): not device memory, so made here. */
+static rlx_status make_table(struct weight *w, size_t bytes)
+{
+    struct rlx_buffer *t = rlx_calloc(1, sizeof *t);
+    void **ptrs = rlx_calloc((size_t)w->n_parts, sizeof *ptrs);
+    if (!t || !ptrs) {
+        free(t);
+        free(ptrs);
+        return RLX_ERR_NOMEM;
     }
-    w->guard = guard;
-    w->dtype = t->dtype;
-    w->ndim = t->ndim;
-    memcpy(w->shape, t->shape, sizeof w->shape);
-    w->bytes = bytes;
-    w->buf = b;
-    ws->bytes += bytes;
+    for (int64_t i = 0; i < w->n_parts; i++) ptrs[i] = w->part[i]->data;
+    *t = (struct rlx_buffer){.size = bytes, .wrapped = true, .data = ptrs, .parts = w->n_parts};
+    w->buf = t;
     return RLX_OK;
+}
+
+rlx_status rlx_weights_set_parts(struct rlx_weights *ws, const char *name, int64_t n, const struct rlx_host_tensor *parts)
+{
+    RLX_TRY(check_name(name));
+    if (n < 1 || n > INT32_MAX || !parts) return rlx_set_error(RLX_ERR_INVALID, "weight '%s': needs 1 or more parts", name);
+    const struct rlx_host_tensor *p0 = &parts[0];
+    if (p0->ndim < 1 || p0->ndim >= RLX_MAX_DIMS)
+        return rlx_set_error(RLX_ERR_INVALID, "weight '%s': parts must have rank 1..%d", name, RLX_MAX_DIMS - 1);
+    size_t part_bytes = 0, total;
+    for (int64_t i = 0; i < n; i++) {
+        size_t b;
+        rlx_status s = check_tensor(name, &parts[i], &b);
+        if (s != RLX_OK) return rlx_error_context(s, "part %lld", (long long)i);
+        bool same = parts[i].dtype == p0->dtype && parts[i].ndim == p0->ndim;
+        for (int d = 0; same && d < p0->ndim; d++) same = parts[i].shape[d] == p0->shape[d];
+        if (!same)
+            return rlx_set_error(RLX_ERR_SHAPE, "weight '%s': part %lld differs from part 0 in dtype or shape", name,
+                                 (long long)i);
+        part_bytes = b;
+    }
+    if (!rlx_size_mul(part_bytes, (size_t)n, &total))
+        return rlx_set_error(RLX_ERR_RANGE, "weight '%s': %lld parts of %zu bytes overflow", name, (long long)n, part_bytes);
+    struct weight nw = {.guard = -1, .dtype = p0->dtype, .ndim = p0->ndim + 1, .bytes = total};
+    strcpy(nw.name, name);
+    nw.shape[0] = n;
+    memcpy(nw.shape + 1, p0->shape, (size_t)p0->ndim * sizeof *p0->shape);
+    rlx_status s = RLX_OK;
+    if (!rlx_dev_can_wrap(ws->dev)) { /* one buffer, each part uploaded at its place: no copy on the host */
+        s = rlx_dev_alloc(ws->dev, total, &nw.buf);
+        for (int64_t i = 0; s == RLX_OK && i < n; i++) {
+            int guard;
+            s = rlx_guard_add(parts[i].data, part_bytes, &ws->faulted, &guard);
+            if (s == RLX_OK) s = rlx_dev_upload(ws->dev, nw.buf, (size_t)i * part_bytes, parts[i].data, part_bytes);
+            rlx_guard_remove(guard);
+        }
+    } else { /* each part used in place, read through a table */
+        nw.part = rlx_calloc((size_t)n, sizeof *nw.part);
+        nw.part_guard = rlx_calloc((size_t)n, sizeof *nw.part_guard);
+        s = nw.part && nw.part_guard ? RLX_OK : RLX_ERR_NOMEM;
+        for (int64_t i = 0; s == RLX_OK && i < n; i++) {
+            nw.part_guard[i] = -1;
+            s = rlx_guard_add(parts[i].data, part_bytes, &ws->faulted, &nw.part_guard[i]);
+            if (s == RLX_OK) s = rlx_dev_wrap(ws->dev, parts[i].data, part_bytes, &nw.part[i]);
+            nw.n_parts = i + 1;
+        }
+        if (s == RLX_OK) s = make_table(&nw, total);
+    }
+    if (s == RLX_OK) s = rlx_weights_check(ws);
+    if (s != RLX_OK) {
+        if (nw.buf && !nw.buf->parts) rlx_dev_free(ws->dev, nw.buf); /* the upload */
+        for (int64_t i = 0; i < nw.n_parts; i++) {
+            rlx_guard_remove(nw.part_guard[i]);
+            rlx_dev_free(ws->dev, nw.part[i]);
+        }
+        if (nw.buf && nw.buf->parts) {
+            free(nw.buf->data);
+            free(nw.buf);
+        }
+        free(nw.part);
+        free(nw.part_guard);
+        return rlx_error_context(s, "weight '%s'", name);
+    }
+    return install(ws, &nw);
 }
 
 rlx_status rlx_weights_info(const struct rlx_weights *ws, const char *name, enum rlx_dtype *dt, int *ndim,
@@ -192,6 +317,19 @@ rlx_status rlx_plan_bind_weights(struct rlx_plan *p, const struct rlx_weights *w
             rlx_shape_format(p->g, n->ndim, n->shape, want, sizeof want);
             return rlx_set_error(RLX_ERR_SHAPE, "weight '%s' does not fit its param (%s %s)", n->name,
                                  rlx_dtype_name(n->dtype), want);
+        }
+    }
+    for (int i = 0; i < p->n_params; i++) { /* a table of parts is read by matmul_id alone */
+        const struct weight *w = find(ws, p->g->nodes[p->params[i]].name);
+        for (int u = p->params[i] + 1; w->n_parts && u < p->g->n_nodes; u++) {
+            const struct rlx_node *un = &p->g->nodes[u];
+            bool reads = false;
+            for (int k = 0; !un->dead && k < un->n_in; k++) reads |= un->in[k] == p->params[i];
+            if (reads && !(un->op == RLX_OP_MATMUL_ID && un->in[2] == p->params[i] && un->in[0] != p->params[i] &&
+                           un->in[1] != p->params[i]))
+                return rlx_set_error(RLX_ERR_UNSUPPORTED, "weight '%s' is held as %lld parts used in place, which only "
+                                     "matmul_id reads; node %d (%s) reads it", w->name, (long long)w->n_parts, u,
+                                     rlx_op_name(un->op));
         }
     }
     for (int i = 0; i < p->n_params; i++) {

@@ -70,7 +70,8 @@ class BlockSpec:
 def block_weight_filter(name: str, cfg: ModelConfig, spec: BlockSpec) -> bool:
     """Whether the tensor `name` belongs to the block: its layers; the embedding for the embedding
     block and, when embeddings are tied, for the block with the head; the final norm and lm_head for
-    the block with the head only. The names come from the C decoder builder (block_params)."""
-    from rlx.weights import expected_weights  # rlx.weights imports rlx._C; keep this module light
+    the block with the head only; a sparse layer's experts as a Hugging Face file names them (per
+    expert) or as one stacked tensor (a GGUF file's). The names come from the C decoder builder."""
+    from rlx.weights import expected_weights, expert_parts  # rlx.weights imports rlx._C; keep this module light
 
-    return name in expected_weights(cfg, spec)
+    return name in expected_weights(cfg, spec) or name in expert_parts(cfg, spec)

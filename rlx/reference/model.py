@@ -1,4 +1,4 @@
-"""A complete NumPy decoder (Llama and Qwen3) built from rlx.reference.ops, written from the
+"""A complete NumPy decoder (Llama, Qwen3, Qwen3-MoE) built from rlx.reference.ops, written from the
 math rather than from any runtime: the second oracle for rlx's graphs, after transformers.
 
 Per layer, with x the residual stream (S, H):
@@ -10,6 +10,8 @@ Per layer, with x the residual stream (S, H):
     x = x + a @ Wo^T (+bo)
     h = rmsnorm(x, post_attention_layernorm)
     x = x + (silu(h @ Wg^T (+bg)) * (h @ Wu^T (+bu))) @ Wd^T (+bd)
+    (a sparse layer: x = x + ops.moe_ffn(h, router, experts, k, norm_topk_prob): softmax of h @ router^T,
+    its top k experts, their SwiGLU outputs weighted by the (renormalised) probabilities)
 then logits = rmsnorm(x, model.norm) @ lm_head^T (lm_head = embed_tokens when tied).
 """
 
@@ -27,6 +29,11 @@ def _linear(w: dict, name: str, x: np.ndarray) -> np.ndarray:
     y = ops.matmul(x, w[name + ".weight"], trans_b=True)
     bias = w.get(name + ".bias")
     return y if bias is None else ops.add(y, bias)
+
+
+def _stacked(experts) -> np.ndarray:
+    """A projection's experts (E, out, in): the stacked tensor, or its parts (check_weights' list)."""
+    return np.stack(experts) if isinstance(experts, list) else experts
 
 
 def forward(cfg, weights: dict, ids, kv_dtype: str = "f32") -> np.ndarray:
@@ -58,6 +65,12 @@ def forward(cfg, weights: dict, ids, kv_dtype: str = "f32") -> np.ndarray:
         x = ops.add(x, _linear(w, p + "self_attn.o_proj", a.reshape(S, Hq * D)))
 
         h = ops.rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
+        if cfg.layer_sparse(layer):
+            experts = [np.asarray(_stacked(w[p + f"mlp.experts.{proj}.weight"])) for proj in ("gate_proj", "up_proj",
+                                                                                             "down_proj")]
+            x = ops.add(x, ops.moe_ffn(h, w[p + "mlp.gate.weight"], *experts, cfg.num_experts_per_tok,
+                                       cfg.norm_topk_prob))
+            continue
         gate = _linear(w, p + "mlp.gate_proj", h)
         up = _linear(w, p + "mlp.up_proj", h)
         x = ops.add(x, _linear(w, p + "mlp.down_proj", ops.silu_mul(gate, up)))

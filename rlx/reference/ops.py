@@ -11,7 +11,8 @@ import ml_dtypes
 import numpy as np
 
 __all__ = ["matmul", "embedding", "rmsnorm", "add_rmsnorm", "rope", "softmax", "silu", "silu_mul",
-           "add", "mul", "attention", "convert", "gather_last", "concat", "slice", "reshape"]
+           "add", "mul", "attention", "convert", "gather_last", "concat", "slice", "reshape", "topk", "matmul_id",
+           "moe_combine", "moe_ffn"]
 
 
 def _f64(x) -> np.ndarray:
@@ -215,3 +216,54 @@ def reshape(x, shape) -> np.ndarray:
     if int(np.prod(shape, dtype=np.int64)) != x.size:
         raise ValueError(f"reshape: {x.shape} has {x.size} elements, {shape} needs {int(np.prod(shape))}")
     return x.reshape(shape).copy()
+
+
+def topk(x, k: int) -> np.ndarray:
+    """x (..., N) -> int32 (..., k): indices of the k largest values of each row, largest first. Ties
+    here go to the lower index (a stable sort); rlx promises torch.topk's choice among equal values,
+    which only torch itself can check (tests compare with it on inputs with ties)."""
+    x = np.asarray(x, dtype=np.float32)
+    if not 1 <= k <= x.shape[-1]:
+        raise ValueError(f"topk: k={k} outside [1, {x.shape[-1]}]")
+    order = np.argsort(-x.astype(np.float64), axis=-1, kind="stable")
+    return order[..., :k].astype(np.int32)
+
+
+def matmul_id(a, ids, w) -> np.ndarray:
+    """a (S, A, K) with A = 1 or n, ids (S, n), w (E, N, K) -> (S, n, N): row j of token s is
+    a[s, 0 if A == 1 else j] @ w[ids[s, j]]^T (float64 sums). w may be float32 or, as matmul_lowp
+    reads them, bfloat16 / float16 (bf16 experts multiply a rounded to bf16)."""
+    a, ids, w = np.asarray(a, dtype=np.float32), np.asarray(ids), np.asarray(w)
+    S, A, K = a.shape
+    n = ids.shape[1]
+    if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
+        raise IndexError(f"matmul_id: expert id out of range [0, {w.shape[0]})")
+    out = np.empty((S, n, w.shape[1]), np.float32)
+    for s in range(S):
+        for j in range(n):
+            row = a[s, 0 if A == 1 else j][None, :]
+            e = w[ids[s, j]]
+            out[s, j] = (matmul(row, e, trans_b=True) if e.dtype == np.float32 else matmul_lowp(row, e))[0]
+    return out
+
+
+def moe_combine(y, probs, ids, norm: bool = False) -> np.ndarray:
+    """y (S, n, H), probs (S, E), ids (S, n) -> (S, H): sum over j of w[s, j] * y[s, j] with
+    w[s, j] = probs[s, ids[s, j]], divided by their sum over j when norm (float64)."""
+    y, probs, ids = _f64(y), _f64(probs), np.asarray(ids)
+    w = np.take_along_axis(probs, ids.astype(np.int64), axis=1)
+    if norm:
+        w = w / w.sum(axis=1, keepdims=True)
+    return np.einsum("sn,snh->sh", w, y).astype(np.float32)
+
+
+def moe_ffn(x, router, gate, up, down, k: int, norm: bool) -> np.ndarray:
+    """A Qwen3-MoE sparse block on x (S, H): router (E, H), gate / up (E, F, H), down (E, H, F): softmax
+    of the router logits, the top k experts (ties: the lower index), each expert's SwiGLU
+    down(silu(gate x) * up x), summed with the (renormalised when norm) probabilities."""
+    x = np.asarray(x, dtype=np.float32)
+    probs = softmax(matmul(x, router, trans_b=True))
+    ids = topk(probs, k)
+    g = matmul_id(x[:, None, :], ids, gate)
+    u = matmul_id(x[:, None, :], ids, up)
+    return moe_combine(matmul_id(silu_mul(g, u), ids, down), probs, ids, norm)

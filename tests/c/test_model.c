@@ -6,7 +6,9 @@
  * with f32, f16 and bf16 caches; sequences of one model interleaved give what each gives alone;
  * fork and save / load continue exactly; on the ref device (memory of its own) the weights cross
  * to the device once for any number of plans and sequences, and a decode step moves a constant
- * number of bytes whatever the past; bad input fails with a status and leaves everything usable.
+ * number of bytes whatever the past; bad input fails with a status and leaves everything usable. A
+ * mixture-of-experts variant (one sparse layer, experts set as parts) checks cached == naive and
+ * cpu == ref under every policy, and the refusals of bad parts.
  * Runs under valgrind in `make test`. (Parity with transformers and llama2.c is proven in
  * tests/models.)
  */
@@ -410,6 +412,107 @@ static void test_missing_weight(struct rlx_device *cpu)
     rlx_model_free(m);
 }
 
+/* A mixture of experts (Qwen3-MoE): layer 0 sparse (6 experts, 2 a token, renormalised), layer 1
+ * dense. Experts are set as their per-expert parts (a Hugging Face file's layout); the KV-cached
+ * logits equal the naive recompute at every step and cpu equals ref; bad parts are refused by
+ * name and status. */
+#define MOE_E 6
+#define MOE_F 10
+static void moe_load(struct rlx_model *m, const struct rlx_model_config *c, float *experts)
+{
+    const int64_t H = c->hidden_size, F = c->moe_intermediate_size;
+    n_bufs = 0;
+    load(&m, 1, c);
+    set_w(&m, 1, "model.layers.0.mlp.gate.weight", MOE_E, H, 0, 1);
+    const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    for (int p = 0; p < 3; p++) {
+        struct rlx_host_tensor parts[MOE_E];
+        for (int e = 0; e < MOE_E; e++)
+            parts[e] = (struct rlx_host_tensor){.data = experts + (p * MOE_E + e) * F * H, .dtype = RLX_F32, .ndim = 2,
+                                                .shape = {p == 2 ? H : F, p == 2 ? F : H}};
+        char n[RLX_NAME_MAX];
+        snprintf(n, sizeof n, "model.layers.0.mlp.experts.%s.weight", proj[p]);
+        CHECK(rlx_model_set_weight_parts(m, n, MOE_E, parts) == RLX_OK, "parts of %s: %s", n, rlx_last_error());
+    }
+}
+
+static void test_moe(struct rlx_device **devs)
+{
+    struct rlx_model_config c = tiny;
+    c.n_experts = MOE_E, c.n_experts_used = 2, c.moe_intermediate_size = MOE_F, c.norm_topk_prob = true;
+    c.layer_sparse[0] = true;
+    float *experts = malloc(sizeof(float) * 3 * MOE_E * MOE_F * (size_t)c.hidden_size);
+    for (int64_t i = 0; i < 3 * MOE_E * MOE_F * c.hidden_size; i++) experts[i] = 0.5f * frand();
+    float first[2][7][37];
+    for (int d = 0; d < 2; d++) {
+        const enum rlx_plan_policy policies[] = {RLX_POLICY_ONESHOT, RLX_POLICY_BUCKETED, RLX_POLICY_DYNAMIC};
+        for (int p = 0; p < 3; p++) {
+            struct rlx_model *m = NULL;
+            struct rlx_seq *g = NULL;
+            CHECK(rlx_model_create(&c, devs[d], 0, c.n_layers, RLX_BLOCK_EMBED | RLX_BLOCK_HEAD, &m) == RLX_OK,
+                  "create: %s", rlx_last_error());
+            if (!m) break;
+            srand(5); /* the same weights on every device and policy */
+            moe_load(m, &c, experts);
+            CHECK(rlx_seq_create(m, RLX_F32, &g) == RLX_OK, "sequence");
+            enum rlx_plan_policy prefill = policies[p] == RLX_POLICY_BUCKETED ? RLX_POLICY_LRU : policies[p];
+            CHECK(rlx_model_set_policy(m, prefill, 2, policies[p], 16) == RLX_OK, "policy");
+            int32_t prompt[5] = {4, 9, 3, 30, 2};
+            CHECK(rlx_seq_prefill(g, prompt, 5) == RLX_OK, "prefill");
+            for (int step = 0; step < 7; step++) {
+                const float *lg;
+                float naive[37];
+                CHECK(rlx_seq_logits_naive(g, &lg) == RLX_OK, "moe naive: %s", rlx_last_error());
+                memcpy(naive, lg, sizeof naive);
+                CHECK(rlx_seq_logits_cached(g, &lg) == RLX_OK, "moe cached: %s", rlx_last_error());
+                double err = 0, across = 0;
+                for (int i = 0; i < 37; i++) err = fmax(err, fabs(naive[i] - lg[i]));
+                if (p == 0) memcpy(first[d][step], lg, sizeof first[d][step]);
+                for (int i = 0; i < 37; i++) across = fmax(across, fabs(first[0][step][i] - lg[i]));
+                CHECK(err < 1e-4, "moe %s policy %d step %d: cached vs naive max diff %g", rlx_device_name(devs[d]),
+                      policies[p], step, err);
+                CHECK(across < 1e-4, "moe %s policy %d step %d: vs cpu one-shot max diff %g", rlx_device_name(devs[d]),
+                      policies[p], step, across);
+                int32_t t = argmax(lg, 37);
+                CHECK(rlx_seq_append(g, &t, 1) == RLX_OK, "append");
+            }
+            rlx_seq_free(g);
+            if (d == 0 && p == 0) { /* refusals: by status and name, the model still usable after */
+                struct rlx_host_tensor parts[MOE_E + 1];
+                for (int e = 0; e <= MOE_E; e++)
+                    parts[e] = (struct rlx_host_tensor){.data = experts, .dtype = RLX_F32, .ndim = 2,
+                                                        .shape = {MOE_F, c.hidden_size}};
+                const char *gate = "model.layers.0.mlp.experts.gate_proj.weight";
+                CHECK(rlx_model_set_weight_parts(m, gate, MOE_E + 1, parts) == RLX_ERR_SHAPE &&
+                          strstr(rlx_last_error(), "takes 6 parts"), "a part too many: %s", rlx_last_error());
+                parts[3].shape[1] = c.hidden_size - 1;
+                CHECK(rlx_model_set_weight_parts(m, gate, MOE_E, parts) == RLX_ERR_SHAPE &&
+                          strstr(rlx_last_error(), "experts.3.gate_proj.weight"), "a mis-shaped part named: %s",
+                      rlx_last_error());
+                parts[3].shape[1] = c.hidden_size, parts[4].dtype = RLX_F16;
+                CHECK(rlx_model_set_weight_parts(m, gate, MOE_E, parts) == RLX_ERR_DTYPE &&
+                          strstr(rlx_last_error(), "share a dtype"), "mixed dtypes: %s", rlx_last_error());
+                CHECK(rlx_model_set_weight_parts(m, "model.layers.1.mlp.gate_proj.weight", MOE_E, parts) ==
+                          RLX_ERR_INVALID && strstr(rlx_last_error(), "not stacked experts"),
+                      "parts of a dense matrix: %s", rlx_last_error());
+                CHECK(rlx_model_set_weight(m, "model.layers.0.mlp.gate_proj.weight", &parts[0]) == RLX_ERR_INVALID,
+                      "a sparse layer reads no dense MLP");
+            }
+            rlx_model_free(m);
+            for (int i = 0; i < n_bufs; i++) free(bufs[i]);
+        }
+    }
+    free(experts);
+    struct rlx_model_config bad = c;
+    bad.n_experts_used = MOE_E + 1;
+    CHECK(rlx_model_config_check(&bad) == RLX_ERR_INVALID && strstr(rlx_last_error(), "n_experts_used"),
+          "k > E refused: %s", rlx_last_error());
+    bad = c, bad.moe_intermediate_size = 0;
+    CHECK(rlx_model_config_check(&bad) == RLX_ERR_INVALID, "moe_intermediate_size 0 refused");
+    bad.layer_sparse[0] = false; /* no sparse layer: the expert fields are not read */
+    CHECK(rlx_model_config_check(&bad) == RLX_OK, "a dense model ignores the expert fields: %s", rlx_last_error());
+}
+
 int main(void)
 {
     srand(3);
@@ -427,6 +530,7 @@ int main(void)
         test_threads(devs[d]);
     }
     test_missing_weight(devs[0]);
+    test_moe(devs);
     for (int d = 0; d < 2; d++) rlx_device_free(devs[d]);
     rlx_set_num_threads(1);
     return check_summary();

@@ -3,8 +3,8 @@ monolithic Generator.
 
 - split == monolithic, in process: stage[world-1].forward(tokens=...) then stage[r].forward(hidden=...)
   down to rank 0, whose last-token logits must equal the Generator's within 1e-4, for world 1, 2, 4,
-  PipelineStage and PipelineDecodeStage (several decode steps), Llama and Qwen3 (tied, untied,
-  biased, sliding window).
+  PipelineStage and PipelineDecodeStage (several decode steps), Llama, Qwen3 (tied, untied,
+  biased, sliding window) and Qwen3-MoE (blocks holding sparse and dense layers; HF experts as parts).
 - over TCP on loopback, one thread per rank: forward_step (world 2-4), generate (recompute, world
   2-4), PipelineDecodeStage bucketed off and on (world 2, 3) equal the Generator's greedy tokens on
   every rank; stories260K's 64 expected ids through 3 ranks; `python -m rlx pipeline` prints the
@@ -79,6 +79,7 @@ def _load_hf_cases():
 _HF = _load_hf_cases()
 LLAMA_CASES = ["llama_gqa1_untied", "llama_gqa2_tied", "llama_bias"]
 QWEN3_CASES = ["qwen3_tied", "qwen3_bias_gqa4", "qwen3_sliding"]
+MOE_CASES = ["qwen3moe_e8_k2_norm_dense", "qwen3moe_e16_k8_step2"]  # a dense layer in each: blocks mix them
 N_LAYERS = 4
 _models: dict[str, tuple] = {}
 
@@ -185,7 +186,7 @@ def all_ok(results, errors, world):
 # Split == monolithic, in process
 # -------------------------------------------------------------------------------------------------
 
-ALL_CASES = LLAMA_CASES + QWEN3_CASES
+ALL_CASES = LLAMA_CASES + QWEN3_CASES + MOE_CASES
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
@@ -248,7 +249,7 @@ def test_sliding_window_crosses_blocks(hf_case):
 # Over TCP, one thread per rank
 # -------------------------------------------------------------------------------------------------
 
-TCP_CASES = ["llama_gqa1_untied", "qwen3_sliding"]
+TCP_CASES = ["llama_gqa1_untied", "qwen3_sliding", "qwen3moe_e8_k2_norm_dense"]
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

@@ -23,6 +23,11 @@ _QWEN3 = dict(vocab_size=131, hidden_size=64, intermediate_size=96, num_hidden_l
               rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
               bos_token_id=None, eos_token_id=[3, 5])
 
+_QWEN3_MOE = dict(vocab_size=131, hidden_size=64, intermediate_size=96, moe_intermediate_size=40,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
+                  num_experts=4, num_experts_per_tok=1, norm_topk_prob=False, bos_token_id=None, eos_token_id=[3])
+
 # name -> (family, kwargs of the transformers config class)
 HF_CASES: dict[str, tuple[str, dict]] = {
     "llama_gqa1_untied": ("llama", dict(_LLAMA)),
@@ -40,12 +45,37 @@ HF_CASES: dict[str, tuple[str, dict]] = {
                                       tie_word_embeddings=False, num_hidden_layers=3)),
     "qwen3_sliding": ("qwen3", dict(_QWEN3, num_hidden_layers=3, use_sliding_window=True, sliding_window=4,
                                     max_window_layers=1)),
+    # Qwen3-MoE: expert counts 4 / 8 / 16, top-k 1 / 2 / 8, norm_topk_prob both ways, dense layers mixed in
+    # (mlp_only_layers, decoder_sparse_step), tied embeddings
+    "qwen3moe_e4_k1": ("qwen3_moe", dict(_QWEN3_MOE)),
+    "qwen3moe_e8_k2_norm_dense": ("qwen3_moe", dict(_QWEN3_MOE, num_hidden_layers=3, num_experts=8,
+                                                    num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1])),
+    "qwen3moe_e16_k8_step2": ("qwen3_moe", dict(_QWEN3_MOE, num_hidden_layers=3, num_experts=16,
+                                                num_experts_per_tok=8, decoder_sparse_step=2, tie_word_embeddings=True,
+                                                moe_intermediate_size=24)),
+    # every layer sparse and renormalised, tied: the form llama.cpp's qwen3moe (GGUF) has
+    "qwen3moe_e6_k3_norm": ("qwen3_moe", dict(_QWEN3_MOE, num_experts=6, num_experts_per_tok=3, norm_topk_prob=True,
+                                              moe_intermediate_size=32, tie_word_embeddings=True)),
 }
 
 
+# Vulkan has no kernels for the mixture-of-experts ops (TOPK, MATMUL_ID, MOE_COMBINE) yet: rlx refuses a
+# Qwen3-MoE model there when it is loaded (tests/unit/test_moe_config.py checks the refusal), so the MoE
+# cases skip Vulkan with this reason.
+VULKAN_NO_MOE = "Vulkan has no mixture-of-experts kernels (topk, matmul_id, moe_combine) yet: rlx refuses MoE models there"
+
+
+def skip_reason(case: str, device: str) -> str | None:
+    """Why (case, device) cannot run, or None."""
+    return VULKAN_NO_MOE if device.startswith("vulkan") and HF_CASES[case][0] == "qwen3_moe" else None
+
+
+_CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+            "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
+
+
 def build(family: str, kwargs: dict):
-    cls_cfg = transformers.LlamaConfig if family == "llama" else transformers.Qwen3Config
-    cls_model = transformers.LlamaForCausalLM if family == "llama" else transformers.Qwen3ForCausalLM
+    cls_cfg, cls_model = (getattr(transformers, n) for n in _CLASSES[family])
     config = cls_cfg(**kwargs)
     config._attn_implementation = "eager"
     torch.manual_seed(1234)

@@ -12,6 +12,10 @@ adjacent pairs), and must give transformers' logits:
 - Q8_0 matrices (executed packed): the same model with the Q8_0 values dequantised by gguf-py and
   given to rlx as float32 arrays (the dequantised reference) gives the same logits on the ref
   backend (which multiplies the exact activations by the dequantised weights) within 1e-4.
+Qwen3-MoE is written as llama.cpp's "qwen3moe": the router as ffn_gate_inp, each projection's
+experts stacked into one 3-D tensor (ffn_gate_exps / ffn_up_exps / ffn_down_exps, Q8_0 row by row
+like the matrices), the expert keys; the case has every layer sparse and renormalised, the only
+form llama.cpp's qwen3moe graph runs.
 """
 
 from __future__ import annotations
@@ -25,14 +29,15 @@ import pytest
 from gguf.constants import GGMLQuantizationType as T
 
 import rlx
-from rlx.weights import expected_weights
+from rlx.weights import block_params, expected_weights
 
-from hf_cases import HF_CASES, case_ids, hf_logits
+from hf_cases import HF_CASES, case_ids, hf_logits, skip_reason
 
 TOL = 1e-4
 # (qwen3_sliding is left out: GGUF has no key for Qwen3's sliding window, and llama.cpp's qwen3
 # graph has none)
-CASES = ["llama_gqa2_tied", "llama_rope_llama3", "llama_bias", "qwen3_tied", "qwen3_bias_gqa4"]
+CASES = ["llama_gqa2_tied", "llama_rope_llama3", "llama_bias", "qwen3_tied", "qwen3_bias_gqa4", "qwen3moe_e6_k3_norm"]
+ARCH = {"qwen3_moe": "qwen3moe"}  # llama.cpp's architecture name, where it is not the model_type
 
 # Hugging Face suffix -> llama.cpp's tensor name suffix (llama.cpp's naming, typed out here)
 SUFFIX = {
@@ -45,6 +50,8 @@ SUFFIX = {
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight", "mlp.gate_proj.bias": "ffn_gate.bias",
     "mlp.up_proj.bias": "ffn_up.bias", "mlp.down_proj.bias": "ffn_down.bias",
+    "mlp.gate.weight": "ffn_gate_inp.weight", "mlp.experts.gate_proj.weight": "ffn_gate_exps.weight",
+    "mlp.experts.up_proj.weight": "ffn_up_exps.weight", "mlp.experts.down_proj.weight": "ffn_down_exps.weight",
 }
 TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
        "lm_head.weight": "output.weight"}
@@ -66,7 +73,7 @@ def write_gguf(path, model, matrix_type=T.F32) -> dict[str, np.ndarray]:
     """model (transformers) as a GGUF file; returns {HF name: the f32 values rlx should read} (the
     dequantised values for a quantized type, in Hugging Face row order)."""
     cfg = rlx.config.config_from_dict(model.config.to_dict())
-    arch = cfg.model_type
+    arch = ARCH.get(cfg.model_type, cfg.model_type)
     w = gguf.GGUFWriter(str(path), arch)
     for key, kind, value in [
         ("block_count", "uint32", cfg.num_hidden_layers), ("context_length", "uint32", cfg.max_position_embeddings),
@@ -77,16 +84,20 @@ def write_gguf(path, model, matrix_type=T.F32) -> dict[str, np.ndarray]:
         ("rope.dimension_count", "uint32", cfg.head_dim), ("rope.freq_base", "float32", cfg.rope_theta),
         ("attention.layer_norm_rms_epsilon", "float32", cfg.rms_norm_eps)]:
         getattr(w, f"add_{kind}")(f"{arch}.{key}", value)
+    if arch == "qwen3moe":
+        for key, value in [("expert_count", cfg.num_experts), ("expert_used_count", cfg.num_experts_per_tok),
+                           ("expert_feed_forward_length", cfg.moe_intermediate_size)]:
+            w.add_uint32(f"{arch}.{key}", value)
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])
-    state = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
+    state = _stacked_experts(cfg, {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()})
     expected = {}
-    for name in expected_weights(cfg):
+    for name in (n for n, _, kind in block_params(cfg) if kind != "derived"):
         x = state[name]
         stored = x
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
             stored = permute(x, cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads)
-        if x.ndim == 2 and matrix_type != T.F32:
+        if x.ndim >= 2 and matrix_type != T.F32:
             q = gguf.quants.quantize(stored, matrix_type)
             w.add_tensor(gguf_name(name), q, raw_dtype=matrix_type)
             expected[name] = gguf.quants.dequantize(gguf.quants.quantize(x, matrix_type), matrix_type)
@@ -103,8 +114,29 @@ def write_gguf(path, model, matrix_type=T.F32) -> dict[str, np.ndarray]:
     return expected
 
 
+def _stacked_experts(cfg, state: dict) -> dict:
+    """state plus each sparse layer's experts stacked (E, out, in), as llama.cpp stores them, from
+    transformers' per-expert parameters (4.x) or its fused gate_up_proj (E, 2F, H: gate rows first)
+    and down_proj (E, H, F) (5.x)."""
+    out = dict(state)
+    F = getattr(cfg, "moe_intermediate_size", 0)
+    for name, shape, kind in block_params(cfg):
+        if kind != "experts":
+            continue
+        base, proj = name.rsplit(".experts.", 1)
+        fused = state.get(f"{base}.experts.gate_up_proj" if proj != "down_proj.weight" else f"{base}.experts.down_proj")
+        if fused is None:
+            out[name] = np.stack([state[f"{base}.experts.{e}.{proj}"] for e in range(shape[0])])
+        else:
+            out[name] = fused[:, :F] if proj == "gate_proj.weight" else fused[:, F:] if proj == "up_proj.weight" else fused
+        assert out[name].shape == shape, (name, out[name].shape, shape)
+    return out
+
+
 @pytest.mark.parametrize("hf_model", CASES, indirect=True)
-def test_f32_gguf_matches_transformers(hf_model, device, tmp_path):
+def test_f32_gguf_matches_transformers(hf_model, device, tmp_path, request):
+    if reason := skip_reason(request.node.callspec.params["hf_model"], device):
+        pytest.skip(reason)
     _, model = hf_model
     path = tmp_path / "model.gguf"
     write_gguf(path, model)
@@ -121,7 +153,7 @@ def test_f32_gguf_matches_transformers(hf_model, device, tmp_path):
     assert np.abs(np.stack(got) - want).max() <= TOL
 
 
-@pytest.mark.parametrize("hf_model", ["llama_rope_llama3", "qwen3_bias_gqa4"], indirect=True)
+@pytest.mark.parametrize("hf_model", ["llama_rope_llama3", "qwen3_bias_gqa4", "qwen3moe_e6_k3_norm"], indirect=True)
 def test_q8_0_gguf_executed_packed_matches_its_dequantised_values(hf_model, tmp_path):
     _, model = hf_model
     path = tmp_path / "model.gguf"

@@ -4,6 +4,7 @@ model. Agreement within 1e-4 proves rlx.config, rlx.weights and the reference to
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -47,6 +48,9 @@ def test_config_matches_transformers(hf_model):
         assert cfg.layer_window(i) == want, i
     eos = hc.eos_token_id
     assert cfg.eos_token_ids == (tuple(eos) if isinstance(eos, list) else (eos,))
+    # sparse layers (Qwen3-MoE) where transformers built a sparse block
+    for i, layer in enumerate(model.model.layers):
+        assert cfg.layer_sparse(i) == hasattr(layer.mlp, "experts"), i
 
 
 @pytest.mark.parametrize("hf_model", CASES, indirect=True)
@@ -56,10 +60,19 @@ def test_expected_weights_match_the_saved_model(hf_model):
     w = load_weights(path)
     assert {k: v.shape for k, v in w.items()} == expected_weights(cfg)
     checked = check_weights(cfg, w)
-    assert all(checked[k] is w[k] for k in w)  # f32 stays zero-copy
-    # and they are the model's own parameters
+    kept = {id(v) for v in checked.values()} | {id(p) for v in checked.values() if isinstance(v, list) for p in v}
+    assert all(id(w[k]) in kept for k in w)  # f32 stays zero-copy, experts' parts too
+    # and they are the model's own parameters (transformers 5 holds the experts fused: gate_up_proj
+    # (E, 2F, H) with gate rows first, down_proj (E, H, F))
     state = model.state_dict()
     for name, arr in w.items():
+        m = re.match(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight\Z", name)
+        if m and m.group(1) + ".gate_up_proj" in state:
+            e, F = int(m.group(2)), cfg.moe_intermediate_size
+            fused = state[m.group(1) + (".down_proj" if m.group(3) == "down" else ".gate_up_proj")][e].numpy()
+            want = fused if m.group(3) == "down" else fused[:F] if m.group(3) == "gate" else fused[F:]
+            np.testing.assert_array_equal(arr, want)
+            continue
         np.testing.assert_array_equal(arr, state[name].numpy())
 
 

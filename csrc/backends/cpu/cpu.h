@@ -207,5 +207,10 @@ void rlx_cpu_add_f32(float *out, const float *a, const float *b, int64_t n, int6
 void rlx_cpu_mul_f32(float *out, const float *a, const float *b, int64_t n, int64_t nb);
 void rlx_cpu_attention(const struct rlx_attn_args *a);
 size_t rlx_cpu_attention_scratch(const struct rlx_attn_args *a);
+/* moe.c */
+void rlx_cpu_matmul_id(const struct rlx_matmul_id_args *a);
+size_t rlx_cpu_matmul_id_scratch(const struct rlx_matmul_id_args *a);
+void rlx_cpu_moe_combine_f32(float *out, const float *y, const float *probs, const int32_t *ids, int64_t S, int64_t n,
+                             int64_t H, int64_t E, int norm);
 
 #endif

@@ -26,4 +26,9 @@ const struct rlx_kernels rlx_cpu_kernels = {
     .mul_f32 = rlx_cpu_mul_f32,
     .attention = rlx_cpu_attention,
     .attention_scratch = rlx_cpu_attention_scratch,
+    .topk_f32 = rlx_topk_f32,
+    .topk_scratch = rlx_topk_scratch,
+    .matmul_id = rlx_cpu_matmul_id,
+    .matmul_id_scratch = rlx_cpu_matmul_id_scratch,
+    .moe_combine_f32 = rlx_cpu_moe_combine_f32,
 };

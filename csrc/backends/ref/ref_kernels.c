@@ -3,7 +3,8 @@
  * is checked against. Every kernel is the plainest loop that states its math, single threaded,
  * accumulating in double; attention tests each key against the visibility rules one by one.
  * It must never be clever: no threads, no BLAS, no vector code, no shortcuts that a reader has
- * to trust. Like every table it never allocates, prints or fails.
+ * to trust. Like every table it never allocates, prints or fails. TOPK is the one shared entry
+ * (backends/topk.c): its definition is torch's algorithm, checked against torch itself.
  */
 #include "backends/kernels.h"
 
@@ -286,6 +287,47 @@ static size_t ref_attention_scratch(const struct rlx_attn_args *a) {
     return (size_t)a->T;
 }
 
+/* out (S, n, N): row j of token s = a[s, A == 1 ? 0 : j] (K) @ w[ids[s, j]]^T, each row one call of
+ * the plain product for the expert's dtype (ref_matmul, ref_matmul_lowp, ref_matmul_quant with
+ * M = 1). scratch: K floats (the rounded row of a, or one converted weight row). */
+static void ref_matmul_id(const struct rlx_matmul_id_args *a) {
+    for (int64_t s = 0; s < a->S; s++)
+        for (int64_t j = 0; j < a->n; j++) {
+            const float *x = a->a + (s * a->A + (a->A == 1 ? 0 : j)) * a->K;
+            float *o = a->out + (s * a->n + j) * a->N;
+            const void *w = a->w[a->ids[s * a->n + j]];
+            if (a->w_dtype == RLX_F32)
+                ref_matmul(o, x, w, 1, a->K, a->N, 1);
+            else if (a->w_dtype == RLX_F16 || a->w_dtype == RLX_BF16)
+                ref_matmul_lowp(o, x, w, a->w_dtype, 1, a->K, a->N, a->scratch);
+            else
+                ref_matmul_quant(o, x, w, a->w_dtype, 1, a->K, a->N, a->scratch);
+        }
+}
+
+/* K floats */
+static size_t ref_matmul_id_scratch(const struct rlx_matmul_id_args *a) {
+    return (size_t)a->K;
+}
+
+/* out (S, H) = sum over j of w_j * y[s, j] (double), w_j = probs[s, ids[s, j]] / (norm ? their sum : 1) */
+static void ref_moe_combine(float *out, const float *y, const float *probs, const int32_t *ids, int64_t S, int64_t n,
+                            int64_t H, int64_t E, int norm) {
+    for (int64_t s = 0; s < S; s++) {
+        double total = 0.0;
+        for (int64_t j = 0; j < n; j++)
+            total += probs[s * E + ids[s * n + j]];
+        for (int64_t h = 0; h < H; h++) {
+            double acc = 0.0;
+            for (int64_t j = 0; j < n; j++) {
+                const double w = probs[s * E + ids[s * n + j]];
+                acc += (norm ? w / total : w) * (double)y[(s * n + j) * H + h];
+            }
+            out[s * H + h] = (float)acc;
+        }
+    }
+}
+
 const struct rlx_kernels rlx_ref_kernels = {
     .name = "ref",
     .matmul_f32 = ref_matmul,
@@ -307,4 +349,9 @@ const struct rlx_kernels rlx_ref_kernels = {
     .mul_f32 = ref_mul,
     .attention = ref_attention,
     .attention_scratch = ref_attention_scratch,
+    .topk_f32 = rlx_topk_f32,
+    .topk_scratch = rlx_topk_scratch,
+    .matmul_id = ref_matmul_id,
+    .matmul_id_scratch = ref_matmul_id_scratch,
+    .moe_combine_f32 = ref_moe_combine,
 };

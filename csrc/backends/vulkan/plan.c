@@ -50,8 +50,11 @@ static const rlx_vk_op_fn recorders[] = {
     [RLX_OP_STATE] = NULL,
     [RLX_OP_CACHE_WRITE] = rlx_vk_op_cache_write,
     [RLX_OP_CONVERT] = rlx_vk_op_convert,
+    [RLX_OP_TOPK] = NULL,
+    [RLX_OP_MATMUL_ID] = NULL,
+    [RLX_OP_MOE_COMBINE] = NULL,
 };
-static_assert(sizeof recorders / sizeof recorders[0] == RLX_OP_COUNT && RLX_OP_COUNT == 21,
+static_assert(sizeof recorders / sizeof recorders[0] == RLX_OP_COUNT && RLX_OP_COUNT == 24,
               "vulkan: one recorder entry per op");
 
 static bool records_nothing(enum rlx_op op)

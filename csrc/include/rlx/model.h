@@ -1,5 +1,5 @@
 /*
- * model.h - the decoder builder for the Llama 3.2 and Qwen3 families, and the objects that run it:
+ * model.h - the decoder builder for the Llama 3.2 and Qwen3 families (Qwen3-MoE included), and the objects that run it:
  * a model (config + weight store + compiled plans, on one device) and its sequences (a token
  * history + a KV cache each).
  *
@@ -31,9 +31,17 @@ struct rlx_model_config {
     bool rope_interleaved;    /* q / k rows in llama.cpp's permuted order (GGUF Llama files): RoPE turns
                                  adjacent pairs instead of halves; the same model, read without a copy */
     int64_t layer_window[RLX_MAX_LAYERS]; /* sliding window of each layer; 0 = full attention */
+    /* Mixture of experts (Qwen3-MoE): a sparse layer's MLP is a router (E, H) choosing, per token, the
+     * n_experts_used experts of highest softmax probability, whose SwiGLU MLPs (gate / up (F, H),
+     * down (H, F), F = moe_intermediate_size) are summed weighted by those probabilities
+     * (renormalised to sum 1 when norm_topk_prob). Dense layers keep the MLP of intermediate_size. */
+    int64_t n_experts, n_experts_used, moe_intermediate_size;   /* ignored when no layer is sparse */
+    bool norm_topk_prob;
+    bool layer_sparse[RLX_MAX_LAYERS];    /* layer l's MLP is the mixture */
 };
-/* RLX_ERR_INVALID naming the field when a size is not positive, heads do not divide, or eps is
- * not a finite number >= 0. */
+/* RLX_ERR_INVALID naming the field when a size is not positive, heads do not divide, eps is not a
+ * finite number >= 0, or (with a sparse layer) the expert counts do not hold 1 <= n_experts_used <=
+ * n_experts <= INT32_MAX. */
 rlx_status rlx_model_config_check(const struct rlx_model_config *c);
 
 /* What a built block contains. */
@@ -83,12 +91,17 @@ enum rlx_param_kind {
     RLX_PARAM_MATRIX = 0,   /* a matmul weight or embedding table: any real-valued dtype (f32, f16, bf16, q8_0) */
     RLX_PARAM_VECTOR = 1,   /* a norm weight or a bias: f32 */
     RLX_PARAM_DERIVED = 2,  /* computed from the config by the caller, not read from a file: rope.inv_freq, f32 */
+    RLX_PARAM_EXPERTS = 3,  /* a mixture's experts stacked (E, out_features, in_features), any real-valued dtype:
+                               one tensor (a GGUF file's), or E parts named part_fmt (a Hugging Face file's) */
 };
 struct rlx_param_info {
-    char name[RLX_NAME_MAX];            /* Hugging Face name ("model.layers.0.self_attn.q_proj.weight") */
+    char name[RLX_NAME_MAX];            /* Hugging Face name ("model.layers.0.self_attn.q_proj.weight"); stacked
+                                           experts: "model.layers.0.mlp.experts.gate_proj.weight" */
     int ndim;
-    int64_t shape[2];                   /* (out_features, in_features) for projections */
+    int64_t shape[3];                   /* (out_features, in_features) for projections, (E, out, in) for experts */
     enum rlx_param_kind kind;
+    char part_fmt[RLX_NAME_MAX];        /* EXPERTS: the name of part e with "%d" for e, as a Hugging Face file
+                                           names it ("model.layers.0.mlp.experts.%d.gate_proj.weight"); else "" */
 };
 /* *out: an array of *n entries for the block [begin, end) with ends (RLX_BLOCK_EMBED |
  * RLX_BLOCK_HEAD), freed with rlx_decoder_params_free. */
@@ -129,6 +142,10 @@ void rlx_model_free(struct rlx_model *m);
  * where the device reads host memory (keep it alive and unchanged), else uploaded once. Drops the
  * compiled plans. */
 rlx_status rlx_model_set_weight(struct rlx_model *m, const char *name, const struct rlx_host_tensor *t);
+/* Stores stacked experts (an RLX_PARAM_EXPERTS name) from its n = E parts, each of the shape of one
+ * expert (see rlx_weights_set_parts: used in place where the device reads host memory). */
+rlx_status rlx_model_set_weight_parts(struct rlx_model *m, const char *name, int64_t n,
+                                      const struct rlx_host_tensor *parts);
 /* prefill_capacity: LRU size (>= 1); max_past: BUCKETED's largest number of cache rows (>= 1).
  * Drops plans. */
 rlx_status rlx_model_set_policy(struct rlx_model *m, enum rlx_plan_policy prefill, int64_t prefill_capacity,

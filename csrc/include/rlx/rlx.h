@@ -197,6 +197,17 @@ enum rlx_op {
                             row pos[i] of it was set to rows[i] converted to its dtype (f32, f16 or bf16,
                             rounding to nearest even); a pos outside [0, T) is RLX_ERR_RANGE at run */
     RLX_OP_CONVERT,      /* x f32 -> attrs.dtype (f32, f16 or bf16), each value rounded to nearest even */
+    RLX_OP_TOPK,         /* x f32 (..., N) -> i32 (..., attrs.k): the indices of the k largest values of each row,
+                            largest first, chosen exactly as torch.topk on the CPU chooses them (ties included:
+                            libstdc++'s nth_element / partial_sort over (value, index) pairs; NaN counts as the
+                            largest); 1 <= k <= N */
+    RLX_OP_MATMUL_ID,    /* a (S, A, K) f32 with A = 1 or n, ids i32 (S, n), w (E, N, K) -> (S, n, N): row j of token
+                            s is a[s, A == 1 ? 0 : j] @ w[ids[s, j]]^T (the experts of a mixture, stacked; w of
+                            any real-valued dtype, read as MATMUL reads a trans_b weight); only the experts named
+                            are read; an id outside [0, E) is RLX_ERR_RANGE at run */
+    RLX_OP_MOE_COMBINE,  /* y (S, n, H), probs (S, E), ids i32 (S, n) -> (S, H): sum over j of w[s, j] * y[s, j],
+                            in slot order, w[s, j] = probs[s, ids[s, j]], divided by the sum of the n values
+                            (in slot order) when attrs.norm; an id outside [0, E) is RLX_ERR_RANGE at run */
     RLX_OP_COUNT
 };
 
@@ -213,6 +224,8 @@ struct rlx_attrs {
     struct rlx_dim shape[RLX_MAX_DIMS];/* RESHAPE: target shape */
     int32_t dtype;                     /* CONVERT: the enum rlx_dtype to convert to */
     int32_t interleaved;               /* ROPE: rotate adjacent pairs (2i, 2i+1) */
+    int32_t k;                         /* TOPK: how many indices per row */
+    int32_t norm;                      /* MOE_COMBINE: renormalise the selected probabilities to sum 1 */
 };
 
 const char *rlx_op_name(enum rlx_op op);               /* "matmul"; "?" when out of range */
@@ -405,6 +418,12 @@ void rlx_weights_free(struct rlx_weights *w);   /* after the plans bound to it *
  * type's weight with a NaN or infinite scale is refused (RLX_ERR_INVALID naming the block). Plans bound
  * to a weight that is replaced must be bound again (or freed) before they run. */
 rlx_status rlx_weights_set(struct rlx_weights *w, const char *name, const struct rlx_host_tensor *t);
+/* Adds or replaces a stacked weight of shape (n, part shape...) given as n parts of one dtype and
+ * shape, which need not be contiguous (a mixture's experts as a Hugging Face file holds them). On a
+ * device that reads host memory every part is used in place (kept alive and unchanged as above) and
+ * the weight is readable by RLX_OP_MATMUL_ID only (binding a plan that reads it otherwise fails,
+ * naming the node); elsewhere the parts are uploaded into one buffer, a weight like any other. */
+rlx_status rlx_weights_set_parts(struct rlx_weights *w, const char *name, int64_t n, const struct rlx_host_tensor *parts);
 /* The dtype and shape of a weight; RLX_ERR_INVALID naming it when the store lacks it. */
 rlx_status rlx_weights_info(const struct rlx_weights *w, const char *name, enum rlx_dtype *dt, int *ndim,
                             int64_t shape[RLX_MAX_DIMS]);
