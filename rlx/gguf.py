@@ -57,6 +57,7 @@ import ml_dtypes
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
+from rlx import dtypes as _dtypes
 from rlx.config import ModelConfig, config_from_dict
 from rlx.errors import ConfigError, WeightsError
 from rlx.weights import map_file
@@ -358,6 +359,10 @@ class GGUFFile:
                 block_size, type_size = GGML_QUANT_SIZES[gtype]
             except (ValueError, KeyError):
                 raise WeightsError(f"{self.path}: tensor '{name}' has unknown GGML type {raw_type}") from None
+            if gtype not in _TYPED and gtype.name.lower() not in _dtypes.DTYPES:
+                runs = ", ".join(n.upper() for n, d in _dtypes.DTYPES.items() if d.block_size > 1)
+                raise WeightsError(f"{self.path}: tensor '{name}' has GGML type {gtype.name}, which rlx does not "
+                                   f"run (block types it runs: {runs})")
             try:
                 hf = _hf_name(name, arch)
             except KeyError:

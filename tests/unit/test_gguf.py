@@ -372,6 +372,22 @@ def test_unknown_tensor_type(tmp_path):
         GGUFFile(p)
 
 
+@pytest.mark.parametrize("gtype", ["IQ4_NL", "TQ1_0", "MXFP4"])
+def test_tensor_type_gguf_knows_and_rlx_does_not_run(tmp_path, gtype):
+    """Found by the gguf_file fuzz target: an MXFP4 tensor passed the reader and failed at load with
+    a bare ValueError from rlx.dtypes. Refused at open, naming the file, tensor and type."""
+    from gguf import GGMLQuantizationType
+
+    if not hasattr(GGMLQuantizationType, gtype):
+        pytest.skip(f"this gguf package has no {gtype}")
+    p = tmp_path / "m.gguf"
+    write_model(p, LLAMA)
+    patch_tensor_type(p, "blk.0.attn_v.weight", int(GGMLQuantizationType[gtype]))
+    with pytest.raises(WeightsError, match=rf"m\.gguf: tensor 'blk\.0\.attn_v\.weight' has GGML type {gtype}, "
+                                           r"which rlx does not run \(block types it runs: Q8_0, "):
+        GGUFFile(p)
+
+
 def test_unknown_tensor_and_arch(tmp_path):
     p = tmp_path / "m.gguf"
     write_model(p, LLAMA, extra_tensors={"blk.0.attn_qkv.weight": np.zeros((4, 4), np.float32)})
