@@ -168,7 +168,8 @@ def find_vulkan():
     """(include_dirs, None) when the Vulkan backend can be built, else (None, why not)."""
     cflags = _pkg_config("vulkan", "--cflags") or []
     inc = [f[2:] for f in cflags if f.startswith("-I")]
-    if not any(os.path.isfile(os.path.join(d, "vulkan", "vulkan.h")) for d in inc + ["/usr/include", "/usr/local/include"]):
+    dirs = inc + ["/usr/include", "/usr/local/include"]
+    if not any(os.path.isfile(os.path.join(d, "vulkan", "vulkan.h")) for d in dirs):
         return None, "vulkan/vulkan.h not found (Debian: apt-get install libvulkan-dev)"
     if not shutil.which("glslc") or not shutil.which("spirv-val"):
         return None, "glslc / spirv-val not found (Debian: apt-get install glslc spirv-tools)"

@@ -27,9 +27,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import numpy as np  # noqa: E402
-
 import common  # noqa: E402
+import numpy as np  # noqa: E402
 
 
 def best_of(fn, n: int = 3) -> float:

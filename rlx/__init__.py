@@ -20,21 +20,19 @@ RuntimeError). Logging goes to the standard logging module under "rlx", quiet by
 (rlx.logs).
 """
 
-from rlx import _C
-from rlx import logs
+from rlx import _C, dtypes, logs  # noqa: F401 (rlx.logs: the logging set-up, imported for its effect)
 from rlx._C import Device, Error, build_info, get_num_threads, set_num_threads
+from rlx.api import Model, load
+from rlx.chat_template import ChatTemplate
+from rlx.compile_cache import CompileCache
 from rlx.config import LlamaConfig, Qwen3Config, Qwen3MoeConfig, load_config
 from rlx.errors import ConfigError, WeightsError
 from rlx.generator import Generator, SampleOpts, Sequence
-from rlx.stages import PipelineDecodeStage, PipelineStage
-from rlx.api import Model, load
-from rlx.chat_template import ChatTemplate
-from rlx.tokenizer import Tokenizer
-from rlx.compile_cache import CompileCache
 from rlx.graph import Graph, Plan, Value, compile
-from rlx.weights import Packed, load_weights
 from rlx.quantize import quantize
-from rlx import dtypes
+from rlx.stages import PipelineDecodeStage, PipelineStage
+from rlx.tokenizer import Tokenizer
+from rlx.weights import Packed, load_weights
 
 __version__ = "0.1.0"
 

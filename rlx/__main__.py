@@ -305,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     pp = sub.add_parser("pipeline", help="pipeline-parallel generation over N ranks (TCP on this host, or MPI)")
     pp.add_argument("--model", required=True, type=_existing_path)
     pp.add_argument("--prompt", required=True)
-    pp.add_argument("--world", type=_number(int, 1), default=2, help="ranks to start on this host (ignored under mpirun)")
+    pp.add_argument("--world", type=_number(int, 1), default=2,
+                    help="ranks to start on this host (ignored under mpirun)")
     pp.add_argument("--recompute", action="store_true", help="recompute each block per step (no KV cache)")
     pp.add_argument("--max-past", type=_number(int, 0), default=0, help="bucketed decode plans up to this past length")
     pp.add_argument("--mpi", action="store_true", help="use MPI (automatic under mpirun)")

@@ -32,14 +32,15 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from rlx import completions
 from rlx.chat_template import ChatTemplate
 from rlx.config import ModelConfig, load_config
 from rlx.engine import Generation, GenerationOptions, Stream
 from rlx.errors import ConfigError
-from rlx.generator import Generator, Sequence as RlxSequence
+from rlx.generator import Generator
+from rlx.generator import Sequence as RlxSequence
 from rlx.tokenizer import Tokenizer
 from rlx.weights import load_weights
-from rlx import completions
 
 __all__ = ["Model", "TextStream", "load", "generation_defaults"]
 
@@ -378,11 +379,11 @@ def load(path: str | os.PathLike, device: str = "cpu", kv_dtype: str | None = No
     quantized ones executed packed, the tokenizer and chat template its metadata holds).
 
     dtype: the matrices converted once at load ("f32", "bf16", "f16") or quantised in memory as
-    rlx.quantize would write them ("q8_0", "q4_k_m", ...: rlx/quantize.py). chat_template: a Jinja template (text) to use instead of the model's. cached_sequences: how
-    many finished calls' sequences to keep for prefix reuse (0: none). progress: a tqdm bar while
-    the weights are read (None: on a terminal, for models of 256 MiB and more). name: the model
-    name in responses (default: the directory or file name). Decoding plans are compiled once with
-    symbolic shapes."""
+    rlx.quantize would write them ("q8_0", "q4_k_m", ...: rlx/quantize.py). chat_template: a Jinja
+    template (text) to use instead of the model's. cached_sequences: how many finished calls'
+    sequences to keep for prefix reuse (0: none). progress: a tqdm bar while the weights are read
+    (None: on a terminal, for models of 256 MiB and more). name: the model name in responses
+    (default: the directory or file name). Decoding plans are compiled once with symbolic shapes."""
     from rlx import gguf
 
     path, is_gguf = model_path(path)

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Iterable, Sequence as Seq
+from typing import Callable, Iterable
+from typing import Sequence as Seq
 
 import numpy as np
 
@@ -221,10 +222,10 @@ class Generator(Sequence):
     the dtype it is stored in (float32, float16, bfloat16, or packed block weights:
     rlx.weights.Packed), so a file that mixes dtypes runs as it is; dtype="f32" / "bf16" / "f16"
     converts every matrix once instead, and a block type or recipe ("q8_0", "q4_k_m") quantises the
-    matrices in memory as rlx.quantize would write them (rlx/quantize.py). Arrays used in place (zero-copy on the cpu device) must stay
-    unchanged while the generator lives; norms and biases are used as float32. Missing, extra or
-    mis-shaped tensors raise rlx.WeightsError. kv_dtype: the KV cache dtype of its sequences
-    ("f16" by default; "f32", "bf16").
+    matrices in memory as rlx.quantize would write them (rlx/quantize.py). Arrays used in place
+    (zero-copy on the cpu device) must stay unchanged while the generator lives; norms and biases
+    are used as float32. Missing, extra or mis-shaped tensors raise rlx.WeightsError. kv_dtype: the
+    KV cache dtype of its sequences ("f16" by default; "f32", "bf16").
     """
 
     def __init__(self, config: ModelConfig, weights: dict, device: str = "cpu", dtype: str | None = None,

@@ -45,7 +45,6 @@ NumPy / Hugging Face shape.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import os
 import re

@@ -25,6 +25,7 @@ import socket
 import sys
 import threading
 import time
+
 import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request

@@ -13,6 +13,7 @@ __all__ = [
     "pipeline_layer_range",
     "ProcessGroup",
     "PipelineCoordinator",
+    "Transport",
     "TcpTransport",
     "MpiTransport",
     "free_loopback_addrs",

@@ -60,9 +60,11 @@ def run_rank(args, transport) -> int:
         text = tok.decode_continuation(prompt, [t for t in new if t not in eos])
         print(args.prompt + text, flush=True)
     t = co.timings
-    sys.stderr.write(f"[rlx] rank {rank}/{world} {stage.role.value} layers {stage.spec.layer_begin}..{stage.spec.layer_end - 1}"
-          f" ({stage.weight_count()} tensors): {len(new)} tokens in {elapsed:.3f} s ({len(new) / elapsed:.1f} tok/s);"
-          f" compute {t['compute']:.3f} s, send {t['send']:.3f} s, wait {t['wait']:.3f} s\n")  # one write: ranks share stderr
+    spec = stage.spec
+    sys.stderr.write(  # one write: ranks share stderr
+        f"[rlx] rank {rank}/{world} {stage.role.value} layers {spec.layer_begin}..{spec.layer_end - 1}"
+        f" ({stage.weight_count()} tensors): {len(new)} tokens in {elapsed:.3f} s ({len(new) / elapsed:.1f} tok/s);"
+        f" compute {t['compute']:.3f} s, send {t['send']:.3f} s, wait {t['wait']:.3f} s\n")
     return 0
 
 

@@ -22,7 +22,6 @@ import rlx
 from rlx.reference import ops as ref
 
 
-
 def randn(r, *shape):
     return r.standard_normal(shape).astype(np.float32)
 

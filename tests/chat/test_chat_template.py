@@ -13,10 +13,9 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from conftest import STORIES, TEMPLATES, needs_stories
 
 from rlx.chat_template import ChatTemplate
-
-from conftest import TEMPLATES, needs_stories, STORIES
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -154,8 +153,8 @@ def test_sandbox_refuses_python_internals_and_errors_are_value_errors():
 @needs_stories
 def test_gguf_chat_template_is_read_from_the_file(tmp_path):
     """A GGUF's tokenizer.chat_template (and its BOS text) is what rlx.load(file.gguf) renders with."""
-    import numpy as np
     import gguf
+    import numpy as np
     import sentencepiece
 
     import rlx

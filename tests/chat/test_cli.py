@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import STORIES, needs_stories
 
 import rlx
-
-from conftest import STORIES, needs_stories
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +69,8 @@ def test_chat_reads_turns_from_stdin_and_reuses_the_prefix(qwen3_dir):
     assert cached > 0, r.stderr
     # the first reply is the library's
     m = rlx.load(qwen3_dir)
-    first = m.create_chat_completion([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}],
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
+    first = m.create_chat_completion(msgs,
                                      max_tokens=5, temperature=0)["choices"][0]["message"]["content"]
     assert r.stdout.startswith(first + "\n")
 

@@ -12,11 +12,10 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import STORIES, needs_stories
 
 import rlx
 from rlx.engine import Generation, GenerationOptions
-
-from conftest import STORIES, needs_stories
 
 PROMPT = "Once upon a time"
 
@@ -136,7 +135,8 @@ def test_chat_completion_shapes_streaming_and_logprobs(qwen3):
     (c,) = r["choices"]
     assert c["message"]["role"] == "assistant" and isinstance(c["message"]["content"], str)
     assert c["finish_reason"] in ("stop", "length")
-    assert r["usage"]["prompt_tokens"] == len(qwen3.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+    prompt = qwen3.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    assert r["usage"]["prompt_tokens"] == len(prompt)
     chunks = list(qwen3.create_chat_completion(msgs, max_tokens=8, temperature=0, stream=True,
                                                stream_options={"include_usage": True}))
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -160,8 +160,9 @@ def test_prefix_reuse_across_chat_turns(qwen3_dir):
     saved = []
     for turn in ["Hello, who are you?", "Tell me about the sea.", "And the mountains?", "Thanks, bye."]:
         msgs.append({"role": "user", "content": turn})
-        a = kept.create_chat_completion(msgs, max_tokens=6, temperature=0, chat_template_kwargs={"enable_thinking": False})
-        b = fresh.create_chat_completion(msgs, max_tokens=6, temperature=0, chat_template_kwargs={"enable_thinking": False})
+        kw = dict(max_tokens=6, temperature=0, chat_template_kwargs={"enable_thinking": False})
+        a = kept.create_chat_completion(msgs, **kw)
+        b = fresh.create_chat_completion(msgs, **kw)
         assert a["choices"][0]["message"] == b["choices"][0]["message"]
         assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         saved.append(a["usage"]["prompt_tokens_details"]["cached_tokens"])
@@ -194,10 +195,12 @@ def test_save_state_load_state_close_and_with(qwen3_dir, tmp_path):
 
 
 def test_errors_are_clear_and_leave_the_model_usable(stories, tmp_path):
-    for kwargs, exc in [(dict(temperature=-1), ValueError), (dict(top_p=0), ValueError), (dict(max_tokens=-1), ValueError),
+    for kwargs, exc in [(dict(temperature=-1), ValueError), (dict(top_p=0), ValueError),
+                        (dict(max_tokens=-1), ValueError),
                         (dict(stop=[1]), TypeError), (dict(logprobs=-2), ValueError), (dict(seed="x"), TypeError),
                         (dict(logit_bias={"x": 1}), ValueError), (dict(logit_bias={99999: 1}), ValueError),
-                        (dict(logits_processor=3), TypeError), (dict(stream_options={"include_usage": True}), ValueError),
+                        (dict(logits_processor=3), TypeError),
+                        (dict(stream_options={"include_usage": True}), ValueError),
                         (dict(bogus=1), TypeError)]:
         with pytest.raises(exc):
             stories.create_completion(PROMPT, **kwargs)

@@ -51,7 +51,8 @@ def test_core_log_lines_reach_the_rlx_core_logger_from_any_thread():
 def test_quiet_by_default():
     code = ("import rlx, numpy as np\n"
             "g = rlx.Graph(); x = g.input('x', ('SEQ', 4)); g.output(g.matmul(x, g.param('w', (4, 4))), 'y')\n"
-            "p = rlx.compile(g); p.set_param('w', np.eye(4, dtype=np.float32)); p.run({'x': np.ones((2, 4), np.float32)})\n"
+            "p = rlx.compile(g); p.set_param('w', np.eye(4, dtype=np.float32))\n"
+            "p.run({'x': np.ones((2, 4), np.float32)})\n"
             "import logging; logging.getLogger('rlx.core').warning('not shown: no handler configured')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -18,10 +18,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import STORIES
 
 import rlx
-
-from conftest import STORIES
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")

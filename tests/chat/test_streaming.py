@@ -6,11 +6,10 @@ span tokens are held back and never emitted; a list where a text is expected is 
 from __future__ import annotations
 
 import pytest
+from conftest import STORIES, needs_stories
 
 import rlx
 from rlx.streaming import MAX_HELD, IncrementalDecoder, StopStrings
-
-from conftest import STORIES, needs_stories
 
 TEXT = ("Once upon a time, a café served crème brûlée — 日本語のテキスト, emoji 🦊🌲 and tabs\tand\nnewlines. "
         "Lily said: \"I like it!\" ") * 8

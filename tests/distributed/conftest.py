@@ -14,7 +14,6 @@ import threading
 import time
 
 import pytest
-
 from leakcheck import children, own_sockets, port_is_free, proc_state
 
 

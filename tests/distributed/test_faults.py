@@ -36,12 +36,11 @@ import time
 from pathlib import Path
 
 import pytest
+from faultproxy import FRAME, Fault, FaultProxy
+from leakcheck import children, listening_ports, proc_state, session_members
 
 import rlx
 from rlx.distributed import PipelineCoordinator, ProcessGroup, TcpTransport, free_loopback_addrs
-
-from faultproxy import FRAME, Fault, FaultProxy
-from leakcheck import children, listening_ports, proc_state, session_members
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

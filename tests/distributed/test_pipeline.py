@@ -37,11 +37,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from leakcheck import children, established_connections
 
 import rlx
 from rlx.distributed import PipelineCoordinator, ProcessGroup, TcpTransport, free_loopback_addrs
-
-from leakcheck import children, established_connections
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
-
 from fuzz_common import fresh_dir, main, split
+
 
 def check_config(cfg) -> None:
     from rlx.config import FLOAT32_MAX, FLOAT32_TINY, MAX_DIM, MAX_LAYERS, MAX_PARAMETERS

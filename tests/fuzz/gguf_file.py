@@ -7,9 +7,10 @@ against the config and, when they fit and are small, runs a model from them on t
 
 Acceptable outcomes: success, or rlx.WeightsError / rlx.ConfigError (the file, its metadata or
 its tensors refused, naming them), or ValueError from the core when a block holds a NaN or
-infinite scale, or when no logit is finite (f32 weights may hold anything). Every tensor view must lie inside the file's map with the bytes its type and
-shape need; a returned config must keep rlx/config.py's promises (the config_file target's
-checks); a tokenizer must encode and decode. Anything else is a finding.
+infinite scale, or when no logit is finite (f32 weights may hold anything). Every tensor view must
+lie inside the file's map with the bytes its type and shape need; a returned config must keep
+rlx/config.py's promises (the config_file target's checks); a tokenizer must encode and decode.
+Anything else is a finding.
 
     python tests/fuzz/gguf_file.py [libFuzzer flags] [corpus dirs]    # tools/run_fuzz.sh runs it
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-
 from fuzz_common import fresh_dir, main
 
 SMALL_MODEL_BYTES = 1 << 20  # run the model only when its weights are this small

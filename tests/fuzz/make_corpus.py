@@ -19,7 +19,6 @@ import os
 import struct
 
 import numpy as np
-
 from fuzz_common import join
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -298,7 +297,8 @@ def tcp_wire_seeds() -> dict[str, bytes]:
         "acceptor-token-world5": tcp_input(acc | TOKEN, 0x03 | 1 << 2, rw, frames),
         "connector-token-frames": tcp_input(con | TOKEN, 0x05, con_ops, con_frames),
         "connector-no-token-frames": tcp_input(con | REMOTE, 0x00, con_ops, con_frames),
-        "frames-tag-mismatch-and-small-buffer": tcp_input(acc | TOKEN, 0, [(RECV, 1, 256), (RECV, 0, 4), (RECV, 0, 256)],
+        "frames-tag-mismatch-and-small-buffer": tcp_input(acc | TOKEN, 0,
+                                                          [(RECV, 1, 256), (RECV, 0, 4), (RECV, 0, 256)],
                                                           frame(0, 10) + frame(0, 10) + frame(0, 3)),
         "frames-invalid-args": tcp_input(acc | TOKEN, 0x01, [(RECV, T_2_24, 8), (RECV_FROM, 0, 8), (RECV_FROM, 4, 8),
                                                              (SEND, T_BCAST, 8)], frame(0, 4)),
@@ -314,7 +314,8 @@ def tcp_wire_seeds() -> dict[str, bytes]:
         "acceptor-hello-cut": tcp_input(MAX_DEFAULT | REMOTE, 0, [], hello(128, bytes([20]))),
         "acceptor-proof-other-rank": tcp_input(MAX_DEFAULT | TOKEN, 0x01 << 2 | 0x02, [],
                                                hello() + proof(32, struct.pack("<I", 3))),
-        "acceptor-proof-other-version": tcp_input(MAX_DEFAULT | TOKEN, 0, [], hello() + proof(16, struct.pack("<H", 4))),
+        "acceptor-proof-other-version": tcp_input(MAX_DEFAULT | TOKEN, 0, [],
+                                                  hello() + proof(16, struct.pack("<H", 4))),
         "acceptor-proof-reflected": tcp_input(MAX_DEFAULT | TOKEN, 0, [], hello() + proof(8)),
         "acceptor-proof-garbage": tcp_input(MAX_DEFAULT | TOKEN, 0, [], hello() + proof(4, bytes(range(32)))),
         "connector-refused": tcp_input(MAX_DEFAULT | CONNECTOR | REMOTE, 0, [], refuse(2)),

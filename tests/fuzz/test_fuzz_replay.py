@@ -55,6 +55,7 @@ def test_config_seeds_reach_both_outcomes():
     """The seeds exercise both outcomes: some configs load, some are refused."""
     import config_file
     import fuzz_common
+
     from rlx.config import load_config
     from rlx.errors import ConfigError
 

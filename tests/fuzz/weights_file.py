@@ -24,7 +24,6 @@ import os
 import uuid
 
 import numpy as np
-
 from fuzz_common import fresh_dir, main, scratch_root, split
 
 INDEX = "model.safetensors.index.json"

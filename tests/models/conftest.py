@@ -7,7 +7,6 @@ and the fixture yields (path, model).
 from __future__ import annotations
 
 import pytest
-
 from hf_cases import HF_CASES, build
 
 

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hf_cases import HF_CASES, case_ids
 
 import rlx
-
-from hf_cases import HF_CASES, case_ids
 
 TOL = 1e-5
 GREEDY = rlx.SampleOpts.greedy()

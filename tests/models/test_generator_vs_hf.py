@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from hf_cases import HF_CASES, case_ids, hf_logits, skip_reason, torch
 
 import rlx

@@ -27,11 +27,10 @@ import gguf
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
+from hf_cases import case_ids, hf_logits, skip_reason
 
 import rlx
 from rlx.weights import block_params, expected_weights
-
-from hf_cases import HF_CASES, case_ids, hf_logits, skip_reason
 
 TOL = 1e-4
 # (qwen3_sliding is left out: GGUF has no key for Qwen3's sliding window, and llama.cpp's qwen3
@@ -128,7 +127,8 @@ def _stacked_experts(cfg, state: dict) -> dict:
         if fused is None:
             out[name] = np.stack([state[f"{base}.experts.{e}.{proj}"] for e in range(shape[0])])
         else:
-            out[name] = fused[:, :F] if proj == "gate_proj.weight" else fused[:, F:] if proj == "up_proj.weight" else fused
+            parts = {"gate_proj.weight": fused[:, :F], "up_proj.weight": fused[:, F:]}
+            out[name] = parts.get(proj, fused)
         assert out[name].shape == shape, (name, out[name].shape, shape)
     return out
 

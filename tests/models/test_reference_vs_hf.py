@@ -8,8 +8,8 @@ import re
 
 import numpy as np
 import pytest
-
 from hf_cases import HF_CASES, case_ids, hf_logits
+
 from rlx.config import load_config
 from rlx.reference import forward
 from rlx.weights import check_weights, expected_weights, load_weights

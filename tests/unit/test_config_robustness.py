@@ -22,8 +22,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlx.config import (FLOAT32_MAX, FLOAT32_TINY, MAX_DIM, MAX_LAYERS, MAX_PARAMETERS, LlamaConfig, Qwen3Config,
-                        config_from_dict, load_config)
+from rlx.config import (
+    FLOAT32_MAX,
+    FLOAT32_TINY,
+    MAX_DIM,
+    MAX_LAYERS,
+    MAX_PARAMETERS,
+    LlamaConfig,
+    Qwen3Config,
+    config_from_dict,
+    load_config,
+)
 from rlx.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

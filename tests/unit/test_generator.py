@@ -271,7 +271,8 @@ def _close_kv(got, want):
     """Cached rows equal the reference's rounded rows, up to the one rounding step where the two
     f32 values before rounding straddle a rounding boundary (one unit in the last place)."""
     g, w_ = got.astype(np.float32), want.astype(np.float32)
-    ulp = np.abs(w_) * (2.0 ** -10 if want.dtype == np.float16 else 2.0 ** -7 if want.dtype.itemsize == 2 else 2.0 ** -23)
+    step = 2.0 ** -10 if want.dtype == np.float16 else 2.0 ** -7 if want.dtype.itemsize == 2 else 2.0 ** -23
+    ulp = np.abs(w_) * step
     assert np.all(np.abs(g - w_) <= ulp + 1e-5), np.abs(g - w_).max()
 
 

@@ -16,7 +16,6 @@ from rlx.graph import parse_dim
 from rlx.reference import ops as ref
 
 
-
 def randn(r, *shape):
     return r.standard_normal(shape).astype(np.float32)
 

@@ -320,7 +320,8 @@ def test_gguf_expert_keys(tmp_path):
     says otherwise); feed_forward_length optional (no layer is dense)."""
     cfg = load_config(_moe_gguf(tmp_path / "a.gguf"))
     assert isinstance(cfg, Qwen3MoeConfig) and cfg.model_type == "qwen3_moe"
-    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.intermediate_size) == (6, 2, 16, 48)
+    got = (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.intermediate_size)
+    assert got == (6, 2, 16, 48)
     assert cfg.norm_topk_prob and all(cfg.layer_sparse(i) for i in range(4)) and not cfg.rope_interleaved
     assert load_config(_moe_gguf(tmp_path / "b.gguf", ffn=False)).intermediate_size == 16
     with pytest.raises(ConfigError, match="qwen3moe.expert_used_count"):

@@ -13,7 +13,6 @@ import rlx
 from rlx.reference import ops as ref
 
 
-
 def rng(seed=0):
     return np.random.default_rng(seed)
 
@@ -165,7 +164,8 @@ def test_silu(device, shape):
     close(y, ref.silu(x))
 
 
-BROADCASTS = [((5, 8), (5, 8)), ((5, 8), (8,)), ((2, 3, 4), (3, 4)), ((2, 3, 4), (4,)), ((130,), (130,)), ((1, 17), (17,))]
+BROADCASTS = [((5, 8), (5, 8)), ((5, 8), (8,)), ((2, 3, 4), (3, 4)), ((2, 3, 4), (4,)), ((130,), (130,)),
+              ((1, 17), (17,))]
 
 
 @pytest.mark.parametrize("op", ["add", "mul"])

@@ -127,7 +127,10 @@ HUGE = {"bf16": 3e38, "f16": 6e4, "q8_0": 1e6, "q4_0": 1e5, "q4_1": 3e4, "q5_0":
 def edge_rows(cols: int, huge: float, seed: int = 0) -> np.ndarray:
     """(22, cols) float32: Gaussian rows of scales from 1e-6 to huge / 10, and the edge cases."""
     rng = np.random.default_rng(seed)
-    g = lambda: rng.standard_normal(cols)
+
+    def g():
+        return rng.standard_normal(cols)
+
     rows = [g() * s for s in np.logspace(-6, np.log10(huge) - 1, 8)]
     rows += [np.zeros(cols), np.full(cols, 0.3), np.full(cols, -7.25),
              np.where(np.arange(cols) // 32 % 2, g(), 0.0),           # zero blocks between others
@@ -352,14 +355,18 @@ def test_recipe_table():
     assert {tensor_type("q4_k", n, (1024, 4096), cfg) for n in ("output.weight", "blk.3.attn_v.weight")} == {"q4_k"}
     # llama.cpp's "70B": 80 Llama layers with GQA get q5_k for an attn_v of q3_k / q4_k
     big = _cfg(layers=80, heads=64, kv=8)
-    assert types_by_layer("q4_k_m", "attn_v", big)[11] == "q5_k" and types_by_layer("q4_k_m", "attn_v", big)[0] == "q6_k"
+    by_layer = types_by_layer("q4_k_m", "attn_v", big)
+    assert by_layer[11] == "q5_k" and by_layer[0] == "q6_k"
     assert types_by_layer("q4_k_m", "attn_v", _cfg(layers=80, heads=64, kv=64))[11] == "q4_k"
     assert types_by_layer("q4_k_m", "attn_v", _cfg(layers=80, heads=64, kv=8, model_type="qwen3"))[11] == "q4_k"
 
 
 def test_recipe_shape_fallbacks():
     cfg = _cfg()
-    fit = lambda r, name, cols: tensor_type(r, name, (64, cols), cfg)
+
+    def fit(r, name, cols):
+        return tensor_type(r, name, (64, cols), cfg)
+
     assert [fit(r, "blk.0.attn_q.weight", 64) for r in ("q2_k", "q3_k_s", "q4_k_s", "q5_k_s", "q6_k")] == \
         ["q4_0", "q4_0", "q5_0", "q5_1", "q8_0"]
     assert {fit(r, "blk.0.ffn_down.weight", 172) for r in RECIPES if r not in ("f32", "bf16")} == {"f16"}

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import rlx
 from vkutil import PARITY
+
+import rlx
 
 HERE = Path(__file__).resolve().parent
 VULKAN = "vulkan" in rlx.backends()

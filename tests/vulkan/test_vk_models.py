@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from vkutil import block_weight, record
 
 import rlx
 from rlx.weights import expected_weights
-from vkutil import block_weight, record
 
 VK = "vulkan"
 TOL = 1e-4

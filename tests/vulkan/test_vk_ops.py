@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from vkutil import BLOCK_TYPES, FLOAT_TYPES, block_weight, randn, record, run
 
 import rlx
 from rlx.reference import ops as ref
-from vkutil import BLOCK_TYPES, FLOAT_TYPES, block_weight, randn, record, run
 
 VK = "vulkan"
 # matmul shapes (M, K, N): matvec for M <= 8, GEMM above; every dim odd or past a tile edge
@@ -321,7 +321,8 @@ def test_weights_rows_and_tables_split_or_staged(device):
     """Matmul W (75 rows x 400 B), a (37 rows), out and an embedding table all exceed 4 KiB: each is
     bound in pieces; with staging every byte crosses through the staging buffer."""
     r = np.random.default_rng(13)
-    for (m, k, n), wdt in [((37, 100, 75), "f32"), ((3, 100, 75), "bf16"), ((1, 512, 75), "q4_k"), ((19, 96, 75), "q8_0")]:
+    cases = [((37, 100, 75), "f32"), ((3, 100, 75), "bf16"), ((1, 512, 75), "q4_k"), ((19, 96, 75), "q8_0")]
+    for (m, k, n), wdt in cases:
         a = randn(r, m, k)
         if wdt in BLOCK_TYPES:
             w, _ = block_weight(wdt, n, k, r)
