@@ -16,18 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from chat_paths import QWEN2_TOK, STORIES, TEMPLATES, needs_qwen_tokenizer, needs_stories  # noqa: F401
 
 import rlx
 from rlx.weights import expected_weights
-
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-STORIES = SHARED / "models" / "stories260K" / "hf"
-QWEN2_TOK = SHARED / "tokenizers" / "qwen2"
-TEMPLATES = SHARED / "tokenizers" / "chat_templates"
-
-needs_stories = pytest.mark.skipif(not (STORIES / "config.json").is_file(), reason=f"no stories260K at {STORIES}")
-needs_qwen_tokenizer = pytest.mark.skipif(not (QWEN2_TOK / "vocab.json").is_file(),
-                                          reason=f"no Qwen2 tokenizer files at {QWEN2_TOK}")
 
 QWEN3_CONFIG = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 32,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from conftest import STORIES, TEMPLATES, needs_stories
+from chat_paths import STORIES, TEMPLATES, needs_stories
 
 from rlx.chat_template import ChatTemplate
 

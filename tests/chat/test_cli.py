@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import STORIES, needs_stories
+from chat_paths import STORIES, needs_stories
 
 import rlx
 

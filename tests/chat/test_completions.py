@@ -12,7 +12,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import STORIES, needs_stories
+from chat_paths import STORIES, needs_stories
 
 import rlx
 from rlx.engine import Generation, GenerationOptions

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import STORIES
+from chat_paths import STORIES
 
 import rlx
 

@@ -6,7 +6,7 @@ span tokens are held back and never emitted; a list where a text is expected is 
 from __future__ import annotations
 
 import pytest
-from conftest import STORIES, needs_stories
+from chat_paths import STORIES, needs_stories
 
 import rlx
 from rlx.streaming import MAX_HELD, IncrementalDecoder, StopStrings
