@@ -507,8 +507,13 @@ def test_logits_from_quantised_files(models, tmp_path, device, arch):
 def test_dtype_at_load_equals_the_file(models, tmp_path, device, arch, recipe):
     """Generator(cfg, weights, dtype=recipe) reads the weights rlx.quantize writes, byte for byte (a
     Llama file's q / k rows in llama.cpp's order), and gives the file's logits: bit for bit on ref
-    (which sums in double), within float32 summation order elsewhere (RoPE on adjacent pairs sums a
-    head's dot products in another order than on halves)."""
+    (which sums in double) and wherever the order is the same. A Llama file's RoPE on adjacent
+    pairs sums a head's dot products in another order than on halves: within float32 summation
+    order on devices with exact activations (vulkan: 1e-5 of the logits' scale); on cpu, whose
+    products quantise their activations per block, that last-bit difference can send an element to
+    the neighbouring integer of its block's grid, which moves the logits by a few percent (the
+    activation rounding test_quant_models bounds by 5 % of the logits' scale, and measures up to
+    2.9 %): within 5 % there, with the same greedy token where the margin exceeds the difference."""
     from rlx.quantize import quantize_weights
 
     skip_without_block_kernels(device)
@@ -534,10 +539,15 @@ def test_dtype_at_load_equals_the_file(models, tmp_path, device, arch, recipe):
     ids = [3, 77, 12, 250, 9, 41]
     for a, b in ((mem.prefill_get_last_logits(ids), f.prefill_get_last_logits(ids)),
                  (mem.decode_get_logits(5), f.decode_get_logits(5))):
+        diff, scale = np.abs(a - b).max(), np.abs(b).max()
         if device == "ref" or not gf.qk_permuted:
             assert np.array_equal(a, b)
+        elif device == "cpu":
+            assert diff <= 0.05 * scale, (diff, scale)
+            top2 = np.sort(b)[-2:]
+            assert np.argmax(a) == np.argmax(b) or top2[1] - top2[0] <= 2 * diff
         else:
-            assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max(), np.abs(a - b).max()
+            assert diff <= 1e-5 * scale, (diff, scale)
 
 
 def test_in_memory_packed_weights(models):
