@@ -3,53 +3,68 @@
  * T keys and values of positions 0 .. T-1 (a KV cache, or the new rows alone), stored f32, f16 or
  * bf16; three paths by the number of queries S.
  *
- * K/V dtypes: f32 rows are read in place; f16 / bf16 rows are widened exactly to f32 (rlx_cpu_widen:
- * F16C / a shift in the vector paths) into a small per-task buffer as they are used (one key row,
- * or one kv head's block of rows for the GEMM path), so the cache is read once at its stored width
- * (half the bytes of f32 at long context) and the arithmetic is the f32 arithmetic of the f32 path.
+ * K/V dtypes: f32 rows are read in place; f16 / bf16 rows are widened exactly to f32 (F16C / a
+ * shift) as they are used, so the cache is read once at its stored width (half the bytes of f32 at
+ * long context) and the arithmetic is the f32 arithmetic of the f32 path.
  *
- * Prefill and extension (S >= RLX_ATTN_GEMM_MIN_S): through sgemm. Per kv head, per block of
- * `rows` query positions, per query head of the kv head's group (the group reads the same
- * key/value rows, still in cache): scores (rows, W) = scale * Q_blk @ K^T by sgemm into scratch,
- * then a row softmax (causal / window bounds, masks, max subtracted, the vector exp; a row with
- * nothing visible gives zeros), then out_blk = weights @ V by sgemm written straight into out, then
- * each out row scaled by 1 / its sum. Q and out are read and written in place (rows Hq * D floats
- * apart, which sgemm takes as leading dimensions); f32 K / V too (rows Hkv * D apart); f16 / bf16
- * K / V blocks are widened first into scratch (W rows of D, once per kv head and query block,
- * shared by the group). A block only gets the keys its rows may see: up to its last row's
- * position (causal), from its first row's window start (window); inside that range the rows of
- * one block differ (the causal triangle), which the softmax masks: with rows = 64 that costs ~12%
- * extra multiply-adds at S = 512, and the measured optimum sat between 64 and 128 (smaller
- * blocks: more calls, and sgemm repacks the keys each call; larger: more of the triangle).
- * rows = min(64, RLX_ATTN_GEMM_FLOATS / T), at least 8, so the scores stay <= ~4 MiB.
- * Threads: OpenBLAS's own threads inside each sgemm (rlx_set_num_threads sets them to the pool's
- * count); the sgemms run on the calling thread, never inside a pool task (that would run
- * OpenBLAS's threads on top of ours). The softmax runs on the calling thread as well: with the
- * whole-vector exp below it is ~5% of the time at S = 512, less than a pool region's hand-over
- * to threads that OpenBLAS keeps spinning would cost. Measured (Qwen3-0.6B shape: 16 q heads,
- * 8 kv heads, D = 128, causal, P = 0, one thread, machine shared with other jobs): S = 128
- * 17 -> 41 GFLOP/s, S = 512 16 -> 57 GFLOP/s; below S = 8 the GEMM path was still ahead on one
- * thread (S = 8: 2x), RLX_ATTN_GEMM_MIN_S = 8 leaves the tiny cases to the per-pair path below,
- * which splits them over the pool's threads. Known cost: with bf16 weights the projections run
- * on the pool (gemm_bf16.c) while these sgemms run on OpenBLAS's threads, and OpenBLAS's worker
- * keeps spinning after each call, taking a core from the next projection: Llama-3.2-1B bf16
- * pp128 at 2 threads measured 129-136 tok/s as is and 151-156 with OpenBLAS capped at 1 thread
- * (attention then on one thread). Running these sgemms single-threaded on the pool's threads
- * (per kv head) would remove it; not done yet.
+ * The vector paths (attention_simd.inc, compiled for AVX-512 and for AVX2 and chosen per call by
+ * rlx_cpu_isa(); head size D a multiple of 16) take decode and prefill; the portable loops below
+ * take the rest (no AVX2, odd D) and are the same functions as before those paths existed.
+ *
+ * Prefill and extension on the vector paths (S >= RLX_ATTN_FLASH_MIN_S): tiled flash attention on
+ * the pool. A work item is one kv head and one block of query positions; its G query heads
+ * make the columns of the tile, so the group shares every key and value row it reads: M = G x
+ * rows ~ RLX_ATTN_FLASH_M columns (padded to 32). The item keeps Qt (D, M: the queries, scaled,
+ * transposed), Ot (D, M: its output so far), m, l (M: the running max and sum) in its task's
+ * scratch, and walks the keys it may see (up to its last row's position, from its first row's
+ * window start) in blocks of RLX_ATTN_FLASH_BC: the block's K and V rows are widened into
+ * scratch (Kw, Vw), St (Bc, M) = Kw @ Qt and Ot += Vw^T @ P are register-tiled microkernels
+ * (8 x 32 on AVX-512, 4 x 16 on AVX2; broadcast one operand, two vector loads of the other),
+ * and between them the online softmax runs down the columns of St (vector max, the vector exp,
+ * rescale of Ot and l by exp(old max - new max)). Blocks that reach past the causal diagonal,
+ * the window or into masks get their invisible scores set to -inf first. Items go to the pool's
+ * threads through a shared counter, the last query blocks (the most keys under a causal mask)
+ * first, so the threads finish together; the next block's rows are prefetched (a head segment
+ * per row, which the hardware prefetchers do not follow). OpenBLAS is not called: before this
+ * path, its sgemms ran on OpenBLAS's threads, which keep spinning after each call and took a
+ * core from the next projection on the pool (Llama-3.2-1B bf16 pp128, 2 threads: 129-136 tok/s,
+ * 151-156 with OpenBLAS capped at one thread). Measured (one thread, thread CPU time, f16 K / V,
+ * causal S = T; machine shared, load average ~4): Qwen3 shape (16 / 8 heads, D = 128) 65 -> 80
+ * GFLOP/s at T = 1024-4096, Llama 3.2 shape (32 / 8, D = 64) 60 -> 75 (OpenBLAS sgemm before).
+ *
+ * Prefill and extension otherwise (S >= RLX_ATTN_GEMM_MIN_S): through sgemm. Per kv head, per
+ * block of `rows` query positions, per query head of the kv head's group: scores (rows, W) =
+ * scale * Q_blk @ K^T by sgemm into scratch, then a row softmax (causal / window bounds, masks,
+ * max subtracted, the vector exp; a row with nothing visible gives zeros), then out_blk =
+ * weights @ V by sgemm written straight into out, then each out row scaled by 1 / its sum. Q and
+ * out are read and written in place (rows Hq * D floats apart, which sgemm takes as leading
+ * dimensions); f32 K / V too (rows Hkv * D apart); f16 / bf16 K / V blocks are widened first into
+ * scratch (W rows of D, once per kv head and query block, shared by the group). A block only gets
+ * the keys its rows may see: up to its last row's position (causal), from its first row's window
+ * start (window). rows = min(64, RLX_ATTN_GEMM_FLOATS / T), at least 8, so the scores stay <=
+ * ~4 MiB. Threads: OpenBLAS's own threads inside each sgemm; the sgemms run on the calling thread,
+ * never inside a pool task (that would run OpenBLAS's threads on top of ours).
  *
  * Small S (1 < S < RLX_ATTN_GEMM_MIN_S, and S == 1 with too many heads for the split path): one
  * (query i, head h) pair is scored against its visible keys (dot products), softmaxed with the
  * max subtracted, and its output accumulated as a weighted sum of value rows; the two loops over
  * key rows (scores, weighted sum) are compiled per ISA.
  *
- * Decode (one query, S == 1) takes another path that reads the KV cache once, front to back: a
- * key row (Hkv, D) is contiguous, so reading one head's keys alone touches 4 KiB pages for 512
- * bytes each and runs at a fraction of the bandwidth (measured 5-7 GB/s). Instead the visible
- * keys are split into one contiguous range per task, every head is scored against each key row
- * as it streams by (chunks of RLX_ATTN_CHUNK keys: scores, then an online softmax per head, then
- * the value rows), and the tasks' partials (max, sum, weighted values per head) are merged by
- * the caller, flash-decoding style. Each task's partial lives in its own RLX_ATTN_PART_FLOATS
- * of scratch; heads too many for that fall back to the per-head path.
+ * Decode (one query, S == 1) takes another path that reads the KV cache once: the visible keys
+ * are split into one contiguous range per task, every head is scored against each key row (chunks
+ * of RLX_ATTN_CHUNK keys: scores, then an online softmax per head, then the value rows), and the
+ * tasks' partials (max, sum, weighted values per head) are merged by the caller, flash-decoding
+ * style. Each task's partial lives in its own RLX_ATTN_PART_FLOATS of scratch; heads too many for
+ * that fall back to the per-head path. The vector loops take four keys at a time: two or four
+ * query heads of a kv head against four key rows (eight or sixteen accumulators, one 4-way
+ * horizontal sum per head), and each vector of the output loaded and stored once per four value
+ * rows. They read four rows' head segments in turn, an order DRAM serves at a third of its
+ * bandwidth (one thread: 12 GB/s against 33 GB/s front to back), so while a chunk is computed the
+ * next chunk's rows are prefetched into L2 front to back, a few lines per step. Measured (one
+ * thread, thread CPU time, f16 cache, T = 4096-32768, machine shared): Qwen3 shape 10 -> 23 GB/s of
+ * K + V (the probe reads 28-33 GB/s), Llama 3.2 shape (twice the multiply-adds per byte: G = 4,
+ * D = 64; compute-bound) 5 -> 13 GB/s; in the model, Qwen3-0.6B bf16 at 2048 positions: the step's
+ * attention 36 -> 12 ms.
  *
  * Threading and scratch (per-pair path): pairs come in blocks, one block per (query, kv head)
  * holding the Hq/Hkv query heads that read the same key/value rows (so the second head finds
@@ -67,11 +82,104 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
 
 typedef float attn_v8 __attribute__((vector_size(32)));
 typedef float attn_v4 __attribute__((vector_size(16)));
+
+/* Keys per chunk of the split-key decode path, and the floats of scratch each task may use for
+ * its partial result: m, l (Hq each), o (Hq * D), a chunk of scores (Hq * RLX_ATTN_CHUNK) and one
+ * widened key / value row (Hkv * D). */
+#define RLX_ATTN_CHUNK 64
+#define RLX_ATTN_PART_FLOATS 32768
+
+/* A software prefetch cursor of the decode loops (attention_simd.inc). */
+struct attn_pf {
+    const char *p;     /* next line */
+    int64_t left, per; /* bytes left; lines per step */
+};
+
+/* The vector paths (attention_simd.inc), once per ISA. */
+#define ATT_SUF avx512
+#define ATT_TARGET "avx512f,avx512bw,avx512vl,f16c,fma"
+#define ATT_W 16
+#define ATT_MR 8
+#define att_vf __m512
+#define V_LOAD(p) _mm512_loadu_ps(p)
+#define V_STORE(p, x) _mm512_storeu_ps((p), (x))
+#define V_SET1(x) _mm512_set1_ps(x)
+#define V_ZERO() _mm512_setzero_ps()
+#define V_FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define V_MUL(a, b) _mm512_mul_ps((a), (b))
+#define V_MAX(a, b) _mm512_max_ps((a), (b))
+#define V_NEGINF_TO_ZERO(x)                                                                                          \
+    _mm512_mask_blend_ps(_mm512_cmp_ps_mask((x), _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), (x), _mm512_setzero_ps())
+#define V_LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define V_LOAD_BF16(p)                                                                                               \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#define V_HALF(x) _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)))
+#include "backends/cpu/attention_simd.inc"
+
+#define ATT_SUF avx2
+#define ATT_TARGET "avx2,fma,f16c"
+#define ATT_W 8
+#define ATT_MR 4
+#define att_vf __m256
+#define V_LOAD(p) _mm256_loadu_ps(p)
+#define V_STORE(p, x) _mm256_storeu_ps((p), (x))
+#define V_SET1(x) _mm256_set1_ps(x)
+#define V_ZERO() _mm256_setzero_ps()
+#define V_FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define V_MUL(a, b) _mm256_mul_ps((a), (b))
+#define V_MAX(a, b) _mm256_max_ps((a), (b))
+#define V_NEGINF_TO_ZERO(x)                                                                                          \
+    _mm256_blendv_ps((x), _mm256_setzero_ps(), _mm256_cmp_ps((x), _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ))
+#define V_LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define V_LOAD_BF16(p)                                                                                               \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#define V_HALF(x) (x)
+#include "backends/cpu/attention_simd.inc"
+
+/* One ISA's vector kernels (attention_simd.inc). */
+struct attn_simd {
+    /* decode: a chunk of n keys from c0, while the next nn rows are prefetched */
+    void (*scores)(const struct rlx_attn_args *a, float *sc, int64_t c0, int64_t n, int64_t nn);
+    void (*values)(const struct rlx_attn_args *a, float *o, const float *p, int64_t c0, int64_t n, int64_t nn,
+                   int skip_zero);
+    void (*widen_rows)(const struct rlx_attn_args *a, const void *base, int64_t k0, int64_t n, int64_t np, int64_t g,
+                       float *dst);
+    void (*flash_scores)(float *St, const float *Kw, const float *Qt, int64_t np, int64_t D, int64_t M);
+    void (*flash_softmax)(float *St, int64_t np, int64_t M, float *m, float *l, float *al);
+    void (*flash_rescale)(float *Ot, const float *al, int64_t D, int64_t M);
+    void (*flash_values)(float *Ot, const float *Vw, const float *P, int64_t np, int64_t D, int64_t M);
+    float (*max_of)(const float *x, int64_t n);
+    void (*scale_row)(float *x, float w, int64_t n);
+    int64_t mr; /* rows of the microkernel tile: key blocks are padded to a multiple */
+};
+
+static const struct attn_simd simd_avx512 = {
+    .scores = dec_scores_avx512, .values = dec_values_avx512, .widen_rows = widen_rows_avx512,
+    .flash_scores = flash_scores_avx512, .flash_softmax = flash_softmax_avx512,
+    .flash_rescale = flash_rescale_avx512, .flash_values = flash_values_avx512,
+    .max_of = max_of_avx512, .scale_row = scale_row_avx512, .mr = 8,
+};
+static const struct attn_simd simd_avx2 = {
+    .scores = dec_scores_avx2, .values = dec_values_avx2, .widen_rows = widen_rows_avx2,
+    .flash_scores = flash_scores_avx2, .flash_softmax = flash_softmax_avx2,
+    .flash_rescale = flash_rescale_avx2, .flash_values = flash_values_avx2,
+    .max_of = max_of_avx2, .scale_row = scale_row_avx2, .mr = 4,
+};
+
+/* The vector kernels this call may use: AVX-512 or AVX2 (rlx_cpu_isa), head size a multiple of
+ * 16; NULL means the portable loops below. */
+static const struct attn_simd *simd_for(const struct rlx_attn_args *a) {
+    if (a->D <= 0 || a->D % 16)
+        return NULL;
+    const int isa = rlx_cpu_isa();
+    return isa >= RLX_CPU_ISA_AVX512 ? &simd_avx512 : isa == RLX_CPU_ISA_AVX2 ? &simd_avx2 : NULL;
+}
 
 /* Sum of the 16 lanes of *v by halving (8 + 8, 4 + 4, then pairs): a few shuffles instead of a
  * 16-long chain of dependent adds, which cost as much as the dot product itself at D = 128. */
@@ -157,6 +265,37 @@ static float exp_sum(float *p, int64_t n, float m) {
     return hsum16(&sum);
 }
 
+/* p[j] = exp(p[j] - m) for j < n (-inf gives 0; m finite, >= every p[j]); returns their sum.
+ * Whole vectors are loaded and stored directly; only the tail (< 16) goes through a vector
+ * padded with -inf. */
+RLX_CPU_CLONES
+static float exp_sum_row(float *p, int64_t n, float m) {
+    rlx_cpu_v16 sum = {0};
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        rlx_cpu_v16 v;
+        memcpy(&v, p + j, sizeof v);
+        v -= m;
+        rlx_cpu_exp16(&v);
+        sum += v;
+        memcpy(p + j, &v, sizeof v);
+    }
+    if (j < n) {
+        float tail[16];
+        for (int l = 0; l < 16; l++)
+            tail[l] = j + l < n ? p[j + l] : -INFINITY;
+        rlx_cpu_v16 v;
+        memcpy(&v, tail, sizeof v);
+        v -= m;
+        rlx_cpu_exp16(&v);
+        sum += v;
+        memcpy(tail, &v, sizeof v);
+        for (int64_t l = 0; l < n - j; l++)
+            p[j + l] = tail[l];
+    }
+    return hsum16(&sum);
+}
+
 /* The keys query i may see before the masks: [*lo, *hi). */
 static void visible(const struct rlx_attn_args *a, int64_t i, int64_t *lo, int64_t *hi) {
     const int64_t qpos = a->T - a->S + i;
@@ -206,12 +345,6 @@ static void attend_one(const struct rlx_attn_args *a, int64_t i, int64_t h, floa
 /* ---------------------------------------------------------------------------------------------
  * Decode (S == 1): keys split across tasks, every head at once
  * ------------------------------------------------------------------------------------------- */
-
-/* Keys per chunk of the split-key path, and the floats of scratch each task may use for its
- * partial result: m, l (Hq each), o (Hq * D), a chunk of scores (Hq * RLX_ATTN_CHUNK) and one
- * widened key / value row (Hkv * D). */
-#define RLX_ATTN_CHUNK 64
-#define RLX_ATTN_PART_FLOATS 32768
 
 /* A whole key / value row (Hkv * D) of row j as f32: in place, or widened into buf. */
 static inline const float *kv_full_row(const struct rlx_attn_args *a, const void *base, int64_t j, float *buf) {
@@ -312,7 +445,8 @@ static struct attn_part part_of(const struct rlx_attn_args *a, int64_t t) {
 
 struct split_ctx {
     const struct rlx_attn_args *a;
-    int64_t lo, hi, ntasks; /* visible keys [lo, hi) of the one query, split evenly over tasks */
+    const struct attn_simd *simd; /* the vector kernels, or NULL */
+    int64_t lo, hi, ntasks;       /* visible keys [lo, hi) of the one query, split evenly over tasks */
 };
 
 /* Task t: keys [lo + len * t / ntasks, lo + len * (t+1) / ntasks) in chunks, online softmax per head
@@ -329,8 +463,12 @@ static void split_tasks(void *p, int64_t begin, int64_t end) {
         const int64_t j0 = c->lo + len * t / c->ntasks, j1 = c->lo + len * (t + 1) / c->ntasks;
         for (int64_t cj = j0; cj < j1;) {
             const int64_t n = j1 - cj < RLX_ATTN_CHUNK ? j1 - cj : RLX_ATTN_CHUNK;
-            score_chunk(a, pt.sc, cj, n, pt.row);
-            for (int64_t jj = 0; jj < n; jj++) {
+            const int64_t nn = j1 - cj - n < RLX_ATTN_CHUNK ? j1 - cj - n : RLX_ATTN_CHUNK;
+            if (c->simd)
+                c->simd->scores(a, pt.sc, cj, n, nn);
+            else
+                score_chunk(a, pt.sc, cj, n, pt.row);
+            for (int64_t jj = 0; jj < n && (a->mask_u8 || a->mask_f32); jj++) {
                 const int64_t j = cj + jj;
                 const int masked = a->mask_u8 && !a->mask_u8[j];
                 for (int64_t h = 0; h < Hq; h++) {
@@ -340,8 +478,11 @@ static void split_tasks(void *p, int64_t begin, int64_t end) {
             }
             for (int64_t h = 0; h < Hq; h++) {
                 float *sc = pt.sc + h * RLX_ATTN_CHUNK, cm = -INFINITY;
-                for (int64_t jj = 0; jj < n; jj++)
-                    cm = sc[jj] > cm ? sc[jj] : cm;
+                if (c->simd)
+                    cm = c->simd->max_of(sc, n);
+                else
+                    for (int64_t jj = 0; jj < n; jj++)
+                        cm = sc[jj] > cm ? sc[jj] : cm;
                 if (cm == -INFINITY) {
                     for (int64_t jj = 0; jj < n; jj++)
                         sc[jj] = 0.0f;
@@ -350,13 +491,19 @@ static void split_tasks(void *p, int64_t begin, int64_t end) {
                 if (cm > pt.m[h]) {
                     const float alpha = pt.m[h] == -INFINITY ? 0.0f : expf(pt.m[h] - cm);
                     pt.l[h] *= alpha;
-                    for (int64_t e = 0; e < D; e++)
-                        pt.o[h * D + e] *= alpha;
+                    if (c->simd)
+                        c->simd->scale_row(pt.o + h * D, alpha, D);
+                    else
+                        for (int64_t e = 0; e < D; e++)
+                            pt.o[h * D + e] *= alpha;
                     pt.m[h] = cm;
                 }
-                pt.l[h] += exp_sum(sc, n, pt.m[h]);
+                pt.l[h] += exp_sum_row(sc, n, pt.m[h]);
             }
-            weigh_chunk(a, pt.o, pt.sc, cj, n, pt.row);
+            if (c->simd)
+                c->simd->values(a, pt.o, pt.sc, cj, n, nn, a->mask_u8 || a->mask_f32);
+            else
+                weigh_chunk(a, pt.o, pt.sc, cj, n, pt.row);
             cj += n;
         }
     }
@@ -406,7 +553,7 @@ static void attend_split(const struct rlx_attn_args *a) {
     ntasks = ntasks > threads ? threads : ntasks;
     ntasks = ntasks > (hi - lo) / RLX_ATTN_CHUNK ? (hi - lo) / RLX_ATTN_CHUNK : ntasks;
     ntasks = ntasks < 1 ? 1 : ntasks;
-    struct split_ctx c = {.a = a, .lo = lo, .hi = hi, .ntasks = ntasks};
+    struct split_ctx c = {.a = a, .simd = simd_for(a), .lo = lo, .hi = hi, .ntasks = ntasks};
     rlx_parallel_for(ntasks, 1, split_tasks, &c);
     split_merge(a, ntasks);
 }
@@ -469,37 +616,6 @@ static float row_max(const float *x, int64_t n) {
         s += x[j];
     }
     return s != s ? NAN : r;
-}
-
-/* p[j] = exp(p[j] - m) for j < n (-inf gives 0; m finite, >= every p[j]); returns their sum.
- * Whole vectors are loaded and stored directly; only the tail (< 16) goes through a vector
- * padded with -inf. */
-RLX_CPU_CLONES
-static float exp_sum_row(float *p, int64_t n, float m) {
-    rlx_cpu_v16 sum = {0};
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16) {
-        rlx_cpu_v16 v;
-        memcpy(&v, p + j, sizeof v);
-        v -= m;
-        rlx_cpu_exp16(&v);
-        sum += v;
-        memcpy(p + j, &v, sizeof v);
-    }
-    if (j < n) {
-        float tail[16];
-        for (int l = 0; l < 16; l++)
-            tail[l] = j + l < n ? p[j + l] : -INFINITY;
-        rlx_cpu_v16 v;
-        memcpy(&v, tail, sizeof v);
-        v -= m;
-        rlx_cpu_exp16(&v);
-        sum += v;
-        memcpy(tail, &v, sizeof v);
-        for (int64_t l = 0; l < n - j; l++)
-            p[j + l] = tail[l];
-    }
-    return hsum16(&sum);
 }
 
 /* One row of scores, sc[c] for key lo + c, c < W (already scaled by sgemm): keys outside
@@ -606,12 +722,158 @@ static void attend_gemm(const struct rlx_attn_args *a) {
         }
 }
 
+
+/* ---------------------------------------------------------------------------------------------
+ * Prefill / extension on the vector paths: tiled flash attention on the pool
+ * ------------------------------------------------------------------------------------------- */
+
+/* Keys per block, and the query columns one work item aims at (the rows of a block of query
+ * positions times the G query heads of one kv head). */
+#define RLX_ATTN_FLASH_BC 64
+#define RLX_ATTN_FLASH_MIN_S 8
+#define RLX_ATTN_FLASH_M 128
+
+/* Query positions per work item: G of them make about RLX_ATTN_FLASH_M columns. */
+static int64_t flash_rows(const struct rlx_attn_args *a) {
+    const int64_t G = a->Hq / a->Hkv;
+    int64_t br = (RLX_ATTN_FLASH_M + G - 1) / G;
+    return br < a->S ? br : a->S;
+}
+
+/* Columns of a work item with R query positions: R * G rounded up to a multiple of 32 (the
+ * microkernels' tile width on both ISAs). */
+static int64_t flash_cols(const struct rlx_attn_args *a, int64_t R) {
+    return (R * (a->Hq / a->Hkv) + 31) / 32 * 32;
+}
+
+/* Floats of one task's scratch: Qt, Ot (D x M), Kw, Vw (Bc x D), St (Bc x M), m, l, al (M). */
+static int64_t flash_task_floats(const struct rlx_attn_args *a) {
+    const int64_t M = flash_cols(a, flash_rows(a)), D = a->D, bc = RLX_ATTN_FLASH_BC;
+    return 2 * D * M + 2 * bc * D + bc * M + 3 * M;
+}
+
+struct flash_ctx {
+    const struct rlx_attn_args *a;
+    const struct attn_simd *simd;
+    int64_t br, nqb, items; /* rows per item, query blocks, items = Hkv * nqb */
+    atomic_llong next;      /* the next item to take */
+};
+
+/* The block's scores St (np rows from key k0; n of them real) for the item's columns (query
+ * positions i0 .., G heads each, mr of them real): keys a query may not see (causal, window,
+ * the u8 mask) and the padding rows become -inf, the f32 mask is added. */
+static void flash_mask(const struct rlx_attn_args *a, float *St, int64_t k0, int64_t n, int64_t np, int64_t i0,
+                       int64_t mr, int64_t M) {
+    const int64_t G = a->Hq / a->Hkv, R = mr / G;
+    for (int64_t c = 0; c < np; c++) {
+        float *row = St + c * M;
+        if (c >= n) {
+            for (int64_t r = 0; r < M; r++)
+                row[r] = -INFINITY;
+            continue;
+        }
+        const int64_t kpos = k0 + c;
+        for (int64_t ii = 0; ii < R; ii++) {
+            const int64_t i = i0 + ii, qpos = a->T - a->S + i;
+            int ok = (!a->causal || kpos <= qpos) && (a->window <= 0 || kpos > qpos - a->window) &&
+                     (!a->mask_u8 || a->mask_u8[i * a->T + kpos]);
+            const float add = a->mask_f32 ? a->mask_f32[i * a->T + kpos] : 0.0f;
+            for (int64_t hh = 0; hh < G; hh++)
+                row[ii * G + hh] = ok ? row[ii * G + hh] + add : -INFINITY;
+        }
+    }
+}
+
+/* Asks the cache for kv head g's K and V rows [k0, k0 + n) (the next block: its rows are a head
+ * segment apart, which the hardware prefetchers do not follow); n <= 0 asks for nothing. */
+static void prefetch_block(const struct rlx_attn_args *a, int64_t k0, int64_t n, int64_t g) {
+    const int64_t es = a->kv_dtype == RLX_F32 ? 4 : 2, seg = a->D * es, rs = a->Hkv * seg;
+    const char *kp = (const char *)a->k + k0 * rs + g * seg, *vp = (const char *)a->v + k0 * rs + g * seg;
+    for (int64_t c = 0; c < n; c++)
+        for (int64_t b = 0; b < seg; b += 64) {
+            __builtin_prefetch(kp + c * rs + b, 0, 2);
+            __builtin_prefetch(vp + c * rs + b, 0, 2);
+        }
+}
+
+/* Work item idx: kv head g and query block qb (the last blocks first: under a causal mask they
+ * see the most keys, so the pool's threads finish together). */
+static void flash_item(struct flash_ctx *c, int64_t idx, float *w) {
+    const struct rlx_attn_args *a = c->a;
+    const struct attn_simd *sd = c->simd;
+    const int64_t D = a->D, G = a->Hq / a->Hkv, Hq = a->Hq, bc = RLX_ATTN_FLASH_BC;
+    const int64_t qb = c->nqb - 1 - idx / a->Hkv, g = idx % a->Hkv;
+    const int64_t i0 = qb * c->br, R = a->S - i0 < c->br ? a->S - i0 : c->br, mr = R * G, M = flash_cols(a, R);
+    const int64_t Mmax = flash_cols(a, c->br);
+    float *Qt = w, *Ot = Qt + D * Mmax, *Kw = Ot + D * Mmax, *Vw = Kw + bc * D, *St = Vw + bc * D;
+    float *m = St + bc * Mmax, *l = m + Mmax, *al = l + Mmax;
+    for (int64_t r = 0; r < M; r++) { /* Qt (D, M): column r = (query i0 + r / G, head g G + r % G), scaled */
+        const float *qr = r < mr ? a->q + ((i0 + r / G) * Hq + g * G + r % G) * D : NULL;
+        for (int64_t e = 0; e < D; e++)
+            Qt[e * M + r] = qr ? a->scale * qr[e] : 0.0f;
+        m[r] = -INFINITY, l[r] = 0.0f;
+    }
+    memset(Ot, 0, (size_t)(D * M) * sizeof(float));
+    int64_t lo, hi, lo_last, hi_last;
+    visible(a, i0, &lo, &hi);
+    visible(a, i0 + R - 1, &lo_last, &hi_last);
+    hi = hi_last; /* from the first row's first key to the last row's last */
+    const int64_t qfirst = a->T - a->S + i0, qlast = qfirst + R - 1;
+    for (int64_t k0 = lo; k0 < hi; k0 += bc) {
+        const int64_t n = hi - k0 < bc ? hi - k0 : bc, np = (n + sd->mr - 1) / sd->mr * sd->mr;
+        prefetch_block(a, k0 + bc, hi - k0 - bc < bc ? hi - k0 - bc : bc, g);
+        sd->widen_rows(a, a->k, k0, n, np, g, Kw);
+        sd->widen_rows(a, a->v, k0, n, np, g, Vw);
+        sd->flash_scores(St, Kw, Qt, np, D, M);
+        const int whole = n == np && !a->mask_f32 && !a->mask_u8 && (!a->causal || k0 + n - 1 <= qfirst) &&
+                          (a->window <= 0 || k0 > qlast - a->window);
+        if (!whole)
+            flash_mask(a, St, k0, n, np, i0, mr, M);
+        sd->flash_softmax(St, np, M, m, l, al);
+        sd->flash_rescale(Ot, al, D, M);
+        sd->flash_values(Ot, Vw, St, np, D, M);
+    }
+    for (int64_t r = 0; r < mr; r++) { /* out row (query, head) = Ot column / l; zeros when nothing was visible */
+        float *o = a->out + ((i0 + r / G) * Hq + g * G + r % G) * D;
+        const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
+        for (int64_t e = 0; e < D; e++)
+            o[e] = l[r] == 0.0f ? 0.0f : Ot[e * M + r] * inv;
+    }
+}
+
+static void flash_tasks(void *p, int64_t begin, int64_t end) {
+    struct flash_ctx *c = p;
+    for (int64_t t = begin; t < end; t++) {
+        float *w = c->a->scratch + t * flash_task_floats(c->a);
+        for (int64_t i; (i = atomic_fetch_add(&c->next, 1)) < c->items;)
+            flash_item(c, i, w);
+    }
+}
+
+/* The flash path: items (kv head, query block) taken by the pool's threads from a shared counter. */
+static void attend_flash(const struct rlx_attn_args *a, const struct attn_simd *sd) {
+    struct flash_ctx c = {.a = a, .simd = sd, .br = flash_rows(a)};
+    c.nqb = (a->S + c.br - 1) / c.br;
+    c.items = a->Hkv * c.nqb;
+    atomic_init(&c.next, 0);
+    int64_t ntasks = rlx_pool_threads();
+    ntasks = ntasks > c.items ? c.items : ntasks;
+    rlx_parallel_for(ntasks, 1, flash_tasks, &c);
+}
+
 /* out (S, Hq, D) = grouped-query attention of q (S, Hq, D) over k / v (T, Hkv, D); see
  * rlx_attn_args. */
 void rlx_cpu_attention(const struct rlx_attn_args *a) {
     if (a->S == 1 && split_fits(a)) {
         attend_split(a);
         return;
+    }
+    if (a->S >= RLX_ATTN_FLASH_MIN_S) {
+        const struct attn_simd *sd = simd_for(a);
+        if (sd) {
+            attend_flash(a, sd);
+            return;
+        }
     }
     if (a->S >= RLX_ATTN_GEMM_MIN_S) {
         if (a->D > 0) /* (D == 0: out is empty) */
@@ -637,12 +899,18 @@ void rlx_cpu_attention(const struct rlx_attn_args *a) {
  * or RLX_ATTN_PART_FLOATS (the split-key path for S == 1). */
 size_t rlx_cpu_attention_scratch(const struct rlx_attn_args *a) {
     const int64_t S = a->S, T = a->T;
+    /* the flash path's, when it may be taken (whichever ISA the call then finds, the larger need) */
+    const size_t flash = S >= RLX_ATTN_FLASH_MIN_S && a->D > 0 && a->D % 16 == 0
+                             ? (size_t)rlx_pool_threads() * (size_t)flash_task_floats(a)
+                             : 0;
     if (S >= RLX_ATTN_GEMM_MIN_S) {
         const int64_t rows = gemm_rows(S, T);
-        return (size_t)(rows * T + rows) + (a->kv_dtype == RLX_F32 ? 0 : (size_t)(2 * T * a->D));
+        const size_t gemm = (size_t)(rows * T + rows) + (a->kv_dtype == RLX_F32 ? 0 : (size_t)(2 * T * a->D));
+        return gemm > flash ? gemm : flash;
     }
     size_t per = (size_t)(T + a->D);
     if (S == 1 && split_fits(a) && per < RLX_ATTN_PART_FLOATS)
         per = RLX_ATTN_PART_FLOATS;
-    return (size_t)rlx_pool_threads() * per;
+    const size_t pairs = (size_t)rlx_pool_threads() * per;
+    return pairs > flash ? pairs : flash;
 }
