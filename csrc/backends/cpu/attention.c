@@ -42,7 +42,9 @@
  * scratch (W rows of D, once per kv head and query block, shared by the group). A block only gets
  * the keys its rows may see: up to its last row's position (causal), from its first row's window
  * start (window). rows = min(64, RLX_ATTN_GEMM_FLOATS / T), at least 8, so the scores stay <=
- * ~4 MiB. Threads: OpenBLAS's own threads inside each sgemm; the sgemms run on the calling thread,
+ * ~4 MiB. sgemm multiplies every value row of the range, masked ones by their weight 0: here a row
+ * a u8 mask hides must be finite (kv.h: a cache's rows past its length are), unlike on the other
+ * paths, which skip it (flash zeroes a row no query of its item sees; tests/c/test_attention.c). Threads: OpenBLAS's own threads inside each sgemm; the sgemms run on the calling thread,
  * never inside a pool task (that would run OpenBLAS's threads on top of ours).
  *
  * Small S (1 < S < RLX_ATTN_GEMM_MIN_S, and S == 1 with too many heads for the split path): one
@@ -761,9 +763,11 @@ struct flash_ctx {
 
 /* The block's scores St (np rows from key k0; n of them real) for the item's columns (query
  * positions i0 .., G heads each, mr of them real): keys a query may not see (causal, window,
- * the u8 mask) and the padding rows become -inf, the f32 mask is added. */
-static void flash_mask(const struct rlx_attn_args *a, float *St, int64_t k0, int64_t n, int64_t np, int64_t i0,
-                       int64_t mr, int64_t M) {
+ * the u8 mask) and the padding rows become -inf, the f32 mask is added. A value row that none of
+ * the item's queries may see is zeroed in Vw (D floats a row): its weights are 0, and 0 times the
+ * NaN / inf a u8-masked row may hold would still reach the output through Ot += Vw^T P. */
+static void flash_mask(const struct rlx_attn_args *a, float *St, float *Vw, int64_t k0, int64_t n, int64_t np,
+                       int64_t i0, int64_t mr, int64_t M) {
     const int64_t G = a->Hq / a->Hkv, R = mr / G;
     for (int64_t c = 0; c < np; c++) {
         float *row = St + c * M;
@@ -773,14 +777,18 @@ static void flash_mask(const struct rlx_attn_args *a, float *St, int64_t k0, int
             continue;
         }
         const int64_t kpos = k0 + c;
+        int seen = 0;
         for (int64_t ii = 0; ii < R; ii++) {
             const int64_t i = i0 + ii, qpos = a->T - a->S + i;
             int ok = (!a->causal || kpos <= qpos) && (a->window <= 0 || kpos > qpos - a->window) &&
                      (!a->mask_u8 || a->mask_u8[i * a->T + kpos]);
             const float add = a->mask_f32 ? a->mask_f32[i * a->T + kpos] : 0.0f;
+            seen |= ok;
             for (int64_t hh = 0; hh < G; hh++)
                 row[ii * G + hh] = ok ? row[ii * G + hh] + add : -INFINITY;
         }
+        if (!seen)
+            memset(Vw + c * a->D, 0, (size_t)a->D * sizeof(float));
     }
 }
 
@@ -828,7 +836,7 @@ static void flash_item(struct flash_ctx *c, int64_t idx, float *w) {
         const int whole = n == np && !a->mask_f32 && !a->mask_u8 && (!a->causal || k0 + n - 1 <= qfirst) &&
                           (a->window <= 0 || k0 > qlast - a->window);
         if (!whole)
-            flash_mask(a, St, k0, n, np, i0, mr, M);
+            flash_mask(a, St, Vw, k0, n, np, i0, mr, M);
         sd->flash_softmax(St, np, M, m, l, al);
         sd->flash_rescale(Ot, al, D, M);
         sd->flash_values(Ot, Vw, St, np, D, M);
