@@ -10,6 +10,7 @@
  *   - thread counts: the flash path (S >= 8) gives the same bits at 1, 2 and 3 pool threads (each
  *     work item is one fixed sequence of operations whichever thread takes it); decode (S == 1)
  *     splits the keys over tasks by thread count and is checked against ref at each;
+ *   - decode over a bucket (rows past n hidden by the mask) gives the bits of decode over n rows;
  *   - rows hidden from every query by a mask (the rows of a cache past its filled length) that
  *     hold NaN and inf: no path may let them into the output (a weight 0 times NaN is NaN).
  * Error: max |cpu - ref| / max |ref| <= 1e-4 (test_kernels' bound); NaN / inf must match exactly.
@@ -254,6 +255,46 @@ static void test_hidden_rows(int vg) {
                 }
 }
 
+/* Decode over a bucket: T = n + extra rows, the extra ones hidden by the mask (f32 -inf or u8 0;
+ * causal off, as a masked plan runs), gives the bits of decode over exactly n rows (causal, no
+ * mask), at one thread (the split over tasks depends on T): a key's score and weight must not
+ * depend on where its chunk ends (the last < 4 keys are scored alone). */
+static void test_bucket_bitwise(int vg) {
+    const int64_t ns[] = {5, 38, 63, 66, 130}, Hq = 8, Hkv = 2;
+    rlx_set_num_threads(1);
+    int idx = 0;
+    for (int ni = 0; ni < 5; ni++)
+        for (int64_t extra = 1; extra <= 7; extra += 3)
+            for (int D = 64; D <= 128; D += 64, idx++) {
+                if (vg && idx % 3)
+                    continue;
+                const int dt = idx % 3 == 0 ? RLX_F32 : idx % 3 == 1 ? RLX_F16 : RLX_BF16, u8 = idx % 2;
+                const int64_t n = ns[ni], T = n + extra;
+                float *q = xmalloc((size_t)(Hq * D) * sizeof *q), *mf = xmalloc((size_t)T * sizeof *mf);
+                uint8_t *mu = xmalloc((size_t)T);
+                for (int64_t i = 0; i < Hq * D; i++)
+                    q[i] = rng_f(-1, 1);
+                for (int64_t j = 0; j < T; j++)
+                    mf[j] = j < n ? 0.0f : -INFINITY, mu[j] = j < n;
+                void *k = kv_buf(T * Hkv * D, dt), *v = kv_buf(T * Hkv * D, dt);
+                struct rlx_attn_args a = {.q = q, .k = k, .v = v, .kv_dtype = dt, .S = 1, .T = n, .Hq = Hq,
+                                          .Hkv = Hkv, .D = D, .scale = 0.125f, .causal = 1};
+                float *o1 = xmalloc((size_t)(Hq * D) * sizeof *o1), *o2 = xmalloc((size_t)(Hq * D) * sizeof *o2);
+                size_t ns1 = CPU->attention_scratch(&a);
+                a.T = T, a.causal = 0, a.mask_f32 = u8 ? NULL : mf, a.mask_u8 = u8 ? mu : NULL;
+                const size_t ns2 = CPU->attention_scratch(&a);
+                float *scratch = xmalloc((ns1 > ns2 ? ns1 : ns2) * sizeof *scratch);
+                a.scratch = scratch, a.out = o2;
+                CPU->attention(&a);
+                a.T = n, a.causal = 1, a.mask_f32 = NULL, a.mask_u8 = NULL, a.out = o1;
+                CPU->attention(&a);
+                CHECK(memcmp(o1, o2, (size_t)(Hq * D) * sizeof *o1) == 0,
+                      "decode isa=%d n=%lld D=%d kv=%s: %lld rows hidden by a%s mask change the bits",
+                      rlx_cpu_isa(), (long long)n, D, dt_name(dt), (long long)extra, u8 ? " u8" : "n f32");
+                free(q), free(mf), free(mu), free(k), free(v), free(o1), free(o2), free(scratch);
+            }
+}
+
 int main(void) {
     const int vg = under_valgrind(), native = rlx_cpu_isa();
     for (int isa = native < RLX_CPU_ISA_AVX512 ? native : RLX_CPU_ISA_AVX512; isa >= RLX_CPU_ISA_SCALAR; isa--) {
@@ -261,6 +302,7 @@ int main(void) {
         test_head_sizes_and_edges(vg);
         test_threads(vg);
         test_hidden_rows(vg);
+        test_bucket_bitwise(vg);
         if (vg)
             break; /* the AVX2 path (valgrind hides AVX-512); scalar is test_kernels' */
     }
