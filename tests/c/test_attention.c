@@ -71,9 +71,9 @@ static void *kv_buf(int64_t n, int dt) {
     return h;
 }
 
-/* Element i of a K / V buffer set to NaN (even i) or +inf (odd i). */
-static void poison(void *base, int dt, int64_t i) {
-    const float x = i % 2 ? INFINITY : NAN;
+/* Element i of a K / V buffer set to NaN (i + odd even) or +inf (i + odd odd). */
+static void poison(void *base, int dt, int64_t i, int odd) {
+    const float x = (i + odd) % 2 ? INFINITY : NAN;
     if (dt == RLX_F32)
         ((float *)base)[i] = x;
     else
@@ -135,8 +135,8 @@ static void run_case(struct acase c, int threads_bitwise) {
                 mu[i * T + j] = 0;
         }
         for (int64_t e = 0; e < c.Hkv * c.D; e++) {
-            poison(k, c.dt, j * c.Hkv * c.D + e);
-            poison(v, c.dt, j * c.Hkv * c.D + e + 1);
+            poison(k, c.dt, j * c.Hkv * c.D + e, 0);
+            poison(v, c.dt, j * c.Hkv * c.D + e, 1);
         }
     }
     struct rlx_attn_args a = {
