@@ -4,6 +4,7 @@
     python benchmarks/bench_fair.py                      # the short suite: every model, f32 + bf16, KV f16 + f32, 1 + 2 threads
     python benchmarks/bench_fair.py --suite long         # contexts 1k-32k, TTFT 2k / 8k, memory against context (2 threads)
     python benchmarks/bench_fair.py --quick              # Qwen3-0.6B bf16, KV f16, 2 threads, 3 rounds: minutes
+    python benchmarks/bench_fair.py --smoke              # the harness end to end (2 rounds, pp128, decode@128): no figures
     python benchmarks/bench_fair.py --gguf FILE.gguf     # any GGUF both engines load (quantized types too)
 
 Design (what a skeptic asks, and what this does about it):
@@ -42,7 +43,11 @@ Design (what a skeptic asks, and what this does about it):
   t_peer / t_rlx of that round; the cell reports the geometric mean of the per-round ratios with a
   95% percentile bootstrap interval (10,000 resamples of the rounds, fixed seed), and each
   engine's median tok/s. Above 1 means rlx is faster.
-- The record (benchmarks/results/fair-<date>-<suite>.json): the rlx commit (a dirty tree is
+- Grade: a record is a measurement only with >= 10 rounds per cell (--rounds, --long-rounds), a
+  clean tree, no --smoke / --quick, and a 1-minute load average at most 0.5 at the start of every
+  cell group (--wait-quiet waits for it). Otherwise the record says "not a measurement" with the
+  reasons, at the top of its table, and --readme refuses to copy it into benchmarks/README.md.
+- The record (benchmarks/results/fair-<date>-<suite>.json, its tables beside it in a .md): the rlx commit (a dirty tree is
   refused unless --allow-dirty, which is recorded), llama-cpp-python's version, ggml's library
   versions and system info, each engine's read-back settings, the CPU model and ISA flags, rlx's
   dispatch ISA, the thread settings and environment, the load average at every round, the read
@@ -418,6 +423,30 @@ def long_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp, 
 
 # ================================================================================ report ====
 
+QUIET_LOAD = 0.5  # 1-minute load average above which a cell group's figures are not a measurement
+MIN_ROUNDS = 10
+
+
+def grade(record: dict) -> list[str]:
+    """Why this record is not a measurement (empty: it is one)."""
+    why, st = [], record["settings"]
+    if st.get("smoke"):
+        why.append("smoke run (--smoke: the harness checked end to end, the figures mean nothing)")
+    if st.get("quick"):
+        why.append("--quick")
+    if st["rounds"] < MIN_ROUNDS or (record["suite"] == "long" and st["long_rounds"] < MIN_ROUNDS):
+        why.append(f"fewer than {MIN_ROUNDS} rounds per cell")
+    if record["rlx"]["dirty"]:
+        why.append("uncommitted changes in the tree (--allow-dirty)")
+    busy = [c["loadavg_start"][0] for c in record["cells"] if c.get("loadavg_start")]
+    if busy and max(busy) > QUIET_LOAD:
+        why.append(f"machine busy: 1-minute load average up to {max(busy):.2f} at the start of a cell group "
+                   f"(> {QUIET_LOAD})")
+    if record.get("stopped"):
+        why.append("the run stopped before its end")
+    return why
+
+
 def fmt_ratio(s: dict) -> str:
     return f"**{s['ratio']:.2f}x** [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]"
 
@@ -437,6 +466,10 @@ def speed(r: dict, label: str, key: str) -> float:
 def markdown(record: dict) -> str:
     L = []
     m = record["machine"]
+    if record.get("not_a_measurement"):
+        L.append("**NOT A MEASUREMENT** — " + "; ".join(record["not_a_measurement"]) + ". Quote nothing from "
+                 "this table.")
+        L.append("")
     L.append(f"Run {record['date']} ({record['suite']} suite; rlx {record['rlx']['commit']}"
              f"{' DIRTY (--allow-dirty)' if record['rlx']['dirty'] else ''}; llama-cpp-python "
              f"{record['llama_cpp'].get('llama_cpp_python')}, {', '.join(record['llama_cpp'].get('libs') or [])}). "
@@ -586,6 +619,9 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--suite", choices=("short", "long"), default="short")
     ap.add_argument("--quick", action="store_true", help="Qwen3-0.6B bf16, KV f16, 2 threads, 3 rounds")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the harness end to end, quickly: Qwen3-0.6B bf16, KV f16, 2 threads, 2 rounds, pp128 and "
+                         "decode@128 of 4 tokens (long suite: context 1024, TTFT 512); recorded as not a measurement")
     ap.add_argument("--models", nargs="+", choices=list(common.MODELS))
     ap.add_argument("--dtypes", nargs="+", help="weight types: f32 bf16 (model files written on demand)")
     ap.add_argument("--gguf", nargs="+", help="GGUF files to run instead of the generated models")
@@ -610,6 +646,19 @@ def main() -> int:
     ap.add_argument("--readme", action="store_true", help="write the tables into benchmarks/README.md")
     args = ap.parse_args()
     args.fa = [f == "on" for f in args.fa]
+    if args.smoke:
+        args.models = args.models or ["Qwen3-0.6B"]
+        args.dtypes = args.dtypes or ["bf16"]
+        args.kv = args.kv or ["f16"]
+        args.threads = args.threads or [2]
+        args.rounds = min(args.rounds, 2)
+        args.long_rounds = min(args.long_rounds, 2)
+        args.steps = min(args.steps, 4)
+        args.pp, args.tg_ctx = [128], [128]
+        args.ttft, args.max_context = [512], 1024
+    if args.readme and (args.smoke or args.quick or args.allow_dirty or args.rounds < MIN_ROUNDS
+                        or (args.suite == "long" and args.long_rounds < MIN_ROUNDS)):
+        ap.error(f"--readme takes measurements only: >= {MIN_ROUNDS} rounds, a clean tree, no --smoke / --quick")
     if args.quick:
         args.models = args.models or ["Qwen3-0.6B"]
         args.dtypes = args.dtypes or ["bf16"]
@@ -631,14 +680,15 @@ def main() -> int:
     date = datetime.datetime.now().isoformat(timespec="seconds")
     record = {"schema": 1, "date": date, "suite": args.suite, "argv": sys.argv[1:], "rlx": rlx_state,
               "llama_cpp": llama_cpp_info(), "machine": machine_info(),
-              "settings": {"rounds": args.rounds, "long_rounds": args.long_rounds, "steps": args.steps,
+              "settings": {"smoke": args.smoke, "quick": args.quick, "rounds": args.rounds, "long_rounds": args.long_rounds, "steps": args.steps,
                            "settle_s": args.settle, "fa": args.fa, "pp": args.pp, "tg_ctx": args.tg_ctx,
                            "ttft": args.ttft, "gate_prompt": GATE_PROMPT, "gate_steps": GATE_STEPS,
                            "extend_chunk": EXTEND_CHUNK, "bootstrap_resamples": BOOT,
                            "worker_env": {k: thread_env(1)[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                                                                         "RLX_NUM_THREADS")} | {"note": "= threads"}},
               "bandwidth": {}, "cells": []}
-    out = args.out or os.path.join(common.RESULTS, f"fair-{date[:10]}-{args.suite}{'-quick' if args.quick else ''}.json")
+    tag = "-smoke" if args.smoke else "-quick" if args.quick else ""
+    out = args.out or os.path.join(common.RESULTS, f"fair-{date[:10]}-{args.suite}{tag}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     logdir = os.path.splitext(out)[0] + "-logs"
     os.makedirs(logdir, exist_ok=True)
@@ -694,13 +744,18 @@ def main() -> int:
     finally:
         record["machine"]["loadavg_end"] = os.getloadavg()
         record["duration_s"] = time.perf_counter() - t_start
+        record["not_a_measurement"] = grade(record)
         record["markdown"] = md = markdown(record)
         with open(out, "w") as f:
             json.dump(record, f, indent=1, default=str)
+        with open(os.path.splitext(out)[0] + ".md", "w") as f:
+            f.write(f"# bench_fair {record['suite']} suite, {record['date']}\n\n" + md)
     print()
     print(md)
     log(f"== record: {os.path.relpath(out, common.ROOT)}")
-    if args.readme and not code:
+    if args.readme and record["not_a_measurement"]:
+        log("== benchmarks/README.md NOT updated: " + "; ".join(record["not_a_measurement"]))
+    if args.readme and not code and not record["not_a_measurement"]:
         common.replace_readme_section(os.path.join(HERE, "README.md"),
                                       f"Fair harness: {args.suite} suite", md +
                                       f"\nRecord: [{os.path.relpath(out, HERE)}]({os.path.relpath(out, HERE)})\n")
