@@ -518,10 +518,12 @@ def markdown(record: dict) -> str:
     mems = [c for c in record["cells"] if c.get("suite") == "long" and c.get("mem")]
     if mems:
         L.append("")
-        L.append("Memory against context (RSS of each worker process, MiB; KV bytes in use, MiB; llama.cpp allocates "
-                 "its KV cache for n_ctx up front):")
+        L.append("Memory against context (RSS of each worker process, MiB; rlx KV: the bytes its cache holds now, "
+                 "its capacity, which grows geometrically; llama.cpp KV: bytes per cell times the tokens in use, "
+                 "while it allocates the cache for n_ctx up front (kv_alloc_mib in the record)):")
         L.append("")
-        L.append("| model | weights | KV | context | rlx RSS | rlx KV | llama.cpp FA off RSS | FA on RSS | llama.cpp KV |")
+        L.append("| model | weights | KV | context | rlx RSS | rlx KV held | llama.cpp FA off RSS | FA on RSS "
+                 "| llama.cpp KV in use |")
         L.append("|---|---|---|---|---|---|---|---|---|")
         for c in mems:
             for k, snap in c["mem"].items():

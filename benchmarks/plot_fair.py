@@ -19,6 +19,7 @@ import glob
 import json
 import os
 import sys
+import textwrap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -26,11 +27,12 @@ STYLE = {"rlx": ("tab:blue", "o", "rlx"), "llama.cpp fa=off": ("tab:orange", "s"
          "llama.cpp fa=on": ("tab:red", "^", "llama.cpp, flash attention on")}
 
 
-def newest_record() -> str:
+def newest_record() -> str | None:
+    """The newest long-suite record that is a measurement (bench_fair's grade: not_a_measurement
+    empty); a smoke, quick or busy-machine record is plotted only when named."""
     paths = sorted(glob.glob(os.path.join(HERE, "results", "fair-*-long*.json")), key=os.path.getmtime)
-    if not paths:
-        raise SystemExit("plot_fair: no benchmarks/results/fair-*-long*.json (run bench_fair.py --suite long)")
-    return paths[-1]
+    paths = [p for p in paths if not json.load(open(p)).get("not_a_measurement", ["ungraded"])]
+    return paths[-1] if paths else None
 
 
 def kv_bytes_per_position(facts: dict, kv: str) -> int:
@@ -48,6 +50,10 @@ def main() -> int:
     import numpy as np
 
     path = args.record or newest_record()
+    if path is None:  # not an error (make bench on a busy machine): nothing that may be plotted
+        print("plot_fair: no long-suite record that is a measurement in benchmarks/results/ (run bench_fair.py "
+              "--suite long on a quiet machine, or name a record); nothing plotted")
+        return 0
     rec = json.load(open(path))
     cells = [c for c in rec["cells"] if c.get("suite") == "long" and c.get("metrics")]
     if not cells:
@@ -92,9 +98,12 @@ def main() -> int:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     m = rec["machine"]
-    fig.suptitle(f"bench_fair {rec['date']}, rlx {rec['rlx']['commit']}, llama-cpp-python "
-                 f"{rec['llama_cpp'].get('llama_cpp_python')}; {m['cpu']} ({m['nproc']} cores, {m.get('rlx_isa')})",
-                 fontsize=9)
+    why = rec.get("not_a_measurement")
+    wrap = lambda t: textwrap.fill(t, width=70 * len(cells))  # noqa: E731 - one column is narrow
+    head = wrap("NOT A MEASUREMENT (" + "; ".join(why) + ")") + "\n" if why else ""
+    fig.suptitle(head + wrap(f"bench_fair {rec['date']}, rlx {rec['rlx']['commit']}, llama-cpp-python "
+                             f"{rec['llama_cpp'].get('llama_cpp_python')}; {m['cpu']} ({m['nproc']} cores, "
+                             f"{m.get('rlx_isa')})"), fontsize=9)
     fig.tight_layout()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     fig.savefig(args.out, dpi=110)
