@@ -8,6 +8,7 @@
 #   make bench   set up the benchmark extras and run rlx beside llama.cpp (benchmarks/bench_fair.py:
 #                short and long contexts, the plot) and transformers (hours)
 #   make bench-quick   rlx beside llama.cpp, reduced (Qwen3-0.6B bf16, 2 threads, 3 rounds: minutes)
+#   make bench-smoke   the fair harness end to end, both suites, 2 rounds (a check, not a measurement)
 #   make clean   remove build outputs (keeps .venv; `make distclean` removes it too)
 #
 # Every step is keyed on stamp files so that a second run with nothing changed
@@ -45,11 +46,11 @@ EXT_SUFFIX := $(shell $(if $(wildcard $(VPY)),$(VPY),$(PYTHON)) -c 'import sysco
 EXT_SO     := rlx/_C$(EXT_SUFFIX)
 CSRC_FILES := $(shell find csrc -type f \( -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.comp' -o -name '*.glsl' -o -name '*.list' \) 2>/dev/null | LC_ALL=C sort)
 
-.PHONY: help setup build demo test test-py test-c test-tsan test-asan test-vulkan fuzz bench bench-quick clean \
+.PHONY: help setup build demo test test-py test-c test-tsan test-asan test-vulkan fuzz bench bench-quick bench-smoke clean \
         distclean FORCE
 
 help:
-	@sed -n '3,10p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,11p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- set-up ----
 
@@ -150,6 +151,9 @@ bench: build $(VENV)/.rlx-bench
 	$(VPY) benchmarks/bench_generate.py --check
 bench-quick: build $(VENV)/.rlx-bench
 	$(VPY) benchmarks/bench_fair.py --quick
+bench-smoke: build $(VENV)/.rlx-bench
+	$(VPY) benchmarks/bench_fair.py --smoke
+	$(VPY) benchmarks/bench_fair.py --smoke --suite long
 
 # ----------------------------------------------------------------- clean ----
 
