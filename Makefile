@@ -5,8 +5,10 @@
 #                fuzz (5 s a target)
 #   make fuzz    fuzz the config / weights / tokenizer / GGUF loaders and the TCP wire, 1,000,000 inputs a target
 #   make build   set up and build the extension in place (rlx/_C*.so)
-#   make bench   set up the benchmark extras and run rlx beside llama.cpp and transformers
-#   make bench-quick   the same, reduced (Qwen3-0.6B, 2 threads, 1 repetition: minutes)
+#   make bench   set up the benchmark extras and run rlx beside llama.cpp (benchmarks/bench_fair.py:
+#                short and long contexts, the plot) and transformers (hours)
+#   make bench-quick   rlx beside llama.cpp, reduced (Qwen3-0.6B bf16, 2 threads, 3 rounds: minutes)
+#   make bench-smoke   the fair harness end to end, both suites, 2 rounds (a check, not a measurement)
 #   make clean   remove build outputs (keeps .venv; `make distclean` removes it too)
 #
 # Every step is keyed on stamp files so that a second run with nothing changed
@@ -46,11 +48,11 @@ EXT_SUFFIX := $(shell $(if $(wildcard $(VPY)),$(VPY),$(PYTHON)) -c 'import sysco
 EXT_SO     := rlx/_C$(EXT_SUFFIX)
 CSRC_FILES := $(shell find csrc -type f \( -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.comp' -o -name '*.glsl' -o -name '*.list' \) 2>/dev/null | LC_ALL=C sort)
 
-.PHONY: help setup build demo test test-py test-c test-tsan test-asan test-vulkan fuzz bench bench-quick clean \
+.PHONY: help setup build demo test test-py test-c test-tsan test-asan test-vulkan fuzz bench bench-quick bench-smoke clean \
         distclean FORCE
 
 help:
-	@sed -n '3,10p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,11p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- set-up ----
 
@@ -141,13 +143,20 @@ test-vulkan: build
 fuzz: build
 	PYTHON=$(VPY) tools/run_fuzz.sh --runs 1000000
 
-# Side-by-side generation benchmark (benchmarks/README.md, "Generation").
+# Side-by-side benchmarks (benchmarks/README.md): rlx beside llama.cpp in the fair harness (each
+# engine in its own process, taking turns; a logits gate first; it waits for a quiet machine),
+# the plot of decode speed against context, then the transformers comparison and the matvec probe.
 bench: build $(VENV)/.rlx-bench
+	$(VPY) benchmarks/bench_fair.py --readme --wait-quiet 0.5
+	$(VPY) benchmarks/bench_fair.py --suite long --profile --readme --wait-quiet 0.5
+	$(VPY) benchmarks/plot_fair.py
 	$(VPY) benchmarks/bench_matvec.py
 	$(VPY) benchmarks/bench_generate.py --check
-	$(VPY) benchmarks/bench_paired.py
 bench-quick: build $(VENV)/.rlx-bench
-	$(VPY) benchmarks/bench_generate.py --quick --check
+	$(VPY) benchmarks/bench_fair.py --quick
+bench-smoke: build $(VENV)/.rlx-bench
+	$(VPY) benchmarks/bench_fair.py --smoke
+	$(VPY) benchmarks/bench_fair.py --smoke --suite long
 
 # ----------------------------------------------------------------- clean ----
 

@@ -143,6 +143,14 @@ class LlamaCppEngine:
         kw = {}
         if f32_kv:
             kw.update(type_k=0, type_v=0)  # GGML_TYPE_F32
+        import ctypes
+        self.log = []
+
+        @llama_cpp.llama_log_callback
+        def cb(level, text, user_data):
+            self.log.append(text.decode("utf-8", errors="replace"))
+        self._cb = cb  # kept alive while llama.cpp holds it
+        llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
         self.llm = llama_cpp.Llama(model_path=paths["gguf"], n_ctx=n_ctx, n_batch=512, n_ubatch=512,
                                    n_threads=threads, n_threads_batch=threads, use_mmap=True,
                                    logits_all=False, verbose=False, **kw)
@@ -182,7 +190,12 @@ class LlamaCppEngine:
             out["system_info"] = self.lib.llama_print_system_info().decode(errors="replace")
         except Exception:  # noqa: BLE001
             pass
-        out["kv_type"] = "f16 (llama.cpp default)"
+        import re
+        text = "".join(self.log)
+        m = re.search(r"K \((\w+)\):.*V \((\w+)\):", text)
+        out["kv_type"] = f"{m.group(1)}/{m.group(2)} (read back from llama.cpp's log)" if m else "not read back"
+        m = re.search(r"flash_attn\s*=\s*(\w+)", text)
+        out["flash_attn"] = m.group(1) if m else None
         return out
 
 
@@ -493,8 +506,13 @@ def markdown(result: dict) -> str:
                     for t, b in sorted(mach["bandwidth"].items()))
     L.append(f"Read bandwidth ({next(iter(mach['bandwidth'].values()))['method']}; 1 GiB; best pass of the "
              f"samples taken before, between and after the cells): {bws}.")
-    L.append(f"rlx {result['versions'].get('rlx_commit', '?')}; llama-cpp-python {result['versions'].get('llama_cpp_python', '?')} "
-             f"(KV cache f16, its default); torch {result['versions'].get('torch', '?')}, "
+    lkv = sorted({str((c.get("info") or {}).get("kv_type")) for c in result["cells"]
+                  if c.get("engine") == "llama.cpp" and c.get("ok")})
+    rkv = sorted({str((c.get("info") or {}).get("kv_elem_bytes")) for c in result["cells"]
+                  if c.get("engine") == "rlx" and c.get("ok")})
+    L.append(f"rlx {result['versions'].get('rlx_commit', '?')} (KV element bytes, read back: {', '.join(rkv)}); "
+             f"llama-cpp-python {result['versions'].get('llama_cpp_python', '?')} "
+             f"(KV cache {', '.join(lkv)}; flash attention off, the wrapper's default); torch {result['versions'].get('torch', '?')}, "
              f"transformers {result['versions'].get('transformers', '?')}.")
     L.append("")
     cols = [m.replace("@", " @") for m in metrics]
@@ -760,9 +778,9 @@ takes several minutes on 2 cores; transformers; torch==2.13.0 CPU; gguf) and run
   drifts between phases (the same pass measured 34 and 56 GB/s minutes apart on this VM), so the
   fraction is also given per cell against the sample taken just before it (median over the
   repetitions). The probe reads anonymous memory; the engines read memory-mapped files.
-  Engines in separate processes can draw different phases: `bench_paired.py` (section "Paired
-  with llama.cpp") runs rlx and llama.cpp in one process, block by block, for ratios that
-  both engines measured in the same phase.
+  Engines in separate processes can draw different phases minutes apart: `bench_fair.py` (section
+  "Fair harness") alternates long-lived engine processes round by round, for ratios that both
+  engines measured in the same phase.
 - The environment is passed through unchanged and recorded in the JSON. Where
   OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are set (some machines set them for old OpenBLAS
   builds), they slow a current OpenBLAS: benchmark with both unset in that command alone,

@@ -4,9 +4,12 @@ the machine's read bandwidth, the decode ceiling, and small formatting helpers.
 
 Model files (see `ensure_model`):
 
-    benchmarks/.cache/models/<model>-<dtype>/config.json + model-0000N-of-0000M.safetensors
-                                            + model.safetensors.index.json
-    benchmarks/.cache/models/<model>-<dtype>.gguf
+    $CACHE/models/<model>-<dtype>/config.json + model-0000N-of-0000M.safetensors
+                                 + model.safetensors.index.json
+    $CACHE/models/<model>-<dtype>.gguf
+
+CACHE is $RLX_BENCH_CACHE when set (e.g. /tmp/rlx-bench: the files are 2-10 GB each and belong
+outside the repository), else benchmarks/.cache (git-ignored).
 
 Every 2-D weight is N(0, 0.02) and every norm 1 + N(0, 0.02), drawn from a NumPy generator
 seeded with (SEED, tensor index), so the files are the same on every machine. The bf16 files
@@ -43,7 +46,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-CACHE = os.path.join(HERE, ".cache")
+CACHE = os.environ.get("RLX_BENCH_CACHE") or os.path.join(HERE, ".cache")
 MODEL_DIR = os.path.join(CACHE, "models")
 RESULTS = os.path.join(HERE, "results")
 

@@ -752,6 +752,47 @@ static void test_attention(void) {
     }
 }
 
+/* The vector attention paths (tiled flash prefill, four-keys-at-a-time decode with prefetch),
+ * on every vector ISA this machine has (AVX-512, AVX2: RLX_CPU_ISA caps lowered one by one; the
+ * scalar loops are test_attention's): head sizes 16 / 32 / 48
+ * (multiples of 16, which the vector paths need), odd query counts that cross the flash blocks
+ * (64 keys, ~128 columns) and the decode chunks (64 keys, four at a time, tails), groups of 1 to
+ * 8 query heads per kv head (odd ones too), pasts up to 3000 positions, causal or not, windows,
+ * both masks, f32 / f16 / bf16 K and V. Under valgrind (AVX2 and scalar) a smaller set. */
+static void test_attention_vector_paths(void) {
+    const int vg = under_valgrind(), native = rlx_cpu_isa();
+    const int64_t Hs[][2] = {{4, 4}, {6, 3}, {6, 2}, {8, 2}, {12, 3}, {8, 1}};
+    const int64_t Ds[] = {16, 32, 48};
+    const int64_t SP[][2] = {{1, 0}, {1, 3}, {1, 67}, {1, 258}, {9, 0}, {9, 70}, {17, 130}, {65, 1}, {130, 7}};
+    for (int isa = native < RLX_CPU_ISA_AVX512 ? native : RLX_CPU_ISA_AVX512; isa >= RLX_CPU_ISA_AVX2; isa--) {
+        rlx_cpu_isa_cap(isa);
+        for (int hi = 0; hi < 6; hi++)
+            for (int di = 0; di < 3; di++)
+                for (int si = 0; si < 9; si++) {
+                    if (vg && (hi + di + si) % 3)
+                        continue;
+                    const int dt = (hi + si) % 3 == 0 ? RLX_F32 : (hi + si) % 3 == 1 ? RLX_F16 : RLX_BF16;
+                    attention_case_dt(SP[si][0], SP[si][1], Hs[hi][0], Hs[hi][1], Ds[di], 1, 0, 0, dt);
+                    attention_case_dt(SP[si][0], SP[si][1], Hs[hi][0], Hs[hi][1], Ds[di], (si & 1), si % 4 ? 0 : 40,
+                                      1 + si % 3, dt);
+                }
+        /* long pasts: many decode chunks split over tasks; flash items with many key blocks */
+        for (int dt = 0; dt < 3; dt++) {
+            const int kd = dt == 0 ? RLX_F32 : dt == 1 ? RLX_F16 : RLX_BF16;
+            attention_case_dt(1, 3001, 8, 2, 32, 1, 0, 0, kd);
+            attention_case_dt(1, 2999, 12, 3, 16, 1, 0, 3, kd);
+            attention_case_dt(1, 3000, 8, 8, 16, 1, 500, 0, kd);
+            if (!vg) {
+                attention_case_dt(33, 1500, 8, 2, 32, 1, 0, 0, kd);
+                attention_case_dt(200, 300, 6, 3, 16, 1, 100, 2, kd);
+                attention_case_dt(1, 9000, 16, 8, 128, 1, 0, 0, kd);
+                attention_case_dt(70, 1000, 32, 8, 64, 1, 0, 0, kd);
+            }
+        }
+    }
+    rlx_cpu_isa_cap(RLX_CPU_ISA_AVX512_BF16);
+}
+
 /* convert_f32: the cpu table's narrowing (vcvtps2ph / the bf16 pack, scalar tails) gives the ref
  * table's bits (rounding computed in double) for random values, every exponent range, ties,
  * subnormals, overflow, infinities and NaNs; f32 is a copy. */
@@ -805,6 +846,7 @@ static void test_kernels(void) {
     test_softmax();
     test_pointwise();
     test_attention();
+    test_attention_vector_paths();
     test_convert();
 }
 

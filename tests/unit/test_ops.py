@@ -226,6 +226,21 @@ def test_attention_16bit_kv(device, kv, S, P):
     attention_case(device, S=S, P=P, Hq=4, Hkv=2, D=16, window=5 if S == 9 else 0, kv=kv)
 
 
+@pytest.mark.parametrize("kv", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("S,P,Hq,Hkv,D,window", [
+    (1, 1500, 6, 2, 32, 0),     # decode over a long cache: chunks of keys split over threads
+    (1, 2999, 12, 3, 16, 0),    # odd group size, a tail of < 4 keys
+    (1, 700, 8, 8, 48, 300),    # no grouping, a window
+    (9, 700, 8, 2, 32, 0),      # a short extension over a long cache (flash, one query block)
+    (70, 130, 8, 2, 16, 0),     # query blocks and key blocks both cut in the middle
+    (130, 0, 6, 3, 16, 50),     # prefill, odd group, window
+])
+def test_attention_long_context(device, kv, S, P, Hq, Hkv, D, window):
+    """The cpu table's vector paths (head sizes multiples of 16: tiled flash prefill, decode
+    split over key chunks) at long contexts, f32 / f16 / bf16 K and V, against NumPy."""
+    attention_case(device, S=S, P=P, Hq=Hq, Hkv=Hkv, D=D, window=window, kv=kv)
+
+
 def test_attention_past_not_causal(device):
     attention_case(device, S=3, P=4, Hq=2, Hkv=1, D=8, causal=False)
 

@@ -3,53 +3,72 @@
  * T keys and values of positions 0 .. T-1 (a KV cache, or the new rows alone), stored f32, f16 or
  * bf16; three paths by the number of queries S.
  *
- * K/V dtypes: f32 rows are read in place; f16 / bf16 rows are widened exactly to f32 (rlx_cpu_widen:
- * F16C / a shift in the vector paths) into a small per-task buffer as they are used (one key row,
- * or one kv head's block of rows for the GEMM path), so the cache is read once at its stored width
- * (half the bytes of f32 at long context) and the arithmetic is the f32 arithmetic of the f32 path.
+ * K/V dtypes: f32 rows are read in place; f16 / bf16 rows are widened exactly to f32 (F16C / a
+ * shift) as they are used, so the cache is read once at its stored width (half the bytes of f32 at
+ * long context) and the arithmetic is the f32 arithmetic of the f32 path.
  *
- * Prefill and extension (S >= RLX_ATTN_GEMM_MIN_S): through sgemm. Per kv head, per block of
- * `rows` query positions, per query head of the kv head's group (the group reads the same
- * key/value rows, still in cache): scores (rows, W) = scale * Q_blk @ K^T by sgemm into scratch,
- * then a row softmax (causal / window bounds, masks, max subtracted, the vector exp; a row with
- * nothing visible gives zeros), then out_blk = weights @ V by sgemm written straight into out, then
- * each out row scaled by 1 / its sum. Q and out are read and written in place (rows Hq * D floats
- * apart, which sgemm takes as leading dimensions); f32 K / V too (rows Hkv * D apart); f16 / bf16
- * K / V blocks are widened first into scratch (W rows of D, once per kv head and query block,
- * shared by the group). A block only gets the keys its rows may see: up to its last row's
- * position (causal), from its first row's window start (window); inside that range the rows of
- * one block differ (the causal triangle), which the softmax masks: with rows = 64 that costs ~12%
- * extra multiply-adds at S = 512, and the measured optimum sat between 64 and 128 (smaller
- * blocks: more calls, and sgemm repacks the keys each call; larger: more of the triangle).
- * rows = min(64, RLX_ATTN_GEMM_FLOATS / T), at least 8, so the scores stay <= ~4 MiB.
- * Threads: OpenBLAS's own threads inside each sgemm (rlx_set_num_threads sets them to the pool's
- * count); the sgemms run on the calling thread, never inside a pool task (that would run
- * OpenBLAS's threads on top of ours). The softmax runs on the calling thread as well: with the
- * whole-vector exp below it is ~5% of the time at S = 512, less than a pool region's hand-over
- * to threads that OpenBLAS keeps spinning would cost. Measured (Qwen3-0.6B shape: 16 q heads,
- * 8 kv heads, D = 128, causal, P = 0, one thread, machine shared with other jobs): S = 128
- * 17 -> 41 GFLOP/s, S = 512 16 -> 57 GFLOP/s; below S = 8 the GEMM path was still ahead on one
- * thread (S = 8: 2x), RLX_ATTN_GEMM_MIN_S = 8 leaves the tiny cases to the per-pair path below,
- * which splits them over the pool's threads. Known cost: with bf16 weights the projections run
- * on the pool (gemm_bf16.c) while these sgemms run on OpenBLAS's threads, and OpenBLAS's worker
- * keeps spinning after each call, taking a core from the next projection: Llama-3.2-1B bf16
- * pp128 at 2 threads measured 129-136 tok/s as is and 151-156 with OpenBLAS capped at 1 thread
- * (attention then on one thread). Running these sgemms single-threaded on the pool's threads
- * (per kv head) would remove it; not done yet.
+ * The vector paths (attention_vec.c: attention_simd.inc compiled for AVX-512 and for AVX2, chosen
+ * per call by rlx_cpu_isa(); head size D a multiple of 16) take decode and prefill; the portable
+ * loops below take the rest (no AVX2, odd D) and are the same functions as before those paths
+ * existed.
+ *
+ * Prefill and extension on the vector paths (S >= RLX_ATTN_FLASH_MIN_S): tiled flash attention on
+ * the pool. A work item is one kv head and one block of query positions; its G query heads
+ * make the columns of the tile, so the group shares every key and value row it reads: M = G x
+ * rows ~ RLX_ATTN_FLASH_M columns (padded to 32). The item keeps Qt (D, M: the queries, scaled,
+ * transposed), Ot (D, M: its output so far), m, l (M: the running max and sum) in its task's
+ * scratch, and walks the keys it may see (up to its last row's position, from its first row's
+ * window start) in blocks of RLX_ATTN_FLASH_BC: the block's K and V rows are widened into
+ * scratch (Kw, Vw), St (Bc, M) = Kw @ Qt and Ot += Vw^T @ P are register-tiled microkernels
+ * (8 x 32 on AVX-512, 4 x 16 on AVX2; broadcast one operand, two vector loads of the other),
+ * and between them the online softmax runs down the columns of St (vector max, the vector exp,
+ * rescale of Ot and l by exp(old max - new max)). Blocks that reach past the causal diagonal,
+ * the window or into masks get their invisible scores set to -inf first. Items go to the pool's
+ * threads through a shared counter, the last query blocks (the most keys under a causal mask)
+ * first, so the threads finish together; the next block's rows are prefetched (a head segment
+ * per row, which the hardware prefetchers do not follow). OpenBLAS is not called: before this
+ * path, its sgemms ran on OpenBLAS's threads, which keep spinning after each call and took a
+ * core from the next projection on the pool (Llama-3.2-1B bf16 pp128, 2 threads: 129-136 tok/s,
+ * 151-156 with OpenBLAS capped at one thread). Measured (one thread, thread CPU time, f16 K / V,
+ * causal S = T; machine shared, load average ~4): Qwen3 shape (16 / 8 heads, D = 128) 65 -> 80
+ * GFLOP/s at T = 1024-4096, Llama 3.2 shape (32 / 8, D = 64) 60 -> 75 (OpenBLAS sgemm before).
+ *
+ * Prefill and extension otherwise (S >= RLX_ATTN_GEMM_MIN_S): through sgemm. Per kv head, per
+ * block of `rows` query positions, per query head of the kv head's group: scores (rows, W) =
+ * scale * Q_blk @ K^T by sgemm into scratch, then a row softmax (causal / window bounds, masks,
+ * max subtracted, the vector exp; a row with nothing visible gives zeros), then out_blk =
+ * weights @ V by sgemm written straight into out, then each out row scaled by 1 / its sum. Q and
+ * out are read and written in place (rows Hq * D floats apart, which sgemm takes as leading
+ * dimensions); f32 K / V too (rows Hkv * D apart); f16 / bf16 K / V blocks are widened first into
+ * scratch (W rows of D, once per kv head and query block, shared by the group). A block only gets
+ * the keys its rows may see: up to its last row's position (causal), from its first row's window
+ * start (window). rows = min(64, RLX_ATTN_GEMM_FLOATS / T), at least 8, so the scores stay <=
+ * ~4 MiB. sgemm multiplies every value row of the range, masked ones by their weight 0: here a row
+ * a u8 mask hides must be finite (kv.h: a cache's rows past its length are), unlike on the other
+ * paths, which skip it (flash zeroes a row no query of its item sees; tests/c/test_attention.c).
+ * Threads: OpenBLAS's own threads inside each sgemm; the sgemms run on the calling thread, never
+ * inside a pool task (that would run OpenBLAS's threads on top of ours).
  *
  * Small S (1 < S < RLX_ATTN_GEMM_MIN_S, and S == 1 with too many heads for the split path): one
  * (query i, head h) pair is scored against its visible keys (dot products), softmaxed with the
  * max subtracted, and its output accumulated as a weighted sum of value rows; the two loops over
  * key rows (scores, weighted sum) are compiled per ISA.
  *
- * Decode (one query, S == 1) takes another path that reads the KV cache once, front to back: a
- * key row (Hkv, D) is contiguous, so reading one head's keys alone touches 4 KiB pages for 512
- * bytes each and runs at a fraction of the bandwidth (measured 5-7 GB/s). Instead the visible
- * keys are split into one contiguous range per task, every head is scored against each key row
- * as it streams by (chunks of RLX_ATTN_CHUNK keys: scores, then an online softmax per head, then
- * the value rows), and the tasks' partials (max, sum, weighted values per head) are merged by
- * the caller, flash-decoding style. Each task's partial lives in its own RLX_ATTN_PART_FLOATS
- * of scratch; heads too many for that fall back to the per-head path.
+ * Decode (one query, S == 1) takes another path that reads the KV cache once: the visible keys
+ * are split into one contiguous range per task, every head is scored against each key row (chunks
+ * of RLX_ATTN_CHUNK keys: scores, then an online softmax per head, then the value rows), and the
+ * tasks' partials (max, sum, weighted values per head) are merged by the caller, flash-decoding
+ * style. Each task's partial lives in its own RLX_ATTN_PART_FLOATS of scratch; heads too many for
+ * that fall back to the per-head path. The vector loops take four keys at a time: two or four
+ * query heads of a kv head against four key rows (eight or sixteen accumulators, one 4-way
+ * horizontal sum per head), and each vector of the output loaded and stored once per four value
+ * rows. They read four rows' head segments in turn, an order DRAM serves at a third of its
+ * bandwidth (one thread: 12 GB/s against 33 GB/s front to back), so while a chunk is computed the
+ * next chunk's rows are prefetched into L2 front to back, a few lines per step. Measured (one
+ * thread, thread CPU time, f16 cache, T = 4096-32768, machine shared): Qwen3 shape 10 -> 23 GB/s of
+ * K + V (the probe reads 28-33 GB/s), Llama 3.2 shape (twice the multiply-adds per byte: G = 4,
+ * D = 64; compute-bound) 5 -> 13 GB/s; in the model, Qwen3-0.6B bf16 at 2048 positions: the step's
+ * attention 36 -> 12 ms.
  *
  * Threading and scratch (per-pair path): pairs come in blocks, one block per (query, kv head)
  * holding the Hq/Hkv query heads that read the same key/value rows (so the second head finds
@@ -61,6 +80,7 @@
  * them all inline). The caller must not raise the thread count between sizing the scratch
  * (rlx_cpu_attention_scratch) and calling the kernel. Must never allocate.
  */
+#include "backends/cpu/attention.h"
 #include "backends/cpu/cpu.h"
 
 #include "backends/cpu/pool.h"
@@ -72,6 +92,15 @@
 
 typedef float attn_v8 __attribute__((vector_size(32)));
 typedef float attn_v4 __attribute__((vector_size(16)));
+
+/* The floats of scratch each task of the split-key decode path may use for its partial result:
+ * m, l (Hq each), o (Hq * D), a chunk of scores (Hq * RLX_ATTN_CHUNK) and one widened key / value
+ * row (Hkv * D). */
+#define RLX_ATTN_PART_FLOATS 32768
+
+
+
+
 
 /* Sum of the 16 lanes of *v by halving (8 + 8, 4 + 4, then pairs): a few shuffles instead of a
  * 16-long chain of dependent adds, which cost as much as the dot product itself at D = 128. */
@@ -157,16 +186,37 @@ static float exp_sum(float *p, int64_t n, float m) {
     return hsum16(&sum);
 }
 
-/* The keys query i may see before the masks: [*lo, *hi). */
-static void visible(const struct rlx_attn_args *a, int64_t i, int64_t *lo, int64_t *hi) {
-    const int64_t qpos = a->T - a->S + i;
-    *lo = 0;
-    *hi = a->T;
-    if (a->causal && *hi > qpos + 1)
-        *hi = qpos + 1;
-    if (a->window > 0 && *lo < qpos - a->window + 1)
-        *lo = qpos - a->window + 1;
+/* p[j] = exp(p[j] - m) for j < n (-inf gives 0; m finite, >= every p[j]); returns their sum.
+ * Whole vectors are loaded and stored directly; only the tail (< 16) goes through a vector
+ * padded with -inf. */
+RLX_CPU_CLONES
+static float exp_sum_row(float *p, int64_t n, float m) {
+    rlx_cpu_v16 sum = {0};
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        rlx_cpu_v16 v;
+        memcpy(&v, p + j, sizeof v);
+        v -= m;
+        rlx_cpu_exp16(&v);
+        sum += v;
+        memcpy(p + j, &v, sizeof v);
+    }
+    if (j < n) {
+        float tail[16];
+        for (int l = 0; l < 16; l++)
+            tail[l] = j + l < n ? p[j + l] : -INFINITY;
+        rlx_cpu_v16 v;
+        memcpy(&v, tail, sizeof v);
+        v -= m;
+        rlx_cpu_exp16(&v);
+        sum += v;
+        memcpy(tail, &v, sizeof v);
+        for (int64_t l = 0; l < n - j; l++)
+            p[j + l] = tail[l];
+    }
+    return hsum16(&sum);
 }
+
 
 /* out[i, h] (D) = sum_j softmax_j(scale * q[i, h] . k_j + mask) v_j over the keys visible to i;
  * sc: T floats of scratch, row: D floats (a widened key / value row). */
@@ -175,7 +225,7 @@ static void attend_one(const struct rlx_attn_args *a, int64_t i, int64_t h, floa
     const float *q = a->q + (i * a->Hq + h) * D;
     float *o = a->out + (i * a->Hq + h) * D;
     int64_t lo, hi;
-    visible(a, i, &lo, &hi);
+    attn_visible(a, i, &lo, &hi);
     memset(o, 0, (size_t)D * sizeof(float));
     if (lo >= hi)
         return;
@@ -206,12 +256,6 @@ static void attend_one(const struct rlx_attn_args *a, int64_t i, int64_t h, floa
 /* ---------------------------------------------------------------------------------------------
  * Decode (S == 1): keys split across tasks, every head at once
  * ------------------------------------------------------------------------------------------- */
-
-/* Keys per chunk of the split-key path, and the floats of scratch each task may use for its
- * partial result: m, l (Hq each), o (Hq * D), a chunk of scores (Hq * RLX_ATTN_CHUNK) and one
- * widened key / value row (Hkv * D). */
-#define RLX_ATTN_CHUNK 64
-#define RLX_ATTN_PART_FLOATS 32768
 
 /* A whole key / value row (Hkv * D) of row j as f32: in place, or widened into buf. */
 static inline const float *kv_full_row(const struct rlx_attn_args *a, const void *base, int64_t j, float *buf) {
@@ -312,7 +356,8 @@ static struct attn_part part_of(const struct rlx_attn_args *a, int64_t t) {
 
 struct split_ctx {
     const struct rlx_attn_args *a;
-    int64_t lo, hi, ntasks; /* visible keys [lo, hi) of the one query, split evenly over tasks */
+    const struct attn_simd *simd; /* the vector kernels, or NULL */
+    int64_t lo, hi, ntasks;       /* visible keys [lo, hi) of the one query, split evenly over tasks */
 };
 
 /* Task t: keys [lo + len * t / ntasks, lo + len * (t+1) / ntasks) in chunks, online softmax per head
@@ -329,8 +374,12 @@ static void split_tasks(void *p, int64_t begin, int64_t end) {
         const int64_t j0 = c->lo + len * t / c->ntasks, j1 = c->lo + len * (t + 1) / c->ntasks;
         for (int64_t cj = j0; cj < j1;) {
             const int64_t n = j1 - cj < RLX_ATTN_CHUNK ? j1 - cj : RLX_ATTN_CHUNK;
-            score_chunk(a, pt.sc, cj, n, pt.row);
-            for (int64_t jj = 0; jj < n; jj++) {
+            const int64_t nn = j1 - cj - n < RLX_ATTN_CHUNK ? j1 - cj - n : RLX_ATTN_CHUNK;
+            if (c->simd)
+                c->simd->scores(a, pt.sc, cj, n, nn);
+            else
+                score_chunk(a, pt.sc, cj, n, pt.row);
+            for (int64_t jj = 0; jj < n && (a->mask_u8 || a->mask_f32); jj++) {
                 const int64_t j = cj + jj;
                 const int masked = a->mask_u8 && !a->mask_u8[j];
                 for (int64_t h = 0; h < Hq; h++) {
@@ -340,8 +389,11 @@ static void split_tasks(void *p, int64_t begin, int64_t end) {
             }
             for (int64_t h = 0; h < Hq; h++) {
                 float *sc = pt.sc + h * RLX_ATTN_CHUNK, cm = -INFINITY;
-                for (int64_t jj = 0; jj < n; jj++)
-                    cm = sc[jj] > cm ? sc[jj] : cm;
+                if (c->simd)
+                    cm = c->simd->max_of(sc, n);
+                else
+                    for (int64_t jj = 0; jj < n; jj++)
+                        cm = sc[jj] > cm ? sc[jj] : cm;
                 if (cm == -INFINITY) {
                     for (int64_t jj = 0; jj < n; jj++)
                         sc[jj] = 0.0f;
@@ -350,13 +402,19 @@ static void split_tasks(void *p, int64_t begin, int64_t end) {
                 if (cm > pt.m[h]) {
                     const float alpha = pt.m[h] == -INFINITY ? 0.0f : expf(pt.m[h] - cm);
                     pt.l[h] *= alpha;
-                    for (int64_t e = 0; e < D; e++)
-                        pt.o[h * D + e] *= alpha;
+                    if (c->simd)
+                        c->simd->scale_row(pt.o + h * D, alpha, D);
+                    else
+                        for (int64_t e = 0; e < D; e++)
+                            pt.o[h * D + e] *= alpha;
                     pt.m[h] = cm;
                 }
-                pt.l[h] += exp_sum(sc, n, pt.m[h]);
+                pt.l[h] += exp_sum_row(sc, n, pt.m[h]);
             }
-            weigh_chunk(a, pt.o, pt.sc, cj, n, pt.row);
+            if (c->simd)
+                c->simd->values(a, pt.o, pt.sc, cj, n, nn, a->mask_u8 || a->mask_f32);
+            else
+                weigh_chunk(a, pt.o, pt.sc, cj, n, pt.row);
             cj += n;
         }
     }
@@ -399,14 +457,14 @@ static int split_fits(const struct rlx_attn_args *a) {
 /* The split-key path for one query (S == 1). */
 static void attend_split(const struct rlx_attn_args *a) {
     int64_t lo, hi;
-    visible(a, 0, &lo, &hi);
+    attn_visible(a, 0, &lo, &hi);
     const int64_t work = (hi - lo) * a->Hq * a->D * 2;
     int64_t ntasks = work / RLX_CPU_GRAIN_FMA;
     const int64_t threads = rlx_pool_threads();
     ntasks = ntasks > threads ? threads : ntasks;
     ntasks = ntasks > (hi - lo) / RLX_ATTN_CHUNK ? (hi - lo) / RLX_ATTN_CHUNK : ntasks;
     ntasks = ntasks < 1 ? 1 : ntasks;
-    struct split_ctx c = {.a = a, .lo = lo, .hi = hi, .ntasks = ntasks};
+    struct split_ctx c = {.a = a, .simd = rlx_cpu_attn_simd(a), .lo = lo, .hi = hi, .ntasks = ntasks};
     rlx_parallel_for(ntasks, 1, split_tasks, &c);
     split_merge(a, ntasks);
 }
@@ -471,37 +529,6 @@ static float row_max(const float *x, int64_t n) {
     return s != s ? NAN : r;
 }
 
-/* p[j] = exp(p[j] - m) for j < n (-inf gives 0; m finite, >= every p[j]); returns their sum.
- * Whole vectors are loaded and stored directly; only the tail (< 16) goes through a vector
- * padded with -inf. */
-RLX_CPU_CLONES
-static float exp_sum_row(float *p, int64_t n, float m) {
-    rlx_cpu_v16 sum = {0};
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16) {
-        rlx_cpu_v16 v;
-        memcpy(&v, p + j, sizeof v);
-        v -= m;
-        rlx_cpu_exp16(&v);
-        sum += v;
-        memcpy(p + j, &v, sizeof v);
-    }
-    if (j < n) {
-        float tail[16];
-        for (int l = 0; l < 16; l++)
-            tail[l] = j + l < n ? p[j + l] : -INFINITY;
-        rlx_cpu_v16 v;
-        memcpy(&v, tail, sizeof v);
-        v -= m;
-        rlx_cpu_exp16(&v);
-        sum += v;
-        memcpy(tail, &v, sizeof v);
-        for (int64_t l = 0; l < n - j; l++)
-            p[j + l] = tail[l];
-    }
-    return hsum16(&sum);
-}
-
 /* One row of scores, sc[c] for key lo + c, c < W (already scaled by sgemm): keys outside
  * [vlo, vhi) (causal, window) and keys the masks drop become weight 0, the others
  * exp(score + mask - max). Returns 1 / (sum of the weights), or 0 with the row all zero when no
@@ -544,7 +571,7 @@ static void gemm_block(const struct rlx_attn_args *a, int64_t i0, int64_t R, int
     for (int64_t r = 0; r < R; r++) {
         const int64_t i = i0 + r;
         int64_t vlo, vhi; /* keys visible to query i before the masks */
-        visible(a, i, &vlo, &vhi);
+        attn_visible(a, i, &vlo, &vhi);
         vlo = vlo > lo ? vlo : lo;
         vhi = vhi < hi ? vhi : hi;
         inv[r] = row_softmax(sc + r * W, W, vlo - lo, vhi - lo, a->mask_f32 ? a->mask_f32 + i * a->T + lo : NULL,
@@ -581,8 +608,8 @@ static void attend_gemm(const struct rlx_attn_args *a) {
         for (int64_t i0 = 0; i0 < S; i0 += rows) {
             const int64_t R = S - i0 < rows ? S - i0 : rows;
             int64_t lo, hi, lo_last, hi_last;
-            visible(a, i0, &lo, &hi);
-            visible(a, i0 + R - 1, &lo_last, &hi_last);
+            attn_visible(a, i0, &lo, &hi);
+            attn_visible(a, i0 + R - 1, &lo_last, &hi_last);
             hi = hi_last; /* the block's keys: from its first row's start to its last row's end */
             if (hi <= lo) {
                 for (int64_t h = kvh * G; h < (kvh + 1) * G; h++)
@@ -606,12 +633,20 @@ static void attend_gemm(const struct rlx_attn_args *a) {
         }
 }
 
+
 /* out (S, Hq, D) = grouped-query attention of q (S, Hq, D) over k / v (T, Hkv, D); see
  * rlx_attn_args. */
 void rlx_cpu_attention(const struct rlx_attn_args *a) {
     if (a->S == 1 && split_fits(a)) {
         attend_split(a);
         return;
+    }
+    if (a->S >= RLX_ATTN_FLASH_MIN_S) {
+        const struct attn_simd *sd = rlx_cpu_attn_simd(a);
+        if (sd) {
+            rlx_cpu_attn_flash(a, sd);
+            return;
+        }
     }
     if (a->S >= RLX_ATTN_GEMM_MIN_S) {
         if (a->D > 0) /* (D == 0: out is empty) */
@@ -637,12 +672,18 @@ void rlx_cpu_attention(const struct rlx_attn_args *a) {
  * or RLX_ATTN_PART_FLOATS (the split-key path for S == 1). */
 size_t rlx_cpu_attention_scratch(const struct rlx_attn_args *a) {
     const int64_t S = a->S, T = a->T;
+    /* the flash path's, when it may be taken (whichever ISA the call then finds, the larger need) */
+    const size_t flash = S >= RLX_ATTN_FLASH_MIN_S && a->D > 0 && a->D % 16 == 0
+                             ? (size_t)rlx_pool_threads() * (size_t)rlx_cpu_attn_flash_task_floats(a)
+                             : 0;
     if (S >= RLX_ATTN_GEMM_MIN_S) {
         const int64_t rows = gemm_rows(S, T);
-        return (size_t)(rows * T + rows) + (a->kv_dtype == RLX_F32 ? 0 : (size_t)(2 * T * a->D));
+        const size_t gemm = (size_t)(rows * T + rows) + (a->kv_dtype == RLX_F32 ? 0 : (size_t)(2 * T * a->D));
+        return gemm > flash ? gemm : flash;
     }
     size_t per = (size_t)(T + a->D);
     if (S == 1 && split_fits(a) && per < RLX_ATTN_PART_FLOATS)
         per = RLX_ATTN_PART_FLOATS;
-    return (size_t)rlx_pool_threads() * per;
+    const size_t pairs = (size_t)rlx_pool_threads() * per;
+    return pairs > flash ? pairs : flash;
 }

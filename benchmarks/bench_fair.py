@@ -1,0 +1,768 @@
+#!/usr/bin/env python3
+"""bench_fair: rlx beside llama.cpp, each engine in a long-lived process of its own, taking turns.
+
+    python benchmarks/bench_fair.py                      # the short suite: every model, f32 + bf16, KV f16 + f32, 1 + 2 threads
+    python benchmarks/bench_fair.py --suite long         # contexts 1k-32k, TTFT 2k / 8k, memory against context (2 threads)
+    python benchmarks/bench_fair.py --quick              # Qwen3-0.6B bf16, KV f16, 2 threads, 3 rounds: minutes
+    python benchmarks/bench_fair.py --smoke              # the harness end to end (2 rounds, pp128, decode@128): no figures
+    python benchmarks/bench_fair.py --gguf FILE.gguf     # any GGUF both engines load (quantized types too)
+
+Design (what a skeptic asks, and what this does about it):
+
+- Each engine runs in a worker process of its own (benchmarks/fair_worker.py): rlx, llama.cpp
+  with flash attention off and llama.cpp with flash attention on. They load the SAME GGUF file
+  (rlx reads it in place through rlx.gguf), hold it for the whole cell group, and take turns:
+  in round i every engine runs the measurement once, in an order rotated by i, and only one
+  engine runs at a time (the others block on a pipe). After each run the coordinator waits
+  `--settle` seconds, longer than any engine's idle spin (OpenBLAS's default ~0.1 s, libgomp's
+  and rlx's pool's well under 1 ms), and it records the CPU seconds the OTHER workers used
+  while each run was timed (from /proc/PID/stat): the record proves the turns did not overlap.
+  Each engine keeps its own defaults otherwise (no OPENBLAS_THREAD_TIMEOUT, no OMP_WAIT_POLICY),
+  as a user runs it. Thread settings: OMP/OPENBLAS/RLX_NUM_THREADS = t in every worker's
+  environment, rlx.set_num_threads(t), llama.cpp n_threads = n_threads_batch = t.
+- llama.cpp runs twice, flash attention off and on (the Python wrapper's default is off, its own
+  tools default to auto, which is on for CPU); its KV cache type is set to rlx's (f16 vs f16,
+  f32 vs f32). Both settings, the KV bytes, n_ctx and the thread counts are read back from
+  llama.cpp (its log and its context), not copied from the request; rlx's KV type and threads
+  from rlx. A cell whose read-back differs from what was asked stops the run.
+- The gate: before a cell group is timed, every worker computes the logits of the same
+  160-token prompt and 3 decode steps, in the exact configuration that is then timed (file, KV
+  type, flash attention, threads). For rlx against each llama.cpp variant, with llama.cpp's logits
+  as the reference and scale = max |reference logit| over the rows:
+      max |delta| / scale <= tol, tol = 2^-p * sqrt(layers) * 4, where p is the mantissa bits
+      (with the implicit one) of the narrowest float in the path: 24 for f32 weights and an
+      f32 KV cache, 11 for an f16 KV cache, 8 for bf16 weights or a bf16 KV cache, 4 for
+      quantized weights (4 bits or more per weight);
+      every row's top-1 token equal, except where llama.cpp's own top-2 margin is below
+      2 max |delta| (a near tie that noise of the gate's size may flip);
+      KL(p_llama || p_rlx) <= 1e-3 nats on every row.
+  A failure stops the run (exit code 2) before anything is timed; the record keeps the numbers.
+  In the long suite every context extension is also compared (the logits after the same tokens)
+  and reported; a top-1 disagreement with a margin above the noise stops the run there.
+- Statistics: `--rounds` rounds per cell (default 10). Per round the speed ratio rlx / peer =
+  t_peer / t_rlx of that round; the cell reports the geometric mean of the per-round ratios with a
+  95% percentile bootstrap interval (10,000 resamples of the rounds, fixed seed), and each
+  engine's median tok/s. Above 1 means rlx is faster.
+- Grade: a record is a measurement only with >= 10 rounds per cell (--rounds, --long-rounds), a
+  clean tree, no --smoke / --quick, and a 1-minute load average at most 0.5 at the start of every
+  cell group (--wait-quiet waits for it). Otherwise the record says "not a measurement" with the
+  reasons, at the top of its table, and --readme refuses to copy it into benchmarks/README.md.
+- The record (benchmarks/results/fair-<date>-<suite>.json, its tables beside it in a .md): the rlx commit (a dirty tree is
+  refused unless --allow-dirty, which is recorded), llama-cpp-python's version, ggml's library
+  versions and system info, each engine's read-back settings, the CPU model and ISA flags, rlx's
+  dispatch ISA, the thread settings and environment, the load average at every round, the read
+  bandwidth (C probe, common.py) per thread count, each worker's peak RSS (ru_maxrss of its
+  own process) and the KV bytes, every timing of every round, and the gate's numbers.
+
+Suites:
+- short: pp128 and pp512 (a fresh prompt to its first greedy token), decode (blocks of `--steps`
+  greedy tokens at a context of 128 and of 1024: the context is cut back to the same length
+  before each block), per (model, weights, KV type, threads).
+- long (2 threads unless --threads): TTFT of 2048- and 8192-token prompts, then one context grown
+  1k -> 4k -> 16k -> 32k (extensions of the same token stream, timed and compared between the
+  engines), decode blocks at each, RSS and KV bytes at each (the memory table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+
+WORKER = os.path.join(HERE, "fair_worker.py")
+GATE_PROMPT, GATE_STEPS = 160, 3
+LONG_CONTEXTS = (1024, 4096, 16384, 32768)
+LONG_TTFT = (2048, 8192)
+EXTEND_CHUNK = 4096  # tokens per extension call (both engines, the same chunks)
+BOOT = 10000
+
+# mantissa bits (with the implicit one) of the narrowest float a configuration passes through
+PRECISION_BITS = {"f32": 24, "f16": 11, "bf16": 8}
+
+
+class StopRun(Exception):
+    """A gate or read-back failure: the run stops, the record says why."""
+
+
+def prompt_ids(vocab: int, n: int, salt: int = 0) -> list[int]:
+    """n token ids, fixed per (n, salt), away from the dummy vocabulary's special ids."""
+    rng = np.random.default_rng([common.SEED, n, salt, 7])
+    return [int(x) for x in rng.integers(300, vocab - 1, size=n)]
+
+
+# ============================================================================== workers ====
+
+class Worker:
+    """One engine in its own process (fair_worker.py), commands over a pipe."""
+
+    def __init__(self, label: str, engine: str, fa, threads: int, logdir: str):
+        self.label, self.engine, self.fa, self.threads = label, engine, fa, threads
+        self.env = thread_env(threads)
+        self.logpath = os.path.join(logdir, f"worker-{label.replace(' ', '_').replace('=', '')}-t{threads}.log")
+        self.p = subprocess.Popen([sys.executable, WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=open(self.logpath, "w"), env=self.env, cwd=common.ROOT, text=True,
+                                  bufsize=1)
+        self.pid = self.p.pid
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def call(self, **msg) -> dict:
+        self.p.stdin.write(json.dumps(msg) + "\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        if not line:
+            tail = open(self.logpath).read()[-2000:]
+            raise RuntimeError(f"{self.label}: worker died (exit {self.p.poll()}): {tail}")
+        out = json.loads(line)
+        if not out.get("ok"):
+            raise RuntimeError(f"{self.label}: {msg['cmd']} failed: {out.get('error')}")
+        return out
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system, all threads) this worker has used so far."""
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self.tick
+
+    def close(self) -> None:
+        try:
+            self.call(cmd="quit")
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            self.p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+
+
+def thread_env(threads: int) -> dict:
+    env = dict(os.environ)
+    for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "RLX_NUM_THREADS"):
+        env[k] = str(threads)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = common.ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+# ================================================================================ stats ====
+
+def ratio_stats(t_rlx: list[float], t_peer: list[float], seed: int = 0) -> dict:
+    """Per-round speed ratios t_peer / t_rlx: geometric mean and a 95% percentile bootstrap
+    interval over the rounds."""
+    r = np.log(np.asarray(t_peer) / np.asarray(t_rlx))
+    rng = np.random.default_rng(seed)
+    boots = r[rng.integers(0, len(r), size=(BOOT, len(r)))].mean(axis=1) if len(r) > 1 else r
+    lo, hi = np.percentile(boots, [2.5, 97.5]) if len(r) > 1 else (r[0], r[0])
+    return {"ratio": float(np.exp(r.mean())), "ci95": [float(np.exp(lo)), float(np.exp(hi))],
+            "min": float(np.exp(r.min())), "max": float(np.exp(r.max())), "n": int(len(r))}
+
+
+def rounds(workers: list[Worker], n: int, op, settle: float, log, what: str) -> dict:
+    """n rounds; in round i each worker runs op(worker) once (it returns seconds), the order
+    rotated by i. Records the times, the other workers' CPU seconds during each run and the
+    load average per round."""
+    times = {w.label: [] for w in workers}
+    other_cpu = {w.label: [] for w in workers}
+    load = []
+    for i in range(n):
+        k = i % len(workers)
+        for w in workers[k:] + workers[:k]:
+            others = [o for o in workers if o is not w]
+            c0 = sum(o.cpu_s() for o in others)
+            times[w.label].append(op(w))
+            other_cpu[w.label].append(sum(o.cpu_s() for o in others) - c0)
+            time.sleep(settle)
+        load.append(os.getloadavg()[0])
+    rl = workers[0].label
+    out = {"times_s": times, "other_workers_cpu_s": other_cpu, "loadavg_1min": load, "ratios": {}}
+    for w in workers[1:]:
+        out["ratios"][w.label] = ratio_stats(times[rl], times[w.label])
+    msg = ", ".join(f"{p} {s['ratio']:.2f}x [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" for p, s in out["ratios"].items())
+    log(f"    {what}: rlx / " + msg + f" (load {min(load):.2f}-{max(load):.2f})")
+    return out
+
+
+# ================================================================================= gate ====
+
+def gate_tolerance(wtype: str, kv: str, layers: int) -> tuple[float, int]:
+    bits = min(PRECISION_BITS.get(wtype, 4), PRECISION_BITS[kv])
+    return 2.0 ** -bits * math.sqrt(layers) * 4, bits
+
+
+def compare_logits(rl: np.ndarray, ref: np.ndarray, tol: float) -> dict:
+    """rlx's logits (rows, vocab) against a peer's (the reference)."""
+    d = np.abs(rl.astype(np.float64) - ref.astype(np.float64))
+    scale = float(np.max(np.abs(ref)))
+    max_abs = float(d.max())
+    lp = ref - np.logaddexp.reduce(ref.astype(np.float64), axis=-1, keepdims=True)
+    lq = rl - np.logaddexp.reduce(rl.astype(np.float64), axis=-1, keepdims=True)
+    kl = np.sum(np.exp(lp) * (lp - lq), axis=-1)
+    top_ref, top_rl = np.argmax(ref, -1), np.argmax(rl, -1)
+    srt = np.sort(ref, axis=-1)
+    margin = srt[:, -1] - srt[:, -2]
+    disagree = [int(i) for i in np.nonzero(top_ref != top_rl)[0]]
+    decided = [i for i in disagree if margin[i] >= 2 * max_abs]
+    rel = max_abs / scale if scale > 0 else float("inf")
+    return {"rows": int(ref.shape[0]), "max_abs": max_abs, "mean_abs": float(d.mean()), "scale": scale,
+            "rel_max": rel, "rel_mean": float(d.mean()) / scale if scale else None, "tol_rel": tol,
+            "kl_max": float(kl.max()), "kl_mean": float(kl.mean()), "top1_agree": int(ref.shape[0] - len(disagree)),
+            "top1_disagree_rows": disagree, "top1_margins": [float(m) for m in margin],
+            "pass": bool(rel <= tol and not decided and kl.max() <= 1e-3)}
+
+
+def run_gate(workers: list[Worker], vocab: int, wtype: str, kv: str, layers: int, tmp: str, log) -> dict:
+    prompt, feed = prompt_ids(vocab, GATE_PROMPT, salt=5), prompt_ids(vocab, GATE_STEPS, salt=6)
+    logits = {}
+    for w in workers:
+        path = os.path.join(tmp, f"gate-{w.pid}.npy")
+        w.call(cmd="logits", prompt=prompt, feed=feed, out=path)
+        logits[w.label] = np.load(path)
+        os.remove(path)
+    tol, bits = gate_tolerance(wtype, kv, layers)
+    out = {"prompt": GATE_PROMPT, "decode_steps": GATE_STEPS, "precision_bits": bits, "tol_rel": tol, "peers": {}}
+    rl = logits[workers[0].label]
+    for w in workers[1:]:
+        out["peers"][w.label] = c = compare_logits(rl, logits[w.label], tol)
+        log(f"    gate rlx vs {w.label}: max|d| {c['max_abs']:.2e} = {c['rel_max']:.1e} x scale {c['scale']:.2f} "
+            f"(tol {tol:.1e}), KL max {c['kl_max']:.1e}, top-1 {c['top1_agree']}/{c['rows']} -> "
+            f"{'pass' if c['pass'] else 'FAIL'}")
+    out["pass"] = all(c["pass"] for c in out["peers"].values())
+    return out
+
+
+def check_readback(workers: list[Worker], infos: dict, kv: str, threads: int) -> list[str]:
+    bad = []
+    for w in workers:
+        rb = infos[w.label]["readback"]
+        if rb.get("kv_type") != kv:
+            bad.append(f"{w.label}: KV type read back {rb.get('kv_type')!r}, asked {kv!r}")
+        if rb.get("threads") != threads:
+            bad.append(f"{w.label}: threads read back {rb.get('threads')}, asked {threads}")
+        if w.engine == "llama.cpp":
+            want = "enabled" if w.fa else "disabled"
+            if rb.get("flash_attn") != want:
+                bad.append(f"{w.label}: flash_attn read back {rb.get('flash_attn')!r}, asked {want!r}")
+            if rb.get("threads_batch") != threads:
+                bad.append(f"{w.label}: threads_batch read back {rb.get('threads_batch')}, asked {threads}")
+    return bad
+
+
+# ================================================================================ cells ====
+
+def gguf_facts(path: str) -> dict:
+    """Shape facts of a GGUF file for the tables and the ceiling: layers, KV heads and head size,
+    vocabulary, bytes of weights one decode step reads (every 2-D tensor once, the tied
+    embedding as the LM head; an untied embedding only gives one row)."""
+    from rlx import gguf as rg
+    gf = rg.GGUFFile(path)
+    cfg = rg.model_config(gf)
+    tied = "lm_head.weight" not in gf.tensors
+    per_token = 0
+    for name, t in gf.tensors.items():
+        if len(t.shape) != 2:
+            continue
+        if name == "model.embed_tokens.weight" and not tied:
+            continue
+        per_token += t.nbytes
+    return {"layers": cfg.num_hidden_layers, "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+            "vocab": cfg.vocab_size, "weights_per_token_bytes": per_token, "file_bytes": os.path.getsize(path),
+            "types": sorted({t.type_name for t in gf.tensors.values()})}
+
+
+def start_group(model: str, wtype: str, gguf: str, kv: str, threads: int, n_ctx: int, fa_list, logdir: str, log):
+    workers = [Worker("rlx", "rlx", None, threads, logdir)]
+    for fa in fa_list:
+        workers.append(Worker(f"llama.cpp fa={'on' if fa else 'off'}", "llama.cpp", fa, threads, logdir))
+    infos = {}
+    for w in workers:  # one at a time: loading is not timed against anything
+        infos[w.label] = w.call(cmd="load", engine=w.engine, gguf=gguf, threads=threads, kv=kv, n_ctx=n_ctx, fa=w.fa)
+        rb = infos[w.label]["readback"]
+        log(f"    {w.label}: loaded in {infos[w.label]['load_s']:.1f} s, KV {rb.get('kv_type')}, "
+            f"threads {rb.get('threads')}" + (f", flash_attn {rb.get('flash_attn')}, KV alloc "
+                                              f"{rb.get('kv_alloc_mib')} MiB" if w.engine == "llama.cpp" else
+                                              f", isa {rb.get('isa')}"))
+    return workers, infos
+
+
+def mem_snapshot(workers: list[Worker]) -> dict:
+    return {w.label: {k: v for k, v in w.call(cmd="mem").items() if k != "ok"} for w in workers}
+
+
+def short_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp, log) -> None:
+    vocab = facts["vocab"]
+    cell.update({"suite": "short", "model": model, "weights": wtype, "gguf": gguf, "kv": kv, "threads": threads,
+                 "facts": facts, "loadavg_start": os.getloadavg()})
+    workers, infos = start_group(model, wtype, gguf, kv, threads, 2048, args.fa, logdir, log)
+    cell["engines"] = infos
+    try:
+        bad = check_readback(workers, infos, kv, threads)
+        if bad:
+            cell["readback_errors"] = bad
+            raise StopRun("; ".join(bad))
+        cell["gate"] = g = run_gate(workers, vocab, wtype, kv, facts["layers"], tmp, log)
+        if not g["pass"]:
+            raise StopRun(f"gate failed: {model} {wtype} KV {kv} t{threads}")
+        for w in workers:  # warm-up: pages in, plans compiled, thread pools started
+            w.call(cmd="first", ids=prompt_ids(vocab, 512, salt=99))
+            w.call(cmd="first", ids=prompt_ids(vocab, 128, salt=98))
+            w.call(cmd="decode", n=128, tok=1000, steps=2)
+        cell["metrics"] = m = {}
+        for n in args.pp:
+            ids = prompt_ids(vocab, n, salt=1)
+            m[f"pp{n}"] = r = rounds(workers, args.rounds, lambda w: w.call(cmd="first", ids=ids)["s"], args.settle,
+                                     log, f"pp{n}")
+            r["tokens"] = n
+        for ctx in args.tg_ctx:
+            ids = prompt_ids(vocab, ctx, salt=2)
+            tops = {w.label: w.call(cmd="context", ids=ids)["top1"] for w in workers}
+            tok = prompt_ids(vocab, 1, salt=3)[0]
+            m[f"tg@{ctx}"] = r = rounds(workers, args.rounds,
+                                        lambda w: w.call(cmd="decode", n=ctx, tok=tok, steps=args.steps)["s"],
+                                        args.settle, log, f"decode@{ctx} ({args.steps} tokens per block)")
+            r["tokens"] = args.steps
+            r["context_top1"] = tops
+            if args.profile:
+                cell.setdefault("rlx_profile", {})[f"decode@{ctx}"] = workers[0].call(
+                    cmd="profile", n=ctx, tok=tok)["profile_s"]
+        cell["mem"] = mem_snapshot(workers)
+        if args.profile:
+            for n in args.pp:
+                cell.setdefault("rlx_profile", {})[f"prefill@{n}"] = workers[0].call(
+                    cmd="profile_prefill", ids=prompt_ids(vocab, n, salt=1))["profile_s"]
+        cell["loadavg_end"] = os.getloadavg()
+        cell["ok"] = True
+    finally:
+        for w in workers:
+            w.close()
+
+
+def long_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp, log) -> None:
+    vocab = facts["vocab"]
+    ctxs = [c for c in LONG_CONTEXTS if c <= args.max_context]
+    cell.update({"suite": "long", "model": model, "weights": wtype, "gguf": gguf, "kv": kv, "threads": threads,
+                 "facts": facts, "loadavg_start": os.getloadavg(), "contexts": ctxs})
+    n_ctx = max(ctxs + list(args.ttft)) + 256
+    workers, infos = start_group(model, wtype, gguf, kv, threads, n_ctx, args.fa, logdir, log)
+    cell["engines"] = infos
+    try:
+        bad = check_readback(workers, infos, kv, threads)
+        if bad:
+            cell["readback_errors"] = bad
+            raise StopRun("; ".join(bad))
+        cell["gate"] = g = run_gate(workers, vocab, wtype, kv, facts["layers"], tmp, log)
+        if not g["pass"]:
+            raise StopRun(f"gate failed: {model} {wtype} KV {kv} t{threads}")
+        for w in workers:
+            w.call(cmd="first", ids=prompt_ids(vocab, 512, salt=99))
+            w.call(cmd="decode", n=512, tok=1000, steps=2)
+        cell["metrics"] = m = {}
+        cell["mem"] = {"loaded": mem_snapshot(workers)}
+        for n in args.ttft:
+            ids = prompt_ids(vocab, n, salt=1)
+            m[f"ttft@{n}"] = r = rounds(workers, args.long_rounds, lambda w: w.call(cmd="first", ids=ids)["s"],
+                                        args.settle, log, f"TTFT {n}")
+            r["tokens"] = n
+            if args.profile:
+                cell.setdefault("rlx_profile", {})[f"prefill@{n}"] = workers[0].call(
+                    cmd="profile_prefill", ids=ids)["profile_s"]
+        stream = prompt_ids(vocab, max(ctxs), salt=4)
+        tol, _ = gate_tolerance(wtype, kv, facts["layers"])
+        cell["extensions"] = []
+        prev = 0
+        for ctx in ctxs:
+            ext = {"from": prev, "to": ctx, "s": {}, "compare": {}}
+            logits = {}
+            for w in workers:  # each engine grows its context to ctx (the same tokens, same chunks)
+                t = 0.0
+                for a in range(prev, ctx, EXTEND_CHUNK):
+                    b = min(ctx, a + EXTEND_CHUNK)
+                    path = os.path.join(tmp, f"ext-{w.pid}.npy")
+                    r = w.call(cmd="context" if a == 0 else "extend", ids=stream[a:b], out=path if b == ctx else None)
+                    t += r["s"]
+                logits[w.label] = np.load(path)
+                os.remove(path)
+                ext["s"][w.label] = t
+            for w in workers[1:]:
+                ext["compare"][w.label] = c = compare_logits(logits[workers[0].label][None], logits[w.label][None], tol)
+                decided = [i for i in c["top1_disagree_rows"] if c["top1_margins"][i] >= 2 * c["max_abs"]]
+                log(f"    context {ctx}: rlx vs {w.label} max|d| {c['rel_max']:.1e} x scale, top-1 "
+                    f"{'same' if not c['top1_disagree_rows'] else 'DIFFERS'}")
+                if decided:
+                    cell["extensions"].append(ext)
+                    raise StopRun(f"top-1 differs at context {ctx} ({w.label}) with a margin above the noise")
+            cell["extensions"].append(ext)
+            prev = ctx
+            tok = prompt_ids(vocab, 1, salt=3)[0]
+            m[f"tg@{ctx}"] = r = rounds(workers, args.long_rounds,
+                                        lambda w: w.call(cmd="decode", n=ctx, tok=tok, steps=args.steps)["s"],
+                                        args.settle, log, f"decode@{ctx} ({args.steps} tokens per block)")
+            r["tokens"] = args.steps
+            cell["mem"][f"ctx{ctx}"] = mem_snapshot(workers)
+            if args.profile:
+                cell.setdefault("rlx_profile", {})[f"decode@{ctx}"] = workers[0].call(cmd="profile", n=ctx,
+                                                                                     tok=tok)["profile_s"]
+        cell["loadavg_end"] = os.getloadavg()
+        cell["ok"] = True
+    finally:
+        for w in workers:
+            w.close()
+
+
+# ================================================================================ report ====
+
+QUIET_LOAD = 0.5  # 1-minute load average above which a cell group's figures are not a measurement
+MIN_ROUNDS = 10
+
+
+def grade(record: dict) -> list[str]:
+    """Why this record is not a measurement (empty: it is one)."""
+    why, st = [], record["settings"]
+    if st.get("smoke"):
+        why.append("smoke run (--smoke: the harness checked end to end, the figures mean nothing)")
+    if st.get("quick"):
+        why.append("--quick")
+    if st["rounds"] < MIN_ROUNDS or (record["suite"] == "long" and st["long_rounds"] < MIN_ROUNDS):
+        why.append(f"fewer than {MIN_ROUNDS} rounds per cell")
+    if record["rlx"]["dirty"]:
+        why.append("uncommitted changes in the tree (--allow-dirty)")
+    busy = [c["loadavg_start"][0] for c in record["cells"] if c.get("loadavg_start")]
+    if busy and max(busy) > QUIET_LOAD:
+        why.append(f"machine busy: 1-minute load average up to {max(busy):.2f} at the start of a cell group "
+                   f"(> {QUIET_LOAD})")
+    if record.get("stopped"):
+        why.append("the run stopped before its end")
+    return why
+
+
+def fmt_ratio(s: dict) -> str:
+    return f"**{s['ratio']:.2f}x** [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]"
+
+
+def metric_label(k: str) -> str:
+    if k.startswith("pp"):
+        return f"prefill {k}"
+    if k.startswith("ttft@"):
+        return f"TTFT {k[5:]}"
+    return f"decode @{k[3:]}"
+
+
+def speed(r: dict, label: str, key: str) -> float:
+    return r["tokens"] / float(np.median(r["times_s"][label]))
+
+
+def markdown(record: dict) -> str:
+    L = []
+    m = record["machine"]
+    if record.get("not_a_measurement"):
+        L.append("**NOT A MEASUREMENT** — " + "; ".join(record["not_a_measurement"]) + ". Quote nothing from "
+                 "this table.")
+        L.append("")
+    L.append(f"Run {record['date']} ({record['suite']} suite; rlx {record['rlx']['commit']}"
+             f"{' DIRTY (--allow-dirty)' if record['rlx']['dirty'] else ''}; llama-cpp-python "
+             f"{record['llama_cpp'].get('llama_cpp_python')}, {', '.join(record['llama_cpp'].get('libs') or [])}). "
+             f"Machine: {m['cpu']}, {m['nproc']} cores, ISA {m['isa']} (rlx dispatch: {m.get('rlx_isa')}); "
+             f"load average {m['loadavg_start'][0]:.2f} at start, {m.get('loadavg_end', [float('nan')])[0]:.2f} at end. "
+             f"{record['settings']['rounds']} rounds per cell ({record['settings']['long_rounds']} in the long suite), "
+             f"decode blocks of {record['settings']['steps']} tokens; ratio = geometric mean of the per-round "
+             f"rlx / llama.cpp speed ratios [95% bootstrap interval]; above 1: rlx faster.")
+    L.append("")
+    L.append("| model | weights | KV | thr | metric | rlx tok/s | llama.cpp FA off tok/s | llama.cpp FA on tok/s "
+             "| rlx / FA off | rlx / FA on | load (1 min) |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for c in record["cells"]:
+        if not c.get("metrics"):
+            continue
+        for k, r in c["metrics"].items():
+            labs = list(r["times_s"])
+            peers = {lab: r["ratios"][lab] for lab in labs[1:]}
+            def tps(lab):
+                return f"{speed(r, lab, k):.1f}" if lab in r["times_s"] else "—"
+            def rat(lab):
+                return fmt_ratio(peers[lab]) if lab in peers else "—"
+            if k.startswith("ttft@"):
+                rl = f"{np.median(r['times_s']['rlx']) * 1e3:.0f} ms"
+                off = (f"{np.median(r['times_s']['llama.cpp fa=off']) * 1e3:.0f} ms"
+                       if "llama.cpp fa=off" in r["times_s"] else "—")
+                on = (f"{np.median(r['times_s']['llama.cpp fa=on']) * 1e3:.0f} ms"
+                      if "llama.cpp fa=on" in r["times_s"] else "—")
+            else:
+                rl, off, on = tps("rlx"), tps("llama.cpp fa=off"), tps("llama.cpp fa=on")
+            ld = r["loadavg_1min"]
+            L.append(f"| {c['model']} | {c['weights']} | {c['kv']} | {c['threads']} | {metric_label(k)} | {rl} | {off} "
+                     f"| {on} | {rat('llama.cpp fa=off')} | {rat('llama.cpp fa=on')} | {min(ld):.2f}-{max(ld):.2f} |")
+    L.append("")
+    L.append("Gate (rlx against each llama.cpp variant, before timing; max |delta logit| relative to the largest "
+             "llama.cpp logit, KL(llama.cpp || rlx) in nats, top-1 agreement over the rows):")
+    L.append("")
+    for c in record["cells"]:
+        g = c.get("gate")
+        if not g:
+            continue
+        parts = [f"{p}: {v['rel_max']:.1e} (tol {v['tol_rel']:.0e}), KL {v['kl_max']:.0e}, top-1 "
+                 f"{v['top1_agree']}/{v['rows']}" for p, v in g["peers"].items()]
+        L.append(f"- {c['model']} {c['weights']} KV {c['kv']} t{c['threads']}: {'PASS' if g['pass'] else 'FAIL'} — "
+                 + "; ".join(parts))
+    mems = [c for c in record["cells"] if c.get("suite") == "long" and c.get("mem")]
+    if mems:
+        L.append("")
+        L.append("Memory against context (RSS of each worker process, MiB; rlx KV: the bytes its cache holds now, "
+                 "its capacity, which grows geometrically; llama.cpp KV: bytes per cell times the tokens in use, "
+                 "while it allocates the cache for n_ctx up front (kv_alloc_mib in the record)):")
+        L.append("")
+        L.append("| model | weights | KV | context | rlx RSS | rlx KV held | llama.cpp FA off RSS | FA on RSS "
+                 "| llama.cpp KV in use |")
+        L.append("|---|---|---|---|---|---|---|---|---|")
+        for c in mems:
+            for k, snap in c["mem"].items():
+                if not k.startswith("ctx"):
+                    continue
+                def g(lab, f):
+                    v = snap.get(lab, {}).get(f)
+                    return "—" if v is None else (f"{v:.0f}" if f != "kv_bytes" else f"{v / 2**20:.0f}")
+                L.append(f"| {c['model']} | {c['weights']} | {c['kv']} | {k[3:]} | {g('rlx', 'rss_mib')} | "
+                         f"{g('rlx', 'kv_bytes')} | {g('llama.cpp fa=off', 'rss_mib')} | "
+                         f"{g('llama.cpp fa=on', 'rss_mib')} | {g('llama.cpp fa=on', 'kv_bytes')} |")
+    L.append("")
+    L.append("Peak RSS per worker process (MiB, ru_maxrss of each engine's own process):")
+    L.append("")
+    for c in record["cells"]:
+        snap = c.get("mem", {})
+        snap = snap.get(f"ctx{c['contexts'][-1]}", {}) if c.get("suite") == "long" else snap
+        if snap:
+            L.append(f"- {c['model']} {c['weights']} KV {c['kv']} t{c['threads']} ({c['suite']}): " + ", ".join(
+                f"{lab} {v['peak_rss_mib']:.0f}" for lab, v in snap.items()))
+    profs = [c for c in record["cells"] if c.get("rlx_profile")]
+    if profs:
+        L.append("")
+        L.append("rlx per-op profile (Generator.profile; one untimed run each; ms and share of the ops' time):")
+        L.append("")
+        for c in profs:
+            for k, p in c["rlx_profile"].items():
+                tot = sum(p.values()) or 1.0
+                top = sorted(p.items(), key=lambda kv: -kv[1])[:4]
+                L.append(f"- {c['model']} {c['weights']} KV {c['kv']} t{c['threads']} {k}: total {tot * 1e3:.1f} ms; "
+                         + ", ".join(f"{op} {v * 1e3:.1f} ({v / tot * 100:.0f}%)" for op, v in top))
+    if record.get("stopped"):
+        L.append("")
+        L.append(f"**Run stopped: {record['stopped']}**")
+    return "\n".join(L) + "\n"
+
+
+# ================================================================================== main ====
+
+def git_state(allow_dirty: bool) -> dict:
+    c = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=common.ROOT).stdout.strip()
+    d = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=common.ROOT).stdout
+    dirty = [l for l in d.splitlines() if l.strip()]
+    if dirty and not allow_dirty:
+        raise SystemExit("bench_fair: the tree has uncommitted changes (a record must name the code it measured):\n"
+                         + "\n".join(dirty[:20]) + "\ncommit them, or pass --allow-dirty (recorded)")
+    return {"commit": c[:12], "commit_full": c, "dirty": bool(dirty), "dirty_files": dirty[:50],
+            "allow_dirty": allow_dirty}
+
+
+def machine_info() -> dict:
+    flags = common.cpu_flags()
+    isa = "avx512 (" + ", ".join(f for f in flags if f.startswith("avx512")) + ")" if "avx512f" in flags else \
+        ("avx2" if "avx2" in flags else "baseline")
+    out = {"cpu": common.cpu_model(), "nproc": os.cpu_count(), "flags": flags, "isa": isa,
+           "mem_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
+           "platform": platform.platform(), "python": platform.python_version(), "loadavg_start": os.getloadavg(),
+           "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_THREAD_TIMEOUT",
+                                                   "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "RLX_CPU_ISA")}}
+    try:
+        import rlx
+        out["rlx_isa"] = rlx.build_info().get("isa")
+    except Exception as e:  # noqa: BLE001
+        out["rlx_isa"] = repr(e)
+    return out
+
+
+def llama_cpp_info() -> dict:
+    from importlib.metadata import version
+    out = {"llama_cpp_python": version("llama_cpp_python")}
+    try:
+        import llama_cpp
+        libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+        import re
+        out["libs"] = sorted(f for f in os.listdir(libdir) if re.search(r"\.so\.\d+\.\d+\.\d+$", f))
+        out["system_info"] = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+    except Exception as e:  # noqa: BLE001
+        out["error"] = repr(e)
+    return out
+
+
+def wait_quiet(max_load: float, timeout: float, log) -> list:
+    """Waits until the 1-minute load average is below max_load (or timeout seconds pass)."""
+    t0 = time.time()
+    while os.getloadavg()[0] > max_load and time.time() - t0 < timeout:
+        time.sleep(15)
+    la = os.getloadavg()
+    if la[0] > max_load:
+        log(f"  note: load average still {la[0]:.2f} after {timeout:.0f} s; measuring anyway (recorded)")
+    return list(la)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", choices=("short", "long"), default="short")
+    ap.add_argument("--quick", action="store_true", help="Qwen3-0.6B bf16, KV f16, 2 threads, 3 rounds")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the harness end to end, quickly: Qwen3-0.6B bf16, KV f16, 2 threads, 2 rounds, pp128 and "
+                         "decode@128 of 4 tokens (long suite: context 1024, TTFT 512); recorded as not a measurement")
+    ap.add_argument("--models", nargs="+", choices=list(common.MODELS))
+    ap.add_argument("--dtypes", nargs="+", help="weight types: f32 bf16 (model files written on demand)")
+    ap.add_argument("--gguf", nargs="+", help="GGUF files to run instead of the generated models")
+    ap.add_argument("--kv", nargs="+", choices=("f16", "f32", "bf16"))
+    ap.add_argument("--threads", nargs="+", type=int)
+    ap.add_argument("--fa", nargs="+", choices=("off", "on"), default=["off", "on"])
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--long-rounds", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=8, help="decode tokens per block")
+    ap.add_argument("--settle", type=float, default=0.25, help="seconds between runs")
+    ap.add_argument("--pp", nargs="+", type=int, default=[128, 512])
+    ap.add_argument("--tg-ctx", nargs="+", type=int, default=[128, 1024])
+    ap.add_argument("--ttft", nargs="+", type=int, default=list(LONG_TTFT))
+    ap.add_argument("--max-context", type=int, default=max(LONG_CONTEXTS))
+    ap.add_argument("--profile", action="store_true",
+                    help="also record rlx's per-op profile (Generator.profile) of one decode step at each context "
+                         "and of one prefill at each prompt length (untimed)")
+    ap.add_argument("--wait-quiet", type=float, default=0.0,
+                    help="before each cell group, wait (up to 30 min) for a 1-minute load average below this")
+    ap.add_argument("--allow-dirty", action="store_true")
+    ap.add_argument("--out", help="record path (default benchmarks/results/fair-<date>-<suite>.json)")
+    ap.add_argument("--readme", action="store_true", help="write the tables into benchmarks/README.md")
+    args = ap.parse_args()
+    args.fa = [f == "on" for f in args.fa]
+    if args.smoke:
+        args.models = args.models or ["Qwen3-0.6B"]
+        args.dtypes = args.dtypes or ["bf16"]
+        args.kv = args.kv or ["f16"]
+        args.threads = args.threads or [2]
+        args.rounds = min(args.rounds, 2)
+        args.long_rounds = min(args.long_rounds, 2)
+        args.steps = min(args.steps, 4)
+        args.pp, args.tg_ctx = [128], [128]
+        args.ttft, args.max_context = [512], 1024
+    if args.readme and (args.smoke or args.quick or args.allow_dirty or args.rounds < MIN_ROUNDS
+                        or (args.suite == "long" and args.long_rounds < MIN_ROUNDS)):
+        ap.error(f"--readme takes measurements only: >= {MIN_ROUNDS} rounds, a clean tree, no --smoke / --quick")
+    if args.quick:
+        args.models = args.models or ["Qwen3-0.6B"]
+        args.dtypes = args.dtypes or ["bf16"]
+        args.kv = args.kv or ["f16"]
+        args.threads = args.threads or [2]
+        args.rounds = min(args.rounds, 3)
+        args.long_rounds = min(args.long_rounds, 3)
+    models = args.models or list(common.MODELS)
+    dtypes = args.dtypes or (["bf16"] if args.suite == "long" else ["f32", "bf16"])
+    kvs = args.kv or (["f16"] if args.suite == "long" else ["f16", "f32"])
+    threads = args.threads or ([2] if args.suite == "long" else [1, 2])
+
+    t_start = time.perf_counter()
+
+    def log(msg):
+        print(f"[{time.perf_counter() - t_start:6.0f}s] {msg}", flush=True)
+
+    rlx_state = git_state(args.allow_dirty)
+    date = datetime.datetime.now().isoformat(timespec="seconds")
+    record = {"schema": 1, "date": date, "suite": args.suite, "argv": sys.argv[1:], "rlx": rlx_state,
+              "llama_cpp": llama_cpp_info(), "machine": machine_info(),
+              "settings": {"smoke": args.smoke, "quick": args.quick, "rounds": args.rounds, "long_rounds": args.long_rounds, "steps": args.steps,
+                           "settle_s": args.settle, "fa": args.fa, "pp": args.pp, "tg_ctx": args.tg_ctx,
+                           "ttft": args.ttft, "gate_prompt": GATE_PROMPT, "gate_steps": GATE_STEPS,
+                           "extend_chunk": EXTEND_CHUNK, "bootstrap_resamples": BOOT,
+                           "worker_env": {k: thread_env(1)[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                                        "RLX_NUM_THREADS")} | {"note": "= threads"}},
+              "bandwidth": {}, "cells": []}
+    tag = "-smoke" if args.smoke else "-quick" if args.quick else ""
+    out = args.out or os.path.join(common.RESULTS, f"fair-{date[:10]}-{args.suite}{tag}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    logdir = os.path.splitext(out)[0] + "-logs"
+    os.makedirs(logdir, exist_ok=True)
+
+    groups = []
+    if args.gguf:
+        for path in args.gguf:
+            name = os.path.splitext(os.path.basename(path))[0]
+            wt = name.rsplit("-", 1)[-1].lower() if "-" in name else "?"
+            for kv in kvs:
+                for t in threads:
+                    groups.append((name, wt, os.path.abspath(path), kv, t))
+    else:
+        for model in models:
+            for wt in dtypes:
+                paths = common.ensure_model(model, wt, log=log)
+                for kv in kvs:
+                    if args.suite == "short" and wt == "bf16" and kv == "f32" and not args.kv:
+                        continue  # bf16 weights with an f32 cache: asked for explicitly only
+                    for t in threads:
+                        groups.append((model, wt, paths["gguf"], kv, t))
+
+    for t in sorted(set(threads)):
+        record["bandwidth"][str(t)] = common.read_bandwidth(t, reps=10)
+        log(f"== read bandwidth, {t} thread(s): {record['bandwidth'][str(t)]['gbps']:.1f} GB/s (best of 10 passes)")
+
+    code = 0
+    tmp = tempfile.mkdtemp(prefix="rlx-fair-")
+    try:
+        for (model, wt, gguf, kv, t) in groups:
+            if args.wait_quiet:
+                wait_quiet(args.wait_quiet, 1800, log)
+            log(f"== {args.suite}: {model} weights {wt}, KV {kv}, {t} thread(s) "
+                f"(load {os.getloadavg()[0]:.2f})")
+            facts = gguf_facts(gguf)
+            fn = short_group if args.suite == "short" else long_group
+            cell: dict = {}
+            record["cells"].append(cell)
+            try:
+                fn(cell, args, model, wt, gguf, kv, t, facts, logdir, tmp, log)
+            except StopRun as e:
+                record["stopped"] = str(e)
+                log(f"STOPPED: {e}")
+                code = 2
+                break
+            except Exception as e:  # noqa: BLE001 - a worker failed: recorded, the run stops
+                record["stopped"] = f"error: {type(e).__name__}: {e}"
+                log(f"STOPPED: {record['stopped']}")
+                code = 1
+                break
+            with open(out, "w") as f:  # after every group: a crash keeps what was measured
+                json.dump(record, f, indent=1, default=str)
+    finally:
+        record["machine"]["loadavg_end"] = os.getloadavg()
+        record["duration_s"] = time.perf_counter() - t_start
+        record["not_a_measurement"] = grade(record)
+        record["markdown"] = md = markdown(record)
+        with open(out, "w") as f:
+            json.dump(record, f, indent=1, default=str)
+        with open(os.path.splitext(out)[0] + ".md", "w") as f:
+            f.write(f"# bench_fair {record['suite']} suite, {record['date']}\n\n" + md)
+    print()
+    print(md)
+    log(f"== record: {os.path.relpath(out, common.ROOT)}")
+    if args.readme and record["not_a_measurement"]:
+        log("== benchmarks/README.md NOT updated: " + "; ".join(record["not_a_measurement"]))
+    if args.readme and not code and not record["not_a_measurement"]:
+        common.replace_readme_section(os.path.join(HERE, "README.md"),
+                                      f"Fair harness: {args.suite} suite", md +
+                                      f"\nRecord: [{os.path.relpath(out, HERE)}]({os.path.relpath(out, HERE)})\n")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""fair_worker: one engine in a long-lived process of its own, driven by bench_fair.py.
+
+    python benchmarks/fair_worker.py        (started by bench_fair.py; not a command for people)
+
+The coordinator writes one JSON command per line on this process's stdin and reads one JSON
+answer per line from the file descriptor that was stdout at start (fd 1 is then pointed at
+stderr, so whatever the C libraries print can never corrupt the protocol). Every timing is taken
+here, around the engine call alone (time.perf_counter), never around the pipe.
+
+Commands ({"cmd": ..., args}; the answer always has "ok", and "error" when it is false):
+
+    load      engine ("rlx" | "llama.cpp"), gguf (path), threads, kv ("f16" | "f32" | "bf16"),
+              n_ctx, fa (llama.cpp: false | true)          -> settings READ BACK from the engine
+    logits    prompt (ids), feed (ids), out (.npy path)     -> the (1 + len(feed), vocab) logits
+    first     ids: a fresh prompt to its first greedy token -> seconds, the token
+    context   ids: sets the context to ids (fresh)          -> seconds, the last logits' path (out)
+    extend    ids: appends ids to the context in one pass   -> seconds, logits' path (out)
+    decode    n (context length kept), tok, steps: the context is cut back to n positions, tok is
+              fed, `steps` greedy tokens are generated      -> seconds for the steps, the tokens
+    mem       -> rss_mib, peak_rss_mib (this process's ru_maxrss), kv_bytes (in use now)
+    profile   n, tok (rlx only): per-op seconds of one decode step at context n
+    profile_prefill  ids (rlx only): per-op seconds of a fresh prefill of ids (the context is lost)
+    quit
+
+The engines:
+- rlx: rlx.gguf reads the GGUF file in place (the same file llama.cpp reads); rlx.Generator with
+  kv_dtype and the plan policies rlx.load uses (dynamic prefill and decode plans); greedy
+  tokens from generate_cached (the argmax in C).
+- llama.cpp: llama_cpp.Llama(model_path=gguf, n_ctx, n_batch=2048, n_ubatch=512 (llama-bench's
+  defaults), n_threads = n_threads_batch = threads, flash_attn, type_k = type_v = kv). Its log is
+  captured (llama_log_set) and the flash-attention setting, the KV cache types and bytes, the
+  context size and the thread counts are read back from it and from the context; greedy tokens
+  are the argmax of llama_get_logits_ith(-1) (NumPy, zero-copy view).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import sys
+import time
+import traceback
+
+import numpy as np
+
+GGML_TYPE = {"f32": 0, "f16": 1, "bf16": 30}  # ggml_type ids of the KV cache types
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class RlxEngine:
+    name = "rlx"
+
+    def load(self, gguf, threads, kv, n_ctx, fa=None):
+        import rlx
+        from rlx import gguf as rg
+        self.rlx = rlx
+        rlx.set_num_threads(threads)
+        gf = rg.GGUFFile(gguf)
+        cfg = rg.model_config(gf)
+        self.gen = (rlx.Generator(cfg, rg.model_weights(gf), device="cpu", kv_dtype=kv)
+                    .with_dynamic_prefill_cache().with_dynamic_decode_cache())
+        bi = rlx.build_info()
+        return {"kv_type": self.gen.kv_dtype, "weight_dtypes": {k: str(v) for k, v in self.gen.weight_dtypes.items()}
+                if isinstance(self.gen.weight_dtypes, dict) else str(self.gen.weight_dtypes),
+                "threads": rlx.get_num_threads(), "blas_threads": bi.get("blas_threads"), "isa": bi.get("isa"),
+                "build_info": bi, "policy": "dynamic prefill + dynamic decode (as rlx.load)",
+                "rlx_version": getattr(rlx, "__version__", None)}
+
+    def first(self, ids):
+        t0 = time.perf_counter()
+        self.gen.prefill(ids)
+        tok = self.gen.step_cached()
+        return time.perf_counter() - t0, int(tok)
+
+    def context(self, ids):
+        t0 = time.perf_counter()
+        logits = self.gen.prefill_get_last_logits(ids)  # the cache then holds all of ids
+        return time.perf_counter() - t0, np.asarray(logits, dtype=np.float32)
+
+    def extend(self, ids):
+        t0 = time.perf_counter()
+        logits = self.gen.extend(ids)
+        return time.perf_counter() - t0, np.asarray(logits, dtype=np.float32)
+
+    def decode(self, n, tok, steps):
+        self.gen.truncate(n)
+        self.gen.append(tok)
+        t0 = time.perf_counter()
+        out = self.gen.generate_cached(steps)
+        dt = time.perf_counter() - t0
+        assert len(out) == steps, (len(out), steps)
+        return dt, [int(x) for x in out]
+
+    def logits(self, prompt, feed):
+        rows = [np.array(self.gen.prefill_get_last_logits(prompt), dtype=np.float32)]
+        for t in feed:
+            rows.append(np.array(self.gen.decode_get_logits(t), dtype=np.float32))
+        return np.stack(rows)
+
+    def kv_bytes(self):
+        return int(self.gen.kv_bytes)
+
+    def profile_prefill(self, ids):
+        self.gen.profile(True)
+        try:
+            self.gen.prefill_get_last_logits(ids)
+            return self.gen.last_profile()
+        finally:
+            self.gen.profile(False)
+
+    def profile(self, n, tok):
+        self.gen.truncate(n)
+        self.gen.append(tok)
+        self.gen.profile(True)
+        try:
+            self.gen.step_cached()
+            return self.gen.last_profile()
+        finally:
+            self.gen.profile(False)
+
+
+class LlamaCppEngine:
+    name = "llama.cpp"
+
+    def load(self, gguf, threads, kv, n_ctx, fa=False):
+        import ctypes
+
+        import llama_cpp
+        self.lib = llama_cpp
+        self.log = []
+
+        @llama_cpp.llama_log_callback
+        def cb(level, text, user_data):
+            self.log.append(text.decode("utf-8", errors="replace"))
+        self._cb = cb  # kept alive: llama.cpp holds the pointer
+        llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
+        self.llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_batch=2048, n_ubatch=512, n_threads=threads,
+                                   n_threads_batch=threads, flash_attn=bool(fa), type_k=GGML_TYPE[kv],
+                                   type_v=GGML_TYPE[kv], use_mmap=True, logits_all=False, verbose=True)
+        self.n_vocab = self.llm.n_vocab()
+        text = "".join(self.log)
+        rb = {"log_lines": [l for l in text.splitlines() if re.search(
+            r"flash_attn|llama_kv_cache: size|n_ctx |n_batch|n_ubatch|causal_attn|type_k|type_v|CPU_REPACK|"
+            r"system_info|buffer size", l)][:40]}
+        m = re.search(r"flash_attn\s*=\s*(\w+)", text)
+        rb["flash_attn"] = m.group(1) if m else None
+        m = re.search(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells.*K \((\w+)\):\s*([\d.]+) MiB, V \((\w+)\):"
+                      r"\s*([\d.]+) MiB", text)
+        if m:
+            rb.update(kv_alloc_mib=float(m.group(1)), kv_cells=int(m.group(2)), type_k=m.group(3),
+                      type_v=m.group(5))
+            self.kv_bytes_per_cell = float(m.group(1)) * 2**20 / int(m.group(2))
+        else:
+            self.kv_bytes_per_cell = None
+        rb["kv_type"] = rb.get("type_k") if rb.get("type_k") == rb.get("type_v") else \
+            f"{rb.get('type_k')}/{rb.get('type_v')}"
+        rb["n_ctx"] = int(llama_cpp.llama_n_ctx(self.llm.ctx))
+        rb["threads"] = int(llama_cpp.llama_n_threads(self.llm.ctx))
+        rb["threads_batch"] = int(llama_cpp.llama_n_threads_batch(self.llm.ctx))
+        rb["system_info"] = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+        rb["llama_cpp_python"] = getattr(llama_cpp, "__version__", None)
+        libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+        try:
+            rb["libs"] = sorted(f for f in os.listdir(libdir) if re.search(r"\.so\.\d+\.\d+\.\d+$", f))
+        except OSError:
+            pass
+        rb["n_batch"], rb["n_ubatch"] = 2048, 512
+        self.readback = rb
+        return rb
+
+    def _argmax(self):
+        ptr = self.lib.llama_get_logits_ith(self.llm.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))))
+
+    def _logits(self):
+        ptr = self.lib.llama_get_logits_ith(self.llm.ctx, -1)
+        return np.array(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)), dtype=np.float32)
+
+    def first(self, ids):
+        t0 = time.perf_counter()
+        self.llm.reset()
+        self.llm.eval(ids)
+        tok = self._argmax()
+        return time.perf_counter() - t0, tok
+
+    def context(self, ids):
+        t0 = time.perf_counter()
+        self.llm.reset()
+        self.llm.eval(ids)
+        dt = time.perf_counter() - t0
+        return dt, self._logits()
+
+    def extend(self, ids):
+        t0 = time.perf_counter()
+        self.llm.eval(ids)
+        dt = time.perf_counter() - t0
+        return dt, self._logits()
+
+    def decode(self, n, tok, steps):
+        self.llm.n_tokens = n  # eval() drops the cache's positions from n_tokens on
+        out = []
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self.llm.eval([tok])
+            tok = self._argmax()
+            out.append(tok)
+        return time.perf_counter() - t0, out
+
+    def logits(self, prompt, feed):
+        self.llm.reset()
+        self.llm.eval(prompt)
+        rows = [self._logits()]
+        for t in feed:
+            self.llm.eval([t])
+            rows.append(self._logits())
+        return np.stack(rows)
+
+    def kv_bytes(self):
+        return int(self.kv_bytes_per_cell * self.llm.n_tokens) if self.kv_bytes_per_cell else None
+
+    def profile(self, n, tok):
+        raise NotImplementedError("per-op profile: rlx only")
+
+
+ENGINES = {"rlx": RlxEngine, "llama.cpp": LlamaCppEngine}
+
+
+def handle(eng, msg):
+    cmd = msg["cmd"]
+    if cmd == "load":
+        e = ENGINES[msg["engine"]]()
+        rss0 = rss_mib()
+        t0 = time.perf_counter()
+        rb = e.load(msg["gguf"], msg["threads"], msg["kv"], msg["n_ctx"], msg.get("fa"))
+        return e, {"readback": rb, "load_s": time.perf_counter() - t0, "rss_before_mib": rss0,
+                   "rss_mib": rss_mib(), "pid": os.getpid()}
+    if eng is None:
+        raise RuntimeError("load first")
+    if cmd == "logits":
+        np.save(msg["out"], eng.logits(msg["prompt"], msg["feed"]))
+        return eng, {"out": msg["out"]}
+    if cmd == "first":
+        s, tok = eng.first(msg["ids"])
+        return eng, {"s": s, "tok": tok}
+    if cmd in ("context", "extend"):
+        s, logits = (eng.context if cmd == "context" else eng.extend)(msg["ids"])
+        out = {"s": s, "top1": int(np.argmax(logits))}
+        if msg.get("out"):
+            np.save(msg["out"], logits)
+            out["out"] = msg["out"]
+        return eng, out
+    if cmd == "decode":
+        s, toks = eng.decode(msg["n"], msg["tok"], msg["steps"])
+        return eng, {"s": s, "tokens": toks}
+    if cmd == "mem":
+        return eng, {"rss_mib": rss_mib(), "peak_rss_mib": peak_rss_mib(), "kv_bytes": eng.kv_bytes()}
+    if cmd == "profile":
+        return eng, {"profile_s": eng.profile(msg["n"], msg["tok"])}
+    if cmd == "profile_prefill":
+        return eng, {"profile_s": eng.profile_prefill(msg["ids"])}
+    raise ValueError(f"unknown command {cmd!r}")
+
+
+def main() -> int:
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    eng = None
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        msg = json.loads(line)
+        if msg.get("cmd") == "quit":
+            proto.write(json.dumps({"ok": True}) + "\n")
+            break
+        try:
+            eng, out = handle(eng, msg)
+            out["ok"] = True
+        except Exception as e:  # noqa: BLE001 - sent to the coordinator
+            traceback.print_exc()
+            out = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        proto.write(json.dumps(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""benchmarks/bench_fair.py's arithmetic: the ratio statistics, the logits gate, the grade that
+keeps a record which is not a measurement out of benchmarks/README.md. Pure functions, no engine
+runs (the harness end to end: `make bench-smoke`)."""
+
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+bench_fair = pytest.importorskip("bench_fair")
+
+
+def test_ratio_stats_constant_ratio():
+    s = bench_fair.ratio_stats([1.0, 2.0, 0.5], [2.0, 4.0, 1.0])  # peer twice as slow every round
+    assert s["ratio"] == pytest.approx(2.0, rel=1e-12)
+    assert s["ci95"] == pytest.approx([2.0, 2.0], rel=1e-12)
+    assert s["n"] == 3 and s["min"] == pytest.approx(2.0) and s["max"] == pytest.approx(2.0)
+
+
+def test_ratio_stats_geometric_mean_and_interval():
+    t_rlx = [1.0] * 10
+    t_peer = [0.5, 2.0] * 5  # ratios 0.5 and 2: geometric mean 1
+    s = bench_fair.ratio_stats(t_rlx, t_peer)
+    assert s["ratio"] == pytest.approx(1.0, rel=1e-12)
+    lo, hi = s["ci95"]
+    assert 0.5 < lo < 1.0 < hi < 2.0  # the interval straddles 1 (a tie) and stays inside the extremes
+    assert bench_fair.ratio_stats(t_rlx, t_peer) == s  # fixed seed: the same interval every time
+
+
+def test_gate_tolerance():
+    tol, bits = bench_fair.gate_tolerance("bf16", "f16", 28)
+    assert bits == 8 and tol == pytest.approx(2.0 ** -8 * math.sqrt(28) * 4)
+    tol, bits = bench_fair.gate_tolerance("f32", "f32", 16)
+    assert bits == 24 and tol == pytest.approx(2.0 ** -24 * 4 * 4)
+    assert bench_fair.gate_tolerance("q4_k", "f16", 16)[1] == 4  # quantized weights: 4 bits
+
+
+def _logits(rows=4, vocab=50, seed=0):
+    return np.random.default_rng(seed).normal(size=(rows, vocab)).astype(np.float32) * 3
+
+
+def test_compare_logits_identical_passes():
+    ref = _logits()
+    c = bench_fair.compare_logits(ref.copy(), ref, tol=1e-6)
+    assert c["pass"] and c["max_abs"] == 0.0 and c["top1_agree"] == 4 and c["kl_max"] == pytest.approx(0, abs=1e-12)
+
+
+def test_compare_logits_fails_on_size_kl_and_decided_top1():
+    ref = _logits()
+    assert not bench_fair.compare_logits(ref + 0.1, ref, tol=1e-3)["pass"]  # |delta| / scale above tol
+    rl = ref.copy()
+    j = int(np.argmin(ref[2]))
+    rl[2, j] = ref[2].max() + 5.0  # another top-1 by a wide margin: decided, and a large KL
+    c = bench_fair.compare_logits(rl, ref, tol=10.0)
+    assert not c["pass"] and c["top1_disagree_rows"] == [2] and c["kl_max"] > 1e-3
+
+
+def test_compare_logits_near_tie_may_flip():
+    ref = _logits()
+    top = np.argsort(ref[1])[-2:]
+    ref[1, top[0]] = ref[1, top[1]] - 1e-4  # llama.cpp's own top-2 margin 1e-4
+    rl = ref.copy()
+    rl[1, top[0]] += 2e-4  # flips the top-1 with |delta| 2e-4 >= margin / 2
+    c = bench_fair.compare_logits(rl, ref, tol=1e-3)
+    assert c["top1_disagree_rows"] == [1] and c["pass"]
+
+
+def _record(**kw):
+    r = {"suite": "short", "settings": {"smoke": False, "quick": False, "rounds": 10, "long_rounds": 10},
+         "rlx": {"dirty": False}, "cells": [{"loadavg_start": (0.2, 0.3, 0.4)}]}
+    for k, v in kw.items():
+        if k in r["settings"]:
+            r["settings"][k] = v
+        elif k == "dirty":
+            r["rlx"]["dirty"] = v
+        else:
+            r[k] = v
+    return r
+
+
+def test_grade():
+    assert bench_fair.grade(_record()) == []
+    assert any("smoke" in w for w in bench_fair.grade(_record(smoke=True)))
+    assert any("rounds" in w for w in bench_fair.grade(_record(rounds=9)))
+    assert any("uncommitted" in w for w in bench_fair.grade(_record(dirty=True)))
+    assert any("busy" in w for w in bench_fair.grade(_record(cells=[{"loadavg_start": (1.7, 1.0, 1.0)}])))
+    assert any("stopped" in w for w in bench_fair.grade(_record(stopped="gate failed")))
+    assert bench_fair.grade(_record(long_rounds=3)) == []  # long_rounds count only in the long suite
+    assert any("rounds" in w for w in bench_fair.grade(_record(suite="long", long_rounds=3)))
