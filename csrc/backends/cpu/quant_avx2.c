@@ -239,7 +239,7 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
             s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
             d = f16s(p + 208), offs = 32;
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                const __m256i sh = _mm256_permute2x128_si256(s16, s16, h ? 0x11 : 0x00);
+                const __m256i sh = (h ? _mm256_permute2x128_si256(s16, s16, 0x11) : _mm256_permute2x128_si256(s16, s16, 0x00));
                 const __m256i l0 = ld(p + 64 * h), l1 = ld(p + 64 * h + 32), qh = ld(p + 128 + 32 * h);
                 const __m256i m30 = _mm256_set1_epi8(0x30);
                 const __m256i k0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
@@ -260,7 +260,7 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
             d = f16s(p + 108), offs = 4;
             const __m256i hm = ld(p);
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                const __m256i sh = _mm256_permute2x128_si256(s16, s16, h ? 0x11 : 0x00);
+                const __m256i sh = (h ? _mm256_permute2x128_si256(s16, s16, 0x11) : _mm256_permute2x128_si256(s16, s16, 0x00));
                 const __m256i x = ld(p + 32 + 32 * h);
                 _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
                     const __m256i u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2 * k), m3),
@@ -274,7 +274,7 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
             mdup = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0f)));
             d = f16s(p + 80), dmin = f16s(p + 82);
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                const __m256i sh = _mm256_permute2x128_si256(s16, s16, h ? 0x11 : 0x00);
+                const __m256i sh = (h ? _mm256_permute2x128_si256(s16, s16, 0x11) : _mm256_permute2x128_si256(s16, s16, 0x00));
                 const __m256i x = ld(p + 16 + 32 * h);
                 _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
                     const __m256i u = _mm256_and_si256(_mm256_srli_epi16(x, 2 * k), m3);
