@@ -1,11 +1,12 @@
 /*
  * plan.c - plans on a Vulkan device. Compile makes the pipelines of every live node (so shader
  * compilation happens there, not in the first step) and the plan's command buffer, fence and
- * status words; a scratch buffer (topk's pairs) is made, or grown, by the first run that needs it. Run records every live node, in id order, into that one command buffer, checks
- * for an interrupt, submits it once and waits: inputs were uploaded and the states (KV caches)
- * are bound in place, so nothing else crosses. The status words report what only the kernels can
- * see (a token id or a cache position out of range), read after the wait and turned into the same
- * errors the host backends give. Never prints.
+ * status words; its scratch buffer (topk's pairs) is made, or grown, by the first run that needs
+ * it. Run records every live node, in id order, into that one command buffer, checks for an
+ * interrupt, submits it once and waits: inputs were uploaded and the states (KV caches) are
+ * bound in place, so nothing else crosses. The status words report what only the kernels can
+ * see (a token id, an expert id or a cache position out of range), read after the wait and
+ * turned into the same errors the host backends give. Never prints.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,7 +195,7 @@ static rlx_status record(struct rlx_vk_dev *d, struct vk_plan *p, const struct r
     r->status = p->status;
     r->n_seen = 0;
     r->bound = VK_NULL_HANDLE;
-    uint64_t scratch = 0; /* the largest need of any node (the previous run has ended: a smaller buffer may go) */
+    uint64_t scratch = 0; /* the largest need of any node (the previous run has ended: its buffer may be replaced) */
     for (int id = 0; id < g->n_nodes; id++)
         if (!g->nodes[id].dead) {
             const uint64_t b = rlx_vk_scratch_bytes(r, g, id, values);
