@@ -215,8 +215,8 @@ static void test_moe(const char *name, const float *want)
     }
     CHECK(top > 0 && err <= 1e-5 * top, "%s: the mixture equals ref (max |diff| %g of %g)", name, err, top);
     static const int32_t bad[MS * MK] = {0, 1, 2, 3, 4, 5, 5, 6, 1, 0};
-    CHECK(moe_run(dev, bad, got) == RLX_ERR_RANGE && strstr(rlx_last_error(), "(matmul_id): expert id 6 (row 3, slot 1) "
-                                                                              "is outside [0, 6)"),
+    CHECK(moe_run(dev, bad, got) == RLX_ERR_RANGE &&
+              strstr(rlx_last_error(), "(matmul_id): expert id 6 (row 3, slot 1) is outside [0, 6)"),
           "%s: an expert id out of range refused, naming it", name);
     struct rlx_device_stats st;
     rlx_device_stats(dev, &st);

@@ -95,8 +95,8 @@ def test_moe_combine_matches_cpu():
 @pytest.mark.parametrize("device", ["vulkan:staging", "vulkan:range=4096", "vulkan:staging,range=4096"])
 def test_moe_ops_split_or_staged(device):
     """With 4 KiB bindings the f32 experts (9 x 64 x 4 = 2304 B each) are bound one a dispatch and
-    the q8_0 ones (9 x 136 B) three a dispatch, and topk's pairs (40 rows x 100 x 8 B) take eight dispatches of 5 rows; an id out of range
-    is still reported once, by the piece of expert 0."""
+    the q8_0 ones (9 x 136 B) three a dispatch, and topk's pairs (40 rows x 100 x 8 B) take eight
+    dispatches of 5 rows; an id out of range is still reported once, by the piece of expert 0."""
     r = np.random.default_rng(3)
     S, n, E, N, K = 5, 2, 7, 9, 64
     ids = routed(r, S, n, E)

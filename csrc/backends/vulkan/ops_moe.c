@@ -74,7 +74,8 @@ rlx_status rlx_vk_op_topk(struct rlx_vk_rec *r, const struct rlx_graph *g, int i
              .write = true, .off = &pc.o_off, .unit = 4},
             {.buf = r->scratch, .offset = 0, .bytes = (uint64_t)m * (uint64_t)n * PAIR, .write = true, .unit = PAIR},
         };
-        RLX_TRY(rlx_vk_dispatch(r, RLX_VK_SH_TOPK, b, 3, &pc, sizeof pc, rlx_vk_groups(r, RLX_VK_SH_TOPK, (uint64_t)m)));
+        RLX_TRY(rlx_vk_dispatch(r, RLX_VK_SH_TOPK, b, 3, &pc, sizeof pc,
+                                rlx_vk_groups(r, RLX_VK_SH_TOPK, (uint64_t)m)));
     }
     return RLX_OK;
 }
