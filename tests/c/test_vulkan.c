@@ -4,7 +4,9 @@
  * a graph touching most kernels (embedding of q8_0 rows, rmsnorm, a bf16 matmul, rope, a cache
  * write into an f16 state, attention over it, softmax) against the ref backend, on mapped and on
  * staged memory; a cache position outside the state (RLX_ERR_RANGE naming the node, the plan
- * usable afterwards); an interrupted run; and no validation message. Prints "SKIP" and passes when
+ * usable afterwards); an interrupted run; a mixture-of-experts block (router, softmax, topk,
+ * matmul_id with q8_0 experts, moe_combine) against ref, with an expert id out of range reported
+ * by name; and no validation message. Prints "SKIP" and passes when
  * no Vulkan device is usable. One line per failed check, then "N passed, M failed".
  */
 #include <math.h>
@@ -142,6 +144,86 @@ static void test_device(const char *name, const float *want)
     rlx_device_free(dev);
 }
 
+/* ---- a mixture-of-experts block ---------------------------------------------------------- */
+
+enum { MS = 5, ME = 6, MK = 2, MF = 7 }; /* tokens, experts, experts a token, rows of an expert (inner dim H) */
+
+/* x (MS, H) @ router (ME, H)^T -> softmax -> topk (MK) -> matmul_id of x with q8_0 experts
+ * (ME, MF, H) -> moe_combine (renormalised): out (MS, MF). ids_in: matmul_id and moe_combine take
+ * their ids from an input "ids" (MS, MK) instead of topk's. Runs once into out. */
+static rlx_status moe_run(struct rlx_device *dev, const int32_t *ids_in, float *out)
+{
+    struct rlx_graph *g;
+    RLX_TRY(rlx_graph_create(&g));
+    int x, router, w, p, ids, x3, y, o;
+    rlx_graph_input(g, "x", RLX_F32, 2, (struct rlx_dim[]){rlx_dim_const(MS), rlx_dim_const(H)}, &x);
+    rlx_graph_param(g, "router", RLX_F32, 2, (struct rlx_dim[]){rlx_dim_const(ME), rlx_dim_const(H)}, &router);
+    rlx_graph_param(g, "w", RLX_Q8_0, 3, (struct rlx_dim[]){rlx_dim_const(ME), rlx_dim_const(MF), rlx_dim_const(H)},
+                    &w);
+    rlx_graph_op(g, RLX_OP_MATMUL, 2, (int[]){x, router}, &(struct rlx_attrs){.trans_b = 1}, &p);
+    rlx_graph_op(g, RLX_OP_SOFTMAX, 1, (int[]){p}, NULL, &p);
+    if (ids_in)
+        rlx_graph_input(g, "ids", RLX_I32, 2, (struct rlx_dim[]){rlx_dim_const(MS), rlx_dim_const(MK)}, &ids);
+    else
+        rlx_graph_op(g, RLX_OP_TOPK, 1, (int[]){p}, &(struct rlx_attrs){.k = MK}, &ids);
+    struct rlx_attrs rs = {.ndim = 3, .shape = {rlx_dim_const(MS), rlx_dim_const(1), rlx_dim_const(H)}};
+    rlx_graph_op(g, RLX_OP_RESHAPE, 1, (int[]){x}, &rs, &x3);
+    rlx_graph_op(g, RLX_OP_MATMUL_ID, 3, (int[]){x3, ids, w}, NULL, &y);
+    rlx_graph_op(g, RLX_OP_MOE_COMBINE, 3, (int[]){y, p, ids}, &(struct rlx_attrs){.norm = 1}, &o);
+    rlx_graph_output(g, o, "y");
+    struct rlx_plan *plan = NULL;
+    rlx_status s = rlx_compile(g, dev, NULL, &plan);
+    rlx_graph_free(g);
+    static float xs[MS * H], rw[ME * H];
+    static uint8_t ws[ME * MF * (H / 32) * 34]; /* q8_0 blocks: f16 scale 1/64, int8 values */
+    for (int i = 0; i < MS * H; i++) xs[i] = val(i + 3);
+    for (int i = 0; i < ME * H; i++) rw[i] = 0.5f * val(i + 7);
+    for (int b = 0; b < ME * MF * H / 32; b++) {
+        ws[b * 34] = 0x00, ws[b * 34 + 1] = 0x24;
+        for (int j = 0; j < 32; j++) ws[b * 34 + 2 + j] = (uint8_t)(int8_t)(val(b * 32 + j + 1) * 100);
+    }
+    struct rlx_host_tensor tx = {.data = xs, .dtype = RLX_F32, .ndim = 2, .shape = {MS, H}};
+    struct rlx_host_tensor tr = {.data = rw, .dtype = RLX_F32, .ndim = 2, .shape = {ME, H}};
+    struct rlx_host_tensor tw = {.data = ws, .dtype = RLX_Q8_0, .ndim = 3, .shape = {ME, MF, H}};
+    struct rlx_host_tensor ti = {.data = ids_in, .dtype = RLX_I32, .ndim = 2, .shape = {MS, MK}};
+    int ix, ii, ir, iw;
+    if (s == RLX_OK) s = rlx_plan_param_index(plan, "router", &ir);
+    if (s == RLX_OK) s = rlx_plan_param_index(plan, "w", &iw);
+    if (s == RLX_OK) s = rlx_plan_set_param(plan, ir, &tr);
+    if (s == RLX_OK) s = rlx_plan_set_param(plan, iw, &tw);
+    if (s == RLX_OK) s = rlx_plan_input_index(plan, "x", &ix);
+    if (s == RLX_OK) s = rlx_plan_set_input(plan, ix, &tx);
+    if (s == RLX_OK && ids_in) s = rlx_plan_input_index(plan, "ids", &ii);
+    if (s == RLX_OK && ids_in) s = rlx_plan_set_input(plan, ii, &ti);
+    if (s == RLX_OK) s = rlx_plan_run(plan);
+    if (s == RLX_OK) s = rlx_plan_read_output(plan, 0, out, sizeof(float) * MS * MF);
+    rlx_plan_free(plan);
+    return s;
+}
+
+static void test_moe(const char *name, const float *want)
+{
+    struct rlx_device *dev = NULL;
+    CHECK(rlx_device_open(name, &dev) == RLX_OK, "open %s", name);
+    if (!dev) return;
+    float got[MS * MF];
+    CHECK(moe_run(dev, NULL, got) == RLX_OK, "%s: the mixture runs", name);
+    double err = 0, top = 0;
+    for (int i = 0; i < MS * MF; i++) {
+        err = fmax(err, fabs((double)got[i] - want[i]));
+        top = fmax(top, fabs((double)want[i]));
+    }
+    CHECK(top > 0 && err <= 1e-5 * top, "%s: the mixture equals ref (max |diff| %g of %g)", name, err, top);
+    static const int32_t bad[MS * MK] = {0, 1, 2, 3, 4, 5, 5, 6, 1, 0};
+    CHECK(moe_run(dev, bad, got) == RLX_ERR_RANGE &&
+              strstr(rlx_last_error(), "(matmul_id): expert id 6 (row 3, slot 1) is outside [0, 6)"),
+          "%s: an expert id out of range refused, naming it", name);
+    struct rlx_device_stats st;
+    rlx_device_stats(dev, &st);
+    CHECK(st.allocated_bytes == 0, "%s: everything freed after the mixture (%zu bytes left)", name, st.allocated_bytes);
+    rlx_device_free(dev);
+}
+
 /* The value of `key` in rlx_build_info(), or -1. */
 static long long build_fact(const char *key)
 {
@@ -166,6 +248,11 @@ int main(void)
     rlx_device_free(ref);
     test_device("vulkan", want);
     test_device("vulkan:staging", want);
+    float want_moe[MS * MF];
+    CHECK(rlx_device_open("ref", &ref) == RLX_OK && moe_run(ref, NULL, want_moe) == RLX_OK, "the mixture runs on ref");
+    rlx_device_free(ref);
+    test_moe("vulkan", want_moe);
+    test_moe("vulkan:staging", want_moe);
     CHECK(build_fact("vulkan_validation_messages=") == 0, "no validation message (%lld)",
           build_fact("vulkan_validation_messages="));
     return check_summary();

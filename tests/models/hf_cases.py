@@ -59,17 +59,6 @@ HF_CASES: dict[str, tuple[str, dict]] = {
 }
 
 
-# Vulkan has no kernels for the mixture-of-experts ops (TOPK, MATMUL_ID, MOE_COMBINE) yet: rlx refuses a
-# Qwen3-MoE model there when it is loaded (tests/unit/test_moe_config.py checks the refusal), so the MoE
-# cases skip Vulkan with this reason.
-VULKAN_NO_MOE = "Vulkan has no mixture-of-experts kernels (topk, matmul_id, moe_combine) yet: rlx refuses MoE models there"
-
-
-def skip_reason(case: str, device: str) -> str | None:
-    """Why (case, device) cannot run, or None."""
-    return VULKAN_NO_MOE if device.startswith("vulkan") and HF_CASES[case][0] == "qwen3_moe" else None
-
-
 _CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
             "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
 

@@ -12,8 +12,8 @@ These run with an f32 KV cache (kv_dtype="f32"): transformers computes in float3
 here is that rlx computes the same function. The default f16 cache (and bf16) round K and V: that
 costs accuracy, bounded and measured by test_kv_dtype_error_is_bounded below.
 
-Every backend compiled in runs every case, except the slow scalar "ref" device: a subset, and Vulkan:
-no Qwen3-MoE case (it refuses them, hf_cases.VULKAN_NO_MOE). The largest logit
+Every backend compiled in runs every case (Qwen3-MoE's included), except the slow scalar "ref"
+device: a subset. The largest logit
 difference per (case, device) is recorded and printed by the last test (run with -s to see it).
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hf_cases import HF_CASES, case_ids, hf_logits, skip_reason, torch
+from hf_cases import HF_CASES, case_ids, hf_logits, torch
 
 import rlx
 
@@ -32,9 +32,7 @@ N_GREEDY = 16
 REF_CASES = ["llama_gqa2_tied", "llama_rope_llama3", "qwen3_sliding", "qwen3moe_e8_k2_norm_dense"]
 
 # every backend compiled in runs every case, except the slow scalar oracle "ref": a subset
-# (Qwen3-MoE cases skip Vulkan, which refuses them: hf_cases.VULKAN_NO_MOE)
-PARAMS = [pytest.param(c, d, id=f"{c}-{d}", marks=[pytest.mark.skip(reason=r) for r in [skip_reason(c, d)] if r])
-          for d in rlx.backends() for c in (REF_CASES if d == "ref" else HF_CASES)]
+PARAMS = [pytest.param(c, d, id=f"{c}-{d}") for d in rlx.backends() for c in (REF_CASES if d == "ref" else HF_CASES)]
 
 # (case, device) -> largest |rlx - transformers| over prefill and the decode steps
 MAX_DIFF: dict[tuple[str, str], float] = {}

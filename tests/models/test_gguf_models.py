@@ -27,7 +27,7 @@ import gguf
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
-from hf_cases import case_ids, hf_logits, skip_reason
+from hf_cases import case_ids, hf_logits
 
 import rlx
 from rlx.weights import block_params, expected_weights
@@ -134,9 +134,7 @@ def _stacked_experts(cfg, state: dict) -> dict:
 
 
 @pytest.mark.parametrize("hf_model", CASES, indirect=True)
-def test_f32_gguf_matches_transformers(hf_model, device, tmp_path, request):
-    if reason := skip_reason(request.node.callspec.params["hf_model"], device):
-        pytest.skip(reason)
+def test_f32_gguf_matches_transformers(hf_model, device, tmp_path):
     _, model = hf_model
     path = tmp_path / "model.gguf"
     write_gguf(path, model)

@@ -161,8 +161,6 @@ def _weights(cfg, rng):
 def test_parts_are_kept_in_place_and_stacked_equals_parts(device):
     """The parts of a Hugging Face file go to the core as they are (a list, no copy); the same
     experts stacked into one array (a GGUF file's layout) give the same logits."""
-    if device.startswith("vulkan"):
-        pytest.skip("Vulkan has no mixture-of-experts kernels yet: test_vulkan_refuses_moe_at_load")
     cfg = config_from_dict(dict(BASE, mlp_only_layers=[1]))
     w = _weights(cfg, np.random.default_rng(0))
     checked = check_weights(cfg, w)
@@ -178,16 +176,33 @@ def test_parts_are_kept_in_place_and_stacked_equals_parts(device):
 
 
 @pytest.mark.skipif("vulkan" not in rlx.backends(), reason="no usable Vulkan device in this build / machine")
-def test_vulkan_refuses_moe_at_load():
-    """Vulkan has no kernels for TOPK / MATMUL_ID / MOE_COMBINE yet: the model is refused when it is
-    made, naming the op and the mixture, not at the first token; a block of dense layers only runs."""
+def test_vulkan_runs_sparse_layers_as_cpu():
+    """Vulkan runs the mixture (TOPK / MATMUL_ID / MOE_COMBINE): a model of dense and sparse layers
+    gives cpu's logits for a prefill and two cached decode steps, and so does a pipeline block of a
+    sparse layer alone (the hidden states it returns)."""
     cfg = config_from_dict(dict(BASE, mlp_only_layers=[0]))
     w = _weights(cfg, np.random.default_rng(3))
-    with pytest.raises(rlx.Error, match=r"device 'vulkan' cannot run this model: it has no kernel for op topk "
-                                        r"\(the mixture-of-experts layers of Qwen3-MoE"):
+    ids = [3, 14, 15, 92, 65]
+    got = {}
+    for device in ("cpu", "vulkan"):
+        gen = rlx.Generator(cfg, w, device=device, kv_dtype="f32")
+        got[device] = [gen.prefill_get_last_logits(ids), gen.decode_get_logits(35), gen.decode_get_logits(8)]
+        stage = rlx.PipelineStage(cfg, device, 1, 4, w)  # rank 1 of 4: layer 2 alone, sparse
+        assert list(stage.layers()) == [2] and cfg.layer_sparse(2)
+        got[device].append(stage.forward(hidden=(np.random.default_rng(5).standard_normal((4, cfg.hidden_size)) * 0.5)
+                                         .astype(np.float32)))
+    for a, b in zip(got["vulkan"], got["cpu"]):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * max(1.0, float(np.abs(b).max())))
+
+
+@pytest.mark.skipif("vulkan" not in rlx.backends(), reason="no usable Vulkan device in this build / machine")
+def test_a_device_lacking_an_op_refuses_the_model_at_load():
+    """A model needing a kernel the device lacks (here Vulkan's attention past its largest head dim)
+    is refused when it is made, naming the op, not at the first token."""
+    cfg = config_from_dict(dict(BASE, head_dim=520))
+    w = _weights(cfg, np.random.default_rng(3))
+    with pytest.raises(rlx.Error, match=r"device 'vulkan' cannot run this model: it has no kernel for op attention$"):
         rlx.Generator(cfg, w, device="vulkan")
-    stage = rlx.PipelineStage(cfg, "vulkan", 3, 4, w)  # the First block: layer 0, dense
-    assert stage.forward(tokens=[3, 14, 15]).shape == (3, cfg.hidden_size)
 
 
 def test_cpu_reads_parts_in_place():
@@ -204,7 +219,7 @@ def test_cpu_reads_parts_in_place():
 def test_only_the_chosen_experts_are_read(monkeypatch):
     """Experts no token chooses are never read: with them NaN (8 experts, 2 a token, 2 tokens: at
     least half of each layer's experts), a one-token prefill and one cached decode step give the
-    logits of the intact model exactly, on cpu and ref. A product over all experts masked by the
+    logits of the intact model exactly, on cpu, ref and vulkan. A product over all experts masked by the
     routing weights would give NaN (NaN * 0 is NaN). The choices come from the NumPy reference
     decoder (rlx.reference.ops.topk, recorded)."""
     from rlx.reference import model as ref_model
@@ -227,7 +242,7 @@ def test_only_the_chosen_experts_are_read(monkeypatch):
             for proj in ("gate_proj", "up_proj", "down_proj"):
                 name = f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"
                 nan[name] = np.full_like(w[name], np.nan)
-    for device in ("cpu", "ref"):
+    for device in ("cpu", "ref") + (("vulkan",) if "vulkan" in rlx.backends() else ()):
         logits = []
         for weights in (w, nan):
             gen = rlx.Generator(cfg, weights, device=device, kv_dtype="f32")
@@ -240,7 +255,7 @@ def test_only_the_chosen_experts_are_read(monkeypatch):
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_half_precision_experts(dtype):
     """dtype= converts every part (one copy each, in the part's place) and the core reads them as
-    such: cpu equals the ref device, and with f16 both equal the NumPy reference decoder on the same
+    such: cpu (and vulkan) equal the ref device, and with f16 both equal the NumPy reference decoder on the same
     rounded weights (bf16 weights multiply activations rounded to bf16 too, which the reference
     decoder, computing in f32, does not: rlx.reference.ops.matmul)."""
     from rlx.reference.model import forward
@@ -254,11 +269,12 @@ def test_half_precision_experts(dtype):
                for n, v in checked.items()}
     ids = [5, 17, 2, 96, 40]
     got = {}
-    for device in ("cpu", "ref"):
+    for device in ("cpu", "ref") + (("vulkan",) if "vulkan" in rlx.backends() else ()):
         gen = rlx.Generator(cfg, w, device=device, dtype=dtype, kv_dtype="f32")
         assert gen.weight_dtypes == {dtype: len([k for _, _, k in block_params(cfg) if k in ("matrix", "experts")])}
         got[device] = gen.prefill_get_last_logits(ids)
-    np.testing.assert_allclose(got["cpu"], got["ref"], rtol=0, atol=1e-4)
+    for device in got.keys() - {"ref"}:
+        np.testing.assert_allclose(got[device], got["ref"], rtol=0, atol=1e-4)
     if dtype == "f16":
         np.testing.assert_allclose(got["ref"], forward(cfg, rounded, ids)[-1], rtol=0, atol=1e-4)
 

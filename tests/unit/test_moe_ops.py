@@ -13,12 +13,6 @@ from rlx.reference import ops as ref
 torch = pytest.importorskip("torch")
 
 
-@pytest.fixture(autouse=True)
-def _vulkan_pending(request):
-    if "device" in request.fixturenames and request.getfixturevalue("device") == "vulkan":
-        pytest.skip("the Vulkan backend has no topk / matmul_id / moe_combine recorders yet (it refuses MoE models by name)")
-
-
 def rng(seed=0):
     return np.random.default_rng(seed)
 

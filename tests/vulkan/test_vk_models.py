@@ -1,7 +1,8 @@
 """Whole models on Vulkan against the CPU backend (the ref backend for block-type weights): decode
 at past 0 == prefill of one token under every plan kind, a one-layer model's decode logits, the
 bucketed decode policy's tokens, the KV rows a prefill writes, a head-dim bisect, random Qwen3 /
-Llama models in f32, f16, bf16 and GGUF block-type weights, the pipeline stages, and stories260K's
+Llama models in f32, f16, bf16 and GGUF block-type weights, random Qwen3-MoE models (experts as parts
+in f32, f16, bf16; stacked in GGUF block types), the pipeline stages, and stories260K's
 64 expected greedy ids through the staging path. Also what crosses per token with staged memory
 (the device counters). Logits agree within 1e-4 (f32 accumulation in another order); tokens exactly.
 """
@@ -16,7 +17,8 @@ import pytest
 from vkutil import block_weight, record
 
 import rlx
-from rlx.weights import expected_weights
+from rlx.config import config_from_dict
+from rlx.weights import expected_weights, expert_parts
 
 VK = "vulkan"
 TOL = 1e-4
@@ -144,6 +146,44 @@ def test_block_type_models_match_ref(qtype):
     want = decode_logits(rlx.Generator(cfg, w, device="ref", kv_dtype="f32"), PROMPT, 4)
     got = decode_logits(rlx.Generator(cfg, w, device=VK, kv_dtype="f32"), PROMPT, 4)
     assert record(f"llama logits, {qtype} weights, vs ref, relative", got, want, relative=True) <= TOL
+
+
+def moe_config(hidden=48, ffn=80, experts_ffn=40, head_dim=16):
+    """Qwen3-MoE: 3 layers, the middle one dense; 8 experts, 2 a token, renormalised."""
+    return config_from_dict(dict(model_type="qwen3_moe", vocab_size=97, hidden_size=hidden, intermediate_size=ffn,
+                                 moe_intermediate_size=experts_ffn, num_hidden_layers=3, num_attention_heads=4,
+                                 num_key_value_heads=2, head_dim=head_dim, num_experts=8, num_experts_per_tok=2,
+                                 norm_topk_prob=True, mlp_only_layers=[1], max_position_embeddings=256,
+                                 rms_norm_eps=1e-6, rope_theta=1e4, tie_word_embeddings=True))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_random_moe_models_match_cpu(dtype):
+    cfg = moe_config()
+    w = weights(cfg, 6)
+    want = decode_logits(rlx.Generator(cfg, w, device="cpu", dtype=dtype), PROMPT, 5)
+    got = decode_logits(rlx.Generator(cfg, w, device=VK, dtype=dtype), PROMPT, 5)
+    assert record(f"random qwen3_moe logits, {dtype} weights, f16 KV", got, want) <= TOL
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_k"])
+def test_block_type_moe_models_match_ref(qtype):
+    """Every matrix packed in a GGUF block type, the experts stacked (E, N, K) as a GGUF file holds them."""
+    wide = qtype.endswith("_k")
+    cfg = moe_config(hidden=256 if wide else 64, experts_ffn=256 if wide else 32, ffn=256 if wide else 96,
+                     head_dim=64 if wide else 16)
+    rng = np.random.default_rng(7)
+    w = weights(cfg, 7)
+    for name, parts in expert_parts(cfg).items():
+        w[name] = np.stack([w.pop(p) for p in parts])
+    for name, arr in list(w.items()):
+        if arr.ndim >= 2 and not name.endswith("mlp.gate.weight"):
+            rows = int(np.prod(arr.shape[:-1]))
+            raw = block_weight(qtype, rows, arr.shape[-1], rng)[0][0]
+            w[name] = rlx.Packed(raw.reshape(*arr.shape[:-1], -1), qtype, arr.shape)
+    want = decode_logits(rlx.Generator(cfg, w, device="ref", kv_dtype="f32"), PROMPT, 4)
+    got = decode_logits(rlx.Generator(cfg, w, device=VK, kv_dtype="f32"), PROMPT, 4)
+    assert record(f"qwen3_moe logits, {qtype} weights, vs ref, relative", got, want, relative=True) <= TOL
 
 
 def test_pipeline_stages_on_vulkan_equal_the_cpu_generator():

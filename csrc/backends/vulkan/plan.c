@@ -1,11 +1,12 @@
 /*
  * plan.c - plans on a Vulkan device. Compile makes the pipelines of every live node (so shader
  * compilation happens there, not in the first step) and the plan's command buffer, fence and
- * status words. Run records every live node, in id order, into that one command buffer, checks
- * for an interrupt, submits it once and waits: inputs were uploaded and the states (KV caches)
- * are bound in place, so nothing else crosses. The status words report what only the kernels can
- * see (a token id or a cache position out of range), read after the wait and turned into the same
- * errors the host backends give. Never prints.
+ * status words; its scratch buffer (topk's pairs) is made, or grown, by the first run that needs
+ * it. Run records every live node, in id order, into that one command buffer, checks for an
+ * interrupt, submits it once and waits: inputs were uploaded and the states (KV caches) are
+ * bound in place, so nothing else crosses. The status words report what only the kernels can
+ * see (a token id, an expert id or a cache position out of range), read after the wait and
+ * turned into the same errors the host backends give. Never prints.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@ struct vk_plan {
     VkCommandBuffer cmd;
     VkFence fence;
     struct rlx_vk_buf *status;      /* host-visible uint[4]: flag, node, index, value */
+    struct rlx_vk_buf *scratch;     /* device memory the kernels of a run share (topk's pairs), grown on demand */
     VkQueryPool queries;            /* timestamps when profiling: one per live node, plus one */
     uint32_t n_queries;
     int *query_node;                /* (n_queries) the node that ends at each timestamp */
@@ -50,9 +52,9 @@ static const rlx_vk_op_fn recorders[] = {
     [RLX_OP_STATE] = NULL,
     [RLX_OP_CACHE_WRITE] = rlx_vk_op_cache_write,
     [RLX_OP_CONVERT] = rlx_vk_op_convert,
-    [RLX_OP_TOPK] = NULL,
-    [RLX_OP_MATMUL_ID] = NULL,
-    [RLX_OP_MOE_COMBINE] = NULL,
+    [RLX_OP_TOPK] = rlx_vk_op_topk,
+    [RLX_OP_MATMUL_ID] = rlx_vk_op_matmul_id,
+    [RLX_OP_MOE_COMBINE] = rlx_vk_op_moe_combine,
 };
 static_assert(sizeof recorders / sizeof recorders[0] == RLX_OP_COUNT && RLX_OP_COUNT == 24,
               "vulkan: one recorder entry per op");
@@ -98,6 +100,9 @@ static int node_shaders(const struct rlx_graph *g, int id, enum rlx_vk_shader ou
     case RLX_OP_CONVERT: out[0] = RLX_VK_SH_CONVERT; return 1;
     case RLX_OP_CACHE_WRITE: out[0] = RLX_VK_SH_CACHE_WRITE; return 1;
     case RLX_OP_ATTENTION: out[0] = rlx_vk_attention_shader(g->nodes[nd->in[1]].dtype); return 1;
+    case RLX_OP_TOPK: out[0] = RLX_VK_SH_TOPK; return 1;
+    case RLX_OP_MATMUL_ID: out[0] = rlx_vk_weight_shader(RLX_VK_SH_MATMUL_ID_F32, g->nodes[nd->in[2]].dtype); return 1;
+    case RLX_OP_MOE_COMBINE: out[0] = RLX_VK_SH_MOE_COMBINE; return 1;
     default: return 0; /* leaves, aliases and copies dispatch no shader */
     }
 }
@@ -112,6 +117,7 @@ void rlx_vk_plan_free(void *ctx, void *state)
     if (p->fence) f->vkDestroyFence(d->vk->device, p->fence, NULL);
     if (p->pool) f->vkDestroyCommandPool(d->vk->device, p->pool, NULL);
     rlx_vk_buf_destroy(d->vk, p->status);
+    rlx_vk_buf_destroy(d->vk, p->scratch);
     free(p->query_node);
     free(p->ticks);
     free(p->rec.seen);
@@ -189,6 +195,18 @@ static rlx_status record(struct rlx_vk_dev *d, struct vk_plan *p, const struct r
     r->status = p->status;
     r->n_seen = 0;
     r->bound = VK_NULL_HANDLE;
+    uint64_t scratch = 0; /* the largest need of any node (the previous run has ended: its buffer may be replaced) */
+    for (int id = 0; id < g->n_nodes; id++)
+        if (!g->nodes[id].dead) {
+            const uint64_t b = rlx_vk_scratch_bytes(r, g, id, values);
+            scratch = b > scratch ? b : scratch;
+        }
+    if (scratch && (!p->scratch || p->scratch->size < scratch)) {
+        rlx_vk_buf_destroy(vk, p->scratch);
+        p->scratch = NULL;
+        RLX_TRY(rlx_vk_buf_create(vk, scratch, false, false, &p->scratch));
+    }
+    r->scratch = p->scratch;
     const VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
                                          .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
     RLX_TRY(rlx_vk_check(vk, vk->fn.vkBeginCommandBuffer(p->cmd, &bi), "vkBeginCommandBuffer"));
@@ -220,6 +238,14 @@ static rlx_status reported(const struct rlx_graph *g, const struct rlx_tensor *v
 {
     const int id = (int)st[1];
     const struct rlx_node *n = &g->nodes[id];
+    if (n->op == RLX_OP_MATMUL_ID || n->op == RLX_OP_MOE_COMBINE) {
+        const struct rlx_tensor *ids = &values[n->in[n->op == RLX_OP_MATMUL_ID ? 1 : 2]];
+        const int64_t per_row = ids->shape[ids->ndim - 1];
+        const int64_t E = n->op == RLX_OP_MATMUL_ID ? values[n->in[2]].shape[0] : values[n->in[1]].shape[1];
+        return rlx_set_error(RLX_ERR_RANGE, "node %d (%s): expert id %d (row %lld, slot %lld) is outside [0, %lld)", id,
+                             rlx_op_name(n->op), (int32_t)st[3], (long long)(st[2] / per_row),
+                             (long long)(st[2] % per_row), (long long)E);
+    }
     if (n->op == RLX_OP_EMBEDDING)
         return rlx_set_error(RLX_ERR_RANGE, "node %d (embedding): token id %d at position %u is outside [0, %lld)", id,
                              (int32_t)st[3], st[2], (long long)values[n->in[0]].shape[0]);

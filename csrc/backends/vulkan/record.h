@@ -1,6 +1,6 @@
 /*
  * record.h - recording a plan run into one command buffer (record.c), and the recorders of each
- * op family (ops_linear.c, ops_pointwise.c, ops_attention.c, ops_copy.c), with the push-constant
+ * op family (ops_linear.c, ops_pointwise.c, ops_attention.c, ops_copy.c, ops_moe.c), with the push-constant
  * blocks of the shaders they dispatch mirrored as C structs (the shader file is named beside
  * each; the two must agree field for field).
  *
@@ -31,6 +31,7 @@ struct rlx_vk_rec {
     struct rlx_vk_context *vk;
     VkCommandBuffer cmd;
     const struct rlx_vk_buf *status;   /* the plan's status words (uint[4]: flag, node, index, value) */
+    const struct rlx_vk_buf *scratch;  /* the plan's scratch (rlx_vk_scratch_bytes of every node), or NULL */
     struct rlx_vk_span *seen;          /* (n_seen) */
     int n_seen, cap_seen;
     VkBufferCopy *regions;             /* (cap_regions) scratch of the copy recorders */
@@ -112,6 +113,13 @@ rlx_status rlx_vk_op_attention(struct rlx_vk_rec *r, const struct rlx_graph *g, 
 rlx_status rlx_vk_op_gather_last(struct rlx_vk_rec *r, const struct rlx_graph *g, int id, const struct rlx_tensor *v);
 rlx_status rlx_vk_op_concat(struct rlx_vk_rec *r, const struct rlx_graph *g, int id, const struct rlx_tensor *v);
 rlx_status rlx_vk_op_slice(struct rlx_vk_rec *r, const struct rlx_graph *g, int id, const struct rlx_tensor *v);
+rlx_status rlx_vk_op_topk(struct rlx_vk_rec *r, const struct rlx_graph *g, int id, const struct rlx_tensor *v);
+rlx_status rlx_vk_op_matmul_id(struct rlx_vk_rec *r, const struct rlx_graph *g, int id, const struct rlx_tensor *v);
+rlx_status rlx_vk_op_moe_combine(struct rlx_vk_rec *r, const struct rlx_graph *g, int id, const struct rlx_tensor *v);
+/* Bytes of the plan's scratch buffer node id needs in this run (0: none; topk's pairs). Every node
+ * records into the same scratch: the hazard tracking orders them. */
+uint64_t rlx_vk_scratch_bytes(const struct rlx_vk_rec *r, const struct rlx_graph *g, int id,
+                              const struct rlx_tensor *v);
 
 /* The variant of shader `first` (matvec_f32, matmul_f32, embedding_f32) for weights of dtype dt. */
 enum rlx_vk_shader rlx_vk_weight_shader(enum rlx_vk_shader first, enum rlx_dtype dt);
