@@ -2,7 +2,8 @@
 #
 #   make demo    set up (apt, .venv, editable build) and generate text
 #   make test    set up and run every test: pytest, C tests under valgrind and TSan, ASan+UBSan, Vulkan,
-#                fuzz (5 s a target)
+#                fuzz (5 s a target), lint
+#   make format  rewrite the C files with clang-format (.clang-format) and fix what ruff can; make lint checks
 #   make fuzz    fuzz the config / weights / tokenizer / GGUF loaders and the TCP wire, 1,000,000 inputs a target
 #   make build   set up and build the extension in place (rlx/_C*.so)
 #   make bench   set up the benchmark extras and run rlx beside llama.cpp (benchmarks/bench_fair.py:
@@ -35,7 +36,8 @@ STAMPS := build/stamps
 # clang-15: libFuzzer for the C fuzz target tcp_wire (tools/fuzz.mk); 15 because Mesa already brings
 # its libllvm15 (clang-15 adds ~29 MB to download; clang-14 would add libllvm14 too).
 APT_PACKAGES := build-essential pkg-config libopenblas-dev libssl-dev valgrind openmpi-bin libopenmpi-dev \
-                libvulkan-dev mesa-vulkan-drivers glslc spirv-tools vulkan-validationlayers clang-15
+                libvulkan-dev mesa-vulkan-drivers glslc spirv-tools vulkan-validationlayers clang-15 \
+                clang-format-14
 # A Debian system Python (or none at all) needs python3, its venv module and
 # its headers as packages too; a pyenv/other Python brings its own.
 PY_IS_OTHER := $(shell $(PYTHON) -c 'import sys; print(int(sys.base_prefix != "/usr"))' 2>/dev/null)
@@ -48,11 +50,12 @@ EXT_SUFFIX := $(shell $(if $(wildcard $(VPY)),$(VPY),$(PYTHON)) -c 'import sysco
 EXT_SO     := rlx/_C$(EXT_SUFFIX)
 CSRC_FILES := $(shell find csrc -type f \( -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.comp' -o -name '*.glsl' -o -name '*.list' \) 2>/dev/null | LC_ALL=C sort)
 
-.PHONY: help setup build demo test test-py test-c test-tsan test-asan test-vulkan fuzz bench bench-quick bench-smoke clean \
+.PHONY: help setup build demo test format lint test-py test-c test-tsan test-asan test-vulkan fuzz bench bench-quick \
+        bench-smoke clean \
         distclean FORCE
 
 help:
-	@sed -n '3,11p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,13p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- set-up ----
 
@@ -137,6 +140,12 @@ test-asan: $(VENV)/.rlx-deps
 test-vulkan: build
 	VK_DRIVER_FILES=$${VK_DRIVER_FILES:-$$(ls /usr/share/vulkan/icd.d/lvp_icd.*.json 2>/dev/null | head -1)} \
 	RLX_VULKAN_VALIDATION=1 $(VPY) -m pytest tests/vulkan -q
+
+# One C style and one Python lint (tools/lint.sh; the last phase of `make test` checks them).
+format: $(VENV)/.rlx-deps $(STAMPS)/apt.mk
+	PYTHON=$(VPY) tools/lint.sh --fix
+lint: $(VENV)/.rlx-deps $(STAMPS)/apt.mk
+	PYTHON=$(VPY) tools/lint.sh
 
 # Coverage-guided fuzzing (tests/fuzz/, tests/README.md): each target for 1,000,000 inputs (the C target
 # tcp_wire is built by tools/fuzz.mk with clang-15).

@@ -71,7 +71,6 @@ import json
 import math
 import os
 import platform
-import random
 import subprocess
 import sys
 import tempfile

@@ -76,7 +76,7 @@ def main() -> int:
         assert np.all(y == 0.5 * K), "wrong product"
         pairs = []
         for _ in range(args.pairs):
-            mv = W.nbytes / best_of(lambda: plan.run({"x": xa})) / 1e9
+            mv = W.nbytes / best_of(lambda: plan.run({"x": xa})) / 1e9  # noqa: F821 (plan: deleted after the loop)
             pr = probe.nbytes / best_of(lambda: so.read_sum(probe.ctypes.data, probe.size, args.threads)) / 1e9
             pairs.append((mv, pr))
             print(f"  {dtype:5s} matvec {mv:5.1f}   probe {pr:5.1f}   ratio {mv / pr:.3f}")

@@ -165,9 +165,10 @@ def bench_matmul(rlx, np, threads: int, quick: bool, log) -> list[dict]:
                 x = rng.standard_normal((m, k), dtype=np.float32)
                 flops = 2.0 * m * n * k
                 out_c = np.empty((m, n), np.float32)
-                fns = {"rlx": lambda: plan.run({"x": x})[0], "numpy": lambda: x @ w.T}
+                # (the names are deleted at the end of each loop: F821 is ruff reading the del, not a bug)
+                fns = {"rlx": lambda: plan.run({"x": x})[0], "numpy": lambda: x @ w.T}  # noqa: F821
                 if cblas is not None:
-                    fns["cblas"] = lambda: cblas.matmul_tb(out_c, x, w) or out_c
+                    fns["cblas"] = lambda: cblas.matmul_tb(out_c, x, w) or out_c  # noqa: F821
                 errs = {}
 
                 def check(outs):  # the warm-up outputs must agree

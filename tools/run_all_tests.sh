@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The phases of `make test`, in order. Every phase runs even when an earlier one failed, so one
 # CI run shows every failure; the exit status is non-zero when any phase failed.
-#   [1/6] pytest tests/ but tests/vulkan      (normal build, rlx/_C*.so in place)
-#   [2/6] tests/c/test_*.c under valgrind     (tools/run_c_tests.sh)
-#   [3/6] pytest tests/unit tests/bindings tests/vulkan against an ASan+UBSan build
+#   [1/7] pytest tests/ but tests/vulkan      (normal build, rlx/_C*.so in place)
+#   [2/7] tests/c/test_*.c under valgrind     (tools/run_c_tests.sh)
+#   [3/7] pytest tests/unit tests/bindings tests/vulkan against an ASan+UBSan build
 #                                             (tools/run_asan_tests.sh)
-#   [4/6] tests/c/test_*.c under ThreadSanitizer (tools/run_c_tests.sh --tsan)
-#   [5/6] pytest tests/vulkan                 (the Vulkan backend's own suite)
-#   [6/6] each fuzz target of tests/fuzz/ for 5 s (tools/run_fuzz.sh; `make fuzz` runs them long)
+#   [4/7] tests/c/test_*.c under ThreadSanitizer (tools/run_c_tests.sh --tsan)
+#   [5/7] pytest tests/vulkan                 (the Vulkan backend's own suite)
+#   [6/7] each fuzz target of tests/fuzz/ for 5 s (tools/run_fuzz.sh; `make fuzz` runs them long)
+#   [7/7] lint: the C files as clang-format writes them, ruff clean (tools/lint.sh; `make format` fixes)
 # Vulkan runs on Mesa's lavapipe (VK_DRIVER_FILES pins it, even where a GPU exists) with the
 # validation layer on (RLX_VULKAN_VALIDATION=1): any validation message fails the test that
 # caused it. Without a usable Vulkan device the Vulkan tests are skipped, saying why.
@@ -20,7 +21,7 @@ if [ -z "${VK_DRIVER_FILES:-}" ] && [ -e "${lavapipe[0]}" ]; then export VK_DRIV
 export RLX_VULKAN_VALIDATION=${RLX_VULKAN_VALIDATION:-1}
 
 names=("pytest tests/" "C tests under valgrind" "ASan+UBSan pytest" "C tests under TSan" "Vulkan (lavapipe)"
-       "fuzz, 5 s per target")
+       "fuzz, 5 s per target" "lint (clang-format, ruff)")
 n=${#names[@]}
 status=()
 phase=0
@@ -56,6 +57,10 @@ status+=($rc)
 
 start_phase
 tools/run_fuzz.sh --time 5
+status+=($?)
+
+start_phase
+tools/lint.sh
 status+=($?)
 
 echo

@@ -25,11 +25,11 @@
  * the backend fills `data` (the host address, for backends whose memory the host can address;
  * NULL otherwise) and `impl` (its own handle). */
 struct rlx_buffer {
-    size_t size;      /* bytes */
-    bool wrapped;     /* caller's host memory used in place (never written by kernels) */
-    void *data;       /* host-addressable memory, or NULL */
-    void *impl;       /* backend-specific */
-    int64_t parts;    /* > 0: not device memory but a weight store's table of parts (weights.c): `data`
+    size_t size;   /* bytes */
+    bool wrapped;  /* caller's host memory used in place (never written by kernels) */
+    void *data;    /* host-addressable memory, or NULL */
+    void *impl;    /* backend-specific */
+    int64_t parts; /* > 0: not device memory but a weight store's table of parts (weights.c): `data`
                          holds `parts` pointers to host memory, one per part of a stacked weight whose
                          parts are not contiguous (experts read in place from a Hugging Face file);
                          only on devices that wrap host memory, only read by MATMUL_ID */
@@ -38,7 +38,7 @@ struct rlx_buffer {
 /* A value placed in memory for one run: contiguous row-major. */
 struct rlx_tensor {
     struct rlx_buffer *buf;
-    size_t offset;                 /* bytes from the start of buf */
+    size_t offset; /* bytes from the start of buf */
     enum rlx_dtype dtype;
     int ndim;
     int64_t shape[RLX_MAX_DIMS];
@@ -91,7 +91,7 @@ struct rlx_device {
     char name[32];
     atomic_uint_least64_t upload_bytes, download_bytes, copy_bytes, uploads, downloads;
     atomic_size_t allocated_bytes, wrapped_bytes;
-    atomic_int live_buffers;   /* buffers not yet freed: rlx_device_free asserts 0 */
+    atomic_int live_buffers; /* buffers not yet freed: rlx_device_free asserts 0 */
 };
 
 /* Counted buffer operations. alloc: zeroed memory. wrap: a zero-copy view of host memory

@@ -19,8 +19,8 @@ rlx_status rlx_device_open(const char *name, struct rlx_device **out)
     const char *colon = strchr(name, ':');
     size_t len = colon ? (size_t)(colon - name) : strlen(name);
     char base[32];
-    if (len >= sizeof base) return rlx_set_error(RLX_ERR_INVALID, "unknown device '%s' (this build has: %s)", name,
-                                                 rlx_backends());
+    if (len >= sizeof base)
+        return rlx_set_error(RLX_ERR_INVALID, "unknown device '%s' (this build has: %s)", name, rlx_backends());
     memcpy(base, name, len);
     base[len] = '\0';
     const struct rlx_backend *be;

@@ -36,8 +36,7 @@ rlx_status rlx_host_buffer_alloc(void *ctx, struct rlx_buffer *b)
     (void)ctx;
     if (b->size >= MAP_MIN_BYTES) {
         void *p = mmap(NULL, b->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (p == MAP_FAILED)
-            return rlx_set_error(RLX_ERR_NOMEM, "out of memory mapping a %zu-byte buffer", b->size);
+        if (p == MAP_FAILED) return rlx_set_error(RLX_ERR_NOMEM, "out of memory mapping a %zu-byte buffer", b->size);
         b->data = p;
         b->impl = &mapped_tag;
         return RLX_OK;
@@ -61,8 +60,10 @@ rlx_status rlx_host_buffer_wrap(void *ctx, struct rlx_buffer *b, const void *hos
 void rlx_host_buffer_release(void *ctx, struct rlx_buffer *b)
 {
     (void)ctx;
-    if (!b->wrapped && b->impl == &mapped_tag) munmap(b->data, b->size);
-    else if (!b->wrapped) free(b->data);
+    if (!b->wrapped && b->impl == &mapped_tag)
+        munmap(b->data, b->size);
+    else if (!b->wrapped)
+        free(b->data);
     b->data = b->impl = NULL;
 }
 
@@ -185,16 +186,20 @@ static rlx_status run_embedding(const struct rlx_kernels *k, int id, const struc
     int64_t count = rlx_tensor_numel(ids), vocab = table->shape[0];
     for (int64_t i = 0; i < count; i++)
         if (idp[i] < 0 || idp[i] >= vocab)
-            return rlx_set_error(RLX_ERR_RANGE, "node %d (embedding): token id %d at position %lld is outside [0, %lld)",
-                                 id, idp[i], (long long)i, (long long)vocab);
-    if (table->dtype == RLX_F32) k->embedding_f32(ptr(&v[id]), ptr(table), idp, count, table->shape[1]);
-    else if (is_lowp(table->dtype)) k->embedding_lowp(ptr(&v[id]), ptr(table), table->dtype, idp, count, table->shape[1]);
-    else k->embedding_quant(ptr(&v[id]), ptr(table), table->dtype, idp, count, table->shape[1]);
+            return rlx_set_error(RLX_ERR_RANGE,
+                                 "node %d (embedding): token id %d at position %lld is outside [0, %lld)", id, idp[i],
+                                 (long long)i, (long long)vocab);
+    if (table->dtype == RLX_F32)
+        k->embedding_f32(ptr(&v[id]), ptr(table), idp, count, table->shape[1]);
+    else if (is_lowp(table->dtype))
+        k->embedding_lowp(ptr(&v[id]), ptr(table), table->dtype, idp, count, table->shape[1]);
+    else
+        k->embedding_quant(ptr(&v[id]), ptr(table), table->dtype, idp, count, table->shape[1]);
     return RLX_OK;
 }
 
-static rlx_status run_attention(struct rlx_host_state *st, int id, const struct rlx_node *n,
-                                const struct rlx_tensor *v, const struct rlx_tensor *out)
+static rlx_status run_attention(struct rlx_host_state *st, int id, const struct rlx_node *n, const struct rlx_tensor *v,
+                                const struct rlx_tensor *out)
 {
     const struct rlx_tensor *q = &v[n->in[0]], *kt = &v[n->in[1]];
     struct rlx_attn_args a = {
@@ -213,12 +218,16 @@ static rlx_status run_attention(struct rlx_host_state *st, int id, const struct 
         .window = n->attrs.window,
     };
     if (a.T < a.S)
-        return rlx_set_error(RLX_ERR_SHAPE, "node %d (attention): %lld keys for %lld queries; the queries are the "
-                             "last positions of the keys (T >= S)", id, (long long)a.T, (long long)a.S);
+        return rlx_set_error(RLX_ERR_SHAPE,
+                             "node %d (attention): %lld keys for %lld queries; the queries are the "
+                             "last positions of the keys (T >= S)",
+                             id, (long long)a.T, (long long)a.S);
     if (n->n_in == 4) {
         const struct rlx_tensor *m = &v[n->in[3]];
-        if (m->dtype == RLX_F32) a.mask_f32 = ptr(m);
-        else a.mask_u8 = ptr(m);
+        if (m->dtype == RLX_F32)
+            a.mask_f32 = ptr(m);
+        else
+            a.mask_u8 = ptr(m);
     }
     RLX_TRY(need_scratch(st, st->k->attention_scratch(&a)));
     a.scratch = st->scratch;
@@ -240,15 +249,17 @@ static rlx_status check_ids(int id, const struct rlx_node *n, const struct rlx_t
 }
 
 /* The kernel gets one pointer per expert: into the stacked weight, or a weight store's parts. */
-static rlx_status run_matmul_id(struct rlx_host_state *st, int id, const struct rlx_node *n,
-                                const struct rlx_tensor *v, const struct rlx_tensor *out)
+static rlx_status run_matmul_id(struct rlx_host_state *st, int id, const struct rlx_node *n, const struct rlx_tensor *v,
+                                const struct rlx_tensor *out)
 {
     const struct rlx_tensor *a = &v[n->in[0]], *ids = &v[n->in[1]], *w = &v[n->in[2]];
     const int64_t E = w->shape[0], N = w->shape[1], K = w->shape[2], R = ids->shape[0] * ids->shape[1];
     RLX_TRY(check_ids(id, n, ids, E));
     if (R > INT_MAX || K > INT_MAX || N > INT_MAX)
-        return rlx_set_error(RLX_ERR_UNSUPPORTED, "node %d (matmul_id): dims %lld x %lld x %lld exceed the BLAS's "
-                             "32-bit sizes", id, (long long)R, (long long)K, (long long)N);
+        return rlx_set_error(RLX_ERR_UNSUPPORTED,
+                             "node %d (matmul_id): dims %lld x %lld x %lld exceed the BLAS's "
+                             "32-bit sizes",
+                             id, (long long)R, (long long)K, (long long)N);
     RLX_TRY(need_experts(st, (size_t)E));
     if (w->buf->parts) {
         assert(w->buf->parts == E && w->offset == 0);
@@ -257,9 +268,17 @@ static rlx_status run_matmul_id(struct rlx_host_state *st, int id, const struct 
         const size_t expert = bytes_of(w->dtype, N * K);
         for (int64_t e = 0; e < E; e++) st->experts[e] = (const char *)ptr(w) + (size_t)e * expert;
     }
-    struct rlx_matmul_id_args args = {.out = ptr(out), .a = ptr(a), .ids = ptr(ids), .w = st->experts,
-                                      .w_dtype = w->dtype, .S = ids->shape[0], .A = a->shape[1],
-                                      .n = ids->shape[1], .K = K, .N = N, .E = E};
+    struct rlx_matmul_id_args args = {.out = ptr(out),
+                                      .a = ptr(a),
+                                      .ids = ptr(ids),
+                                      .w = st->experts,
+                                      .w_dtype = w->dtype,
+                                      .S = ids->shape[0],
+                                      .A = a->shape[1],
+                                      .n = ids->shape[1],
+                                      .K = K,
+                                      .N = N,
+                                      .E = E};
     RLX_TRY(need_scratch(st, st->k->matmul_id_scratch(&args)));
     args.scratch = st->scratch;
     st->k->matmul_id(&args);
@@ -275,8 +294,10 @@ static rlx_status run_cache_write(const struct rlx_kernels *k, int id, const str
     const int64_t S = rows->shape[0], T = state->shape[0], row = S ? rlx_tensor_numel(rows) / S : 0;
     for (int64_t i = 0; i < S; i++)
         if (pp[i] < 0 || pp[i] >= T)
-            return rlx_set_error(RLX_ERR_RANGE, "node %d (cache_write): position %d of row %lld is outside the "
-                                 "state's %lld rows", id, pp[i], (long long)i, (long long)T);
+            return rlx_set_error(RLX_ERR_RANGE,
+                                 "node %d (cache_write): position %d of row %lld is outside the "
+                                 "state's %lld rows",
+                                 id, pp[i], (long long)i, (long long)T);
     const size_t row_bytes = bytes_of(state->dtype, row);
     for (int64_t i = 0; i < S; i++)
         k->convert_f32((char *)ptr(state) + (size_t)pp[i] * row_bytes, state->dtype, fin(v, n, 1) + i * row, row);
@@ -297,14 +318,15 @@ static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g,
     case RLX_OP_PARAM:
     case RLX_OP_STATE:
     case RLX_OP_RESHAPE:
-    case RLX_OP_FUSED_OUT:
-        return RLX_OK;
+    case RLX_OP_FUSED_OUT: return RLX_OK;
     case RLX_OP_MATMUL: {
         const struct rlx_tensor *a = &v[n->in[0]], *b = &v[n->in[1]];
         int64_t M = rows_of(a), K = a->shape[a->ndim - 1], N = out->shape[out->ndim - 1];
         if (M > INT_MAX || K > INT_MAX || N > INT_MAX)
-            return rlx_set_error(RLX_ERR_UNSUPPORTED, "node %d (matmul): dims %lld x %lld x %lld exceed the BLAS's "
-                                 "32-bit sizes", id, (long long)M, (long long)K, (long long)N);
+            return rlx_set_error(RLX_ERR_UNSUPPORTED,
+                                 "node %d (matmul): dims %lld x %lld x %lld exceed the BLAS's "
+                                 "32-bit sizes",
+                                 id, (long long)M, (long long)K, (long long)N);
         if (b->dtype == RLX_F32) {
             k->matmul_f32(o, fin(v, n, 0), ptr(b), M, K, N, n->attrs.trans_b);
         } else if (is_block(b->dtype)) {
@@ -316,8 +338,7 @@ static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g,
         }
         return RLX_OK;
     }
-    case RLX_OP_EMBEDDING:
-        return run_embedding(k, id, n, v);
+    case RLX_OP_EMBEDDING: return run_embedding(k, id, n, v);
     case RLX_OP_RMSNORM:
         k->rmsnorm_f32(o, fin(v, n, 0), fin(v, n, 1), rows_of(out), out->shape[out->ndim - 1], n->attrs.eps);
         return RLX_OK;
@@ -329,32 +350,21 @@ static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g,
         k->rope_f32(o, fin(v, n, 0), ptr(&v[n->in[1]]), fin(v, n, 2), out->shape[0], out->shape[1], out->shape[2],
                     n->attrs.interleaved);
         return RLX_OK;
-    case RLX_OP_SOFTMAX:
-        k->softmax_f32(o, fin(v, n, 0), rows_of(out), out->shape[out->ndim - 1]);
-        return RLX_OK;
-    case RLX_OP_SILU:
-        k->silu_f32(o, fin(v, n, 0), rlx_tensor_numel(out));
-        return RLX_OK;
-    case RLX_OP_SILU_MUL:
-        k->silu_mul_f32(o, fin(v, n, 0), fin(v, n, 1), rlx_tensor_numel(out));
-        return RLX_OK;
+    case RLX_OP_SOFTMAX: k->softmax_f32(o, fin(v, n, 0), rows_of(out), out->shape[out->ndim - 1]); return RLX_OK;
+    case RLX_OP_SILU: k->silu_f32(o, fin(v, n, 0), rlx_tensor_numel(out)); return RLX_OK;
+    case RLX_OP_SILU_MUL: k->silu_mul_f32(o, fin(v, n, 0), fin(v, n, 1), rlx_tensor_numel(out)); return RLX_OK;
     case RLX_OP_ADD:
     case RLX_OP_MUL: {
         int64_t nb = rlx_tensor_numel(&v[n->in[1]]);
         (n->op == RLX_OP_ADD ? k->add_f32 : k->mul_f32)(o, fin(v, n, 0), fin(v, n, 1), rlx_tensor_numel(out), nb);
         return RLX_OK;
     }
-    case RLX_OP_ATTENTION:
-        return run_attention(st, id, n, v, out);
-    case RLX_OP_CACHE_WRITE:
-        return run_cache_write(k, id, n, v);
-    case RLX_OP_CONVERT:
-        k->convert_f32(o, n->attrs.dtype, fin(v, n, 0), rlx_tensor_numel(out));
-        return RLX_OK;
+    case RLX_OP_ATTENTION: return run_attention(st, id, n, v, out);
+    case RLX_OP_CACHE_WRITE: return run_cache_write(k, id, n, v);
+    case RLX_OP_CONVERT: k->convert_f32(o, n->attrs.dtype, fin(v, n, 0), rlx_tensor_numel(out)); return RLX_OK;
     case RLX_OP_GATHER_LAST: {
         const struct rlx_tensor *x = &v[n->in[0]];
-        if (x->shape[0] < 1)
-            return rlx_set_error(RLX_ERR_SHAPE, "node %d (gather_last): the input has no rows", id);
+        if (x->shape[0] < 1) return rlx_set_error(RLX_ERR_SHAPE, "node %d (gather_last): the input has no rows", id);
         size_t row = bytes_of(out->dtype, rlx_tensor_numel(out));
         memcpy(o, (const char *)ptr(x) + (size_t)(x->shape[0] - 1) * row, row);
         return RLX_OK;
@@ -387,8 +397,7 @@ static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g,
         k->topk_f32(ptr(out), fin(v, n, 0), rows_of(x), len, n->attrs.k, st->scratch);
         return RLX_OK;
     }
-    case RLX_OP_MATMUL_ID:
-        return run_matmul_id(st, id, n, v, out);
+    case RLX_OP_MATMUL_ID: return run_matmul_id(st, id, n, v, out);
     case RLX_OP_MOE_COMBINE: {
         const struct rlx_tensor *y = &v[n->in[0]], *probs = &v[n->in[1]], *ids = &v[n->in[2]];
         RLX_TRY(check_ids(id, n, ids, probs->shape[1]));
@@ -396,8 +405,7 @@ static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g,
                            n->attrs.norm);
         return RLX_OK;
     }
-    case RLX_OP_COUNT:
-        break;
+    case RLX_OP_COUNT: break;
     }
     return rlx_set_error(RLX_ERR_INTERNAL, "node %d: no kernel for op %d", id, (int)n->op);
 }

@@ -10,7 +10,7 @@
 #include "backends/backend.h"
 #include "backends/kernels.h"
 
-rlx_status rlx_host_open(const char *arg, void **ctx);   /* no instance state: *ctx = NULL */
+rlx_status rlx_host_open(const char *arg, void **ctx); /* no instance state: *ctx = NULL */
 void rlx_host_close(void *ctx);
 rlx_status rlx_host_buffer_alloc(void *ctx, struct rlx_buffer *b);
 rlx_status rlx_host_buffer_wrap(void *ctx, struct rlx_buffer *b, const void *host);
@@ -30,7 +30,7 @@ struct rlx_host_state {
     const struct rlx_kernels *k;
     float *scratch;
     size_t scratch_floats;
-    const void **experts;            /* (expert_cap) MATMUL_ID's pointer per expert, grown on demand */
+    const void **experts; /* (expert_cap) MATMUL_ID's pointer per expert, grown on demand */
     size_t expert_cap;
 };
 rlx_status rlx_host_state_create(const struct rlx_kernels *k, void **state);

@@ -34,15 +34,15 @@ struct rlx_attn_args {
 
 /* A product with weights chosen per row from stacked experts (RLX_OP_MATMUL_ID). */
 struct rlx_matmul_id_args {
-    float *out;               /* (S, n, N) */
-    const float *a;           /* (S, A, K): row j of token s reads a[s, A == 1 ? 0 : j] */
-    const int32_t *ids;       /* (S, n), each in [0, E) (the dispatcher has checked) */
-    const void *const *w;     /* (E) expert e's weight (N, K), rows of w_dtype (whole blocks of K) */
-    int w_dtype;              /* any real-valued dtype; each row's product is the one the table's matmul
+    float *out;           /* (S, n, N) */
+    const float *a;       /* (S, A, K): row j of token s reads a[s, A == 1 ? 0 : j] */
+    const int32_t *ids;   /* (S, n), each in [0, E) (the dispatcher has checked) */
+    const void *const *w; /* (E) expert e's weight (N, K), rows of w_dtype (whole blocks of K) */
+    int w_dtype;          /* any real-valued dtype; each row's product is the one the table's matmul
                                  entry for that dtype computes (matmul_f32 with trans_b, matmul_lowp,
                                  matmul_quant), up to summation order */
     int64_t S, A, n, K, N, E;
-    float *scratch;           /* at least matmul_id_scratch(this) floats */
+    float *scratch; /* at least matmul_id_scratch(this) floats */
 };
 
 struct rlx_kernels {
@@ -84,8 +84,8 @@ struct rlx_kernels {
     /* out (rows, d) = x / sqrt(mean(x^2) + eps) * w (d) */
     void (*rmsnorm_f32)(float *out, const float *x, const float *w, int64_t rows, int64_t d, float eps);
     /* sum (rows, d) = a + b; out (rows, d) = rmsnorm(sum) * w */
-    void (*add_rmsnorm_f32)(float *sum, float *out, const float *a, const float *b, const float *w,
-                            int64_t rows, int64_t d, float eps);
+    void (*add_rmsnorm_f32)(float *sum, float *out, const float *a, const float *b, const float *w, int64_t rows,
+                            int64_t d, float eps);
     /* out (s, h, d) = RoPE of x (s, h, d) at positions pos (s) with inv_freq (d/2): for i < d/2,
      * t = pos * inv_freq[i], and the pair (a, b) = (i, i + d/2), or (2i, 2i + 1) when interleaved:
      * out[a] = x[a] cos t - x[b] sin t, out[b] = x[b] cos t + x[a] sin t */

@@ -52,8 +52,10 @@ size_t rlx_devices_describe(char *buf, size_t cap)
     size_t len = 0;
     if (cap) buf[0] = '\0';
     for (size_t i = 0; i < N_BACKENDS && len + 1 < cap; i++) {
-        if (backends[i]->list_devices) backends[i]->list_devices(buf + len, cap - len);
-        else snprintf(buf + len, cap - len, "name=%s\nbackend=%s\n\n", backends[i]->name, backends[i]->name);
+        if (backends[i]->list_devices)
+            backends[i]->list_devices(buf + len, cap - len);
+        else
+            snprintf(buf + len, cap - len, "name=%s\nbackend=%s\n\n", backends[i]->name, backends[i]->name);
         len += strlen(buf + len);
     }
     return len;

@@ -108,9 +108,12 @@ static void partial_sort(struct pair *f, int64_t middle, int64_t last)
 static void move_median_to_first(struct pair *result, struct pair *a, struct pair *b, struct pair *c)
 {
     if (before(*a, *b)) {
-        if (before(*b, *c)) swap(result, b);
-        else if (before(*a, *c)) swap(result, c);
-        else swap(result, a);
+        if (before(*b, *c))
+            swap(result, b);
+        else if (before(*a, *c))
+            swap(result, c);
+        else
+            swap(result, a);
     } else if (before(*a, *c)) {
         swap(result, a);
     } else if (before(*b, *c)) {
@@ -206,8 +209,10 @@ static void nth_element(struct pair *f, int64_t nth, int64_t n)
         }
         depth--;
         const int64_t cut = partition_pivot(f, first, last);
-        if (cut <= nth) first = cut;
-        else last = cut;
+        if (cut <= nth)
+            first = cut;
+        else
+            last = cut;
     }
     insertion_sort(f, first, last);
 }

@@ -23,10 +23,10 @@ rlx_status rlx_error_context(rlx_status s, const char *fmt, ...) __attribute__((
 void rlx_log(enum rlx_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Propagates a failing status. */
-#define RLX_TRY(expr)                                                                              \
-    do {                                                                                           \
-        rlx_status rlx_try_s_ = (expr);                                                            \
-        if (rlx_try_s_ != RLX_OK) return rlx_try_s_;                                               \
+#define RLX_TRY(expr)                                                                                                  \
+    do {                                                                                                               \
+        rlx_status rlx_try_s_ = (expr);                                                                                \
+        if (rlx_try_s_ != RLX_OK) return rlx_try_s_;                                                                   \
     } while (0)
 
 /* Checked calloc: on failure sets RLX_ERR_NOMEM with the size, file and line, returns NULL. */

@@ -77,24 +77,24 @@ static int64_t bf16_from_f32(void *dst, const float *src, int64_t n)
 /* ---- the table ---------------------------------------------------------------------------- */
 
 /* X(id, name, block_size, type_size, is_float, to_f32, from_f32) */
-#define DTYPE_ROWS(X)                                                                              \
-    X(RLX_F32, "f32", 1, 4, true, f32_to_f32, f32_from_f32)                                        \
-    X(RLX_F16, "f16", 1, 2, true, f16_to_f32, f16_from_f32)                                        \
-    X(RLX_BF16, "bf16", 1, 2, true, bf16_to_f32, bf16_from_f32)                                    \
-    X(RLX_I32, "i32", 1, 4, false, i32_to_f32, NULL)                                               \
-    X(RLX_U8, "u8", 1, 1, false, u8_to_f32, NULL)                                                  \
-    X(RLX_Q8_0, "q8_0", 32, RLX_Q8_0_BYTES, true, rlx_q8_0_to_f32, rlx_q8_0_from_f32)              \
-    X(RLX_Q4_0, "q4_0", 32, RLX_Q4_0_BYTES, true, rlx_q4_0_to_f32, rlx_q4_0_from_f32)              \
-    X(RLX_Q4_1, "q4_1", 32, RLX_Q4_1_BYTES, true, rlx_q4_1_to_f32, rlx_q4_1_from_f32)              \
-    X(RLX_Q5_0, "q5_0", 32, RLX_Q5_0_BYTES, true, rlx_q5_0_to_f32, rlx_q5_0_from_f32)              \
-    X(RLX_Q5_1, "q5_1", 32, RLX_Q5_1_BYTES, true, rlx_q5_1_to_f32, rlx_q5_1_from_f32)              \
-    X(RLX_Q2_K, "q2_k", 256, RLX_Q2_K_BYTES, true, rlx_q2_k_to_f32, rlx_q2_k_from_f32)             \
-    X(RLX_Q3_K, "q3_k", 256, RLX_Q3_K_BYTES, true, rlx_q3_k_to_f32, rlx_q3_k_from_f32)             \
-    X(RLX_Q4_K, "q4_k", 256, RLX_Q4_K_BYTES, true, rlx_q4_k_to_f32, rlx_q4_k_from_f32)             \
-    X(RLX_Q5_K, "q5_k", 256, RLX_Q5_K_BYTES, true, rlx_q5_k_to_f32, rlx_q5_k_from_f32)             \
+#define DTYPE_ROWS(X)                                                                                                  \
+    X(RLX_F32, "f32", 1, 4, true, f32_to_f32, f32_from_f32)                                                            \
+    X(RLX_F16, "f16", 1, 2, true, f16_to_f32, f16_from_f32)                                                            \
+    X(RLX_BF16, "bf16", 1, 2, true, bf16_to_f32, bf16_from_f32)                                                        \
+    X(RLX_I32, "i32", 1, 4, false, i32_to_f32, NULL)                                                                   \
+    X(RLX_U8, "u8", 1, 1, false, u8_to_f32, NULL)                                                                      \
+    X(RLX_Q8_0, "q8_0", 32, RLX_Q8_0_BYTES, true, rlx_q8_0_to_f32, rlx_q8_0_from_f32)                                  \
+    X(RLX_Q4_0, "q4_0", 32, RLX_Q4_0_BYTES, true, rlx_q4_0_to_f32, rlx_q4_0_from_f32)                                  \
+    X(RLX_Q4_1, "q4_1", 32, RLX_Q4_1_BYTES, true, rlx_q4_1_to_f32, rlx_q4_1_from_f32)                                  \
+    X(RLX_Q5_0, "q5_0", 32, RLX_Q5_0_BYTES, true, rlx_q5_0_to_f32, rlx_q5_0_from_f32)                                  \
+    X(RLX_Q5_1, "q5_1", 32, RLX_Q5_1_BYTES, true, rlx_q5_1_to_f32, rlx_q5_1_from_f32)                                  \
+    X(RLX_Q2_K, "q2_k", 256, RLX_Q2_K_BYTES, true, rlx_q2_k_to_f32, rlx_q2_k_from_f32)                                 \
+    X(RLX_Q3_K, "q3_k", 256, RLX_Q3_K_BYTES, true, rlx_q3_k_to_f32, rlx_q3_k_from_f32)                                 \
+    X(RLX_Q4_K, "q4_k", 256, RLX_Q4_K_BYTES, true, rlx_q4_k_to_f32, rlx_q4_k_from_f32)                                 \
+    X(RLX_Q5_K, "q5_k", 256, RLX_Q5_K_BYTES, true, rlx_q5_k_to_f32, rlx_q5_k_from_f32)                                 \
     X(RLX_Q6_K, "q6_k", 256, RLX_Q6_K_BYTES, true, rlx_q6_k_to_f32, rlx_q6_k_from_f32)
 
-#define AS_ROW(id, nm, bs, ts, fl, to, from)                                                       \
+#define AS_ROW(id, nm, bs, ts, fl, to, from)                                                                           \
     [id] = {.name = nm, .block_size = bs, .type_size = ts, .is_float = fl, .to_f32 = to, .from_f32 = from},
 #define PLUS_ONE(...) +1
 
@@ -107,10 +107,7 @@ const struct rlx_dtype_traits *rlx_dtype_traits(enum rlx_dtype dt)
     return ((unsigned)dt < RLX_DTYPE_COUNT) ? &dtype_table[dt] : NULL;
 }
 
-const char *rlx_dtype_name(enum rlx_dtype dt)
-{
-    return ((unsigned)dt < RLX_DTYPE_COUNT) ? dtype_table[dt].name : "?";
-}
+const char *rlx_dtype_name(enum rlx_dtype dt) { return ((unsigned)dt < RLX_DTYPE_COUNT) ? dtype_table[dt].name : "?"; }
 
 rlx_status rlx_dtype_bytes(enum rlx_dtype dt, int64_t n, size_t *out)
 {
@@ -118,8 +115,10 @@ rlx_status rlx_dtype_bytes(enum rlx_dtype dt, int64_t n, size_t *out)
     if (!t) return rlx_set_error(RLX_ERR_DTYPE, "dtype %d is not an rlx dtype", (int)dt);
     if (n < 0) return rlx_set_error(RLX_ERR_INVALID, "%s: a negative element count (%lld)", t->name, (long long)n);
     if (n % t->block_size)
-        return rlx_set_error(RLX_ERR_INVALID, "%s holds blocks of %lld elements; %lld elements are not a whole number "
-                             "of blocks", t->name, (long long)t->block_size, (long long)n);
+        return rlx_set_error(RLX_ERR_INVALID,
+                             "%s holds blocks of %lld elements; %lld elements are not a whole number "
+                             "of blocks",
+                             t->name, (long long)t->block_size, (long long)n);
     size_t bytes;
     if (!rlx_size_mul((size_t)(n / t->block_size), t->type_size, &bytes))
         return rlx_set_error(RLX_ERR_RANGE, "%lld elements of %s do not fit in memory's address range", (long long)n,
@@ -139,8 +138,10 @@ rlx_status rlx_shape_bytes(enum rlx_dtype dt, int ndim, const int64_t *shape, si
             return rlx_set_error(RLX_ERR_RANGE, "a %s tensor of rank %d: the element count overflows", t->name, ndim);
     }
     if (ndim > 0 && shape[ndim - 1] % t->block_size)
-        return rlx_set_error(RLX_ERR_SHAPE, "%s holds blocks of %lld elements: rows of %lld elements are not whole "
-                             "blocks", t->name, (long long)t->block_size, (long long)shape[ndim - 1]);
+        return rlx_set_error(RLX_ERR_SHAPE,
+                             "%s holds blocks of %lld elements: rows of %lld elements are not whole "
+                             "blocks",
+                             t->name, (long long)t->block_size, (long long)shape[ndim - 1]);
     return rlx_dtype_bytes(dt, numel, out);
 }
 
@@ -163,8 +164,10 @@ rlx_status rlx_dtype_parse(const char *name, enum rlx_dtype *out)
             *out = aliases[i].dt;
             return RLX_OK;
         }
-    return rlx_set_error(RLX_ERR_DTYPE, "unknown dtype '%s' (expected f32, f16, bf16, i32, u8, or a GGUF block "
-                         "type: q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k)", name ? name : "(null)");
+    return rlx_set_error(RLX_ERR_DTYPE,
+                         "unknown dtype '%s' (expected f32, f16, bf16, i32, u8, or a GGUF block "
+                         "type: q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k)",
+                         name ? name : "(null)");
 }
 
 /* ---- scalar conversions ------------------------------------------------------------------- */
@@ -216,9 +219,9 @@ uint16_t rlx_f32_to_f16(float x)
     memcpy(&u, &x, 4);
     const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu)); /* NaN, quieted */
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);                         /* rounds past 65504: inf */
-    if (a < 0x38800000u) {                                                            /* below 2^-14: subnormal */
-        if (a < 0x33000000u) return (uint16_t)sign;                                   /* below half the least: 0 */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);                       /* rounds past 65504: inf */
+    if (a < 0x38800000u) {                                                         /* below 2^-14: subnormal */
+        if (a < 0x33000000u) return (uint16_t)sign;                                /* below half the least: 0 */
         /* value = man * 2^(E - 150) = q * 2^-24 with q = man >> s, s = 126 - E in [14, 24] */
         const uint32_t man = (a & 0x7fffffu) | 0x800000u, s = 126u - (a >> 23);
         uint32_t q = man >> s, rem = man & ((1u << s) - 1u), half = 1u << (s - 1u);

@@ -288,8 +288,8 @@ static float search_signed_sweeps(int n, int nmax, const float *x, uint8_t *q)
  * least-squares s and offset of its codes (the offset held <= 0, refitting s when it must be);
  * the candidate of least error wins, and later candidates are placed from the best offset so far.
  * Returns s, *m_out = m; q (n) the codes. (ggml's make_qkx2_quants.) */
-static float search_affine(int n, int nmax, const float *x, const float *w, uint8_t *q, float *m_out,
-                           float rmin, float rdelta, int nstep, bool mad)
+static float search_affine(int n, int nmax, const float *x, const float *w, uint8_t *q, float *m_out, float rmin,
+                           float rdelta, int nstep, bool mad)
 {
     uint8_t aux[32]; /* (n) */
     float lo = x[0], hi = x[0], sum_w = w[0], sum_x = sum_w * x[0];
@@ -418,8 +418,10 @@ int64_t rlx_q3_k_from_f32(void *dst, const float *x, int64_t n)
             const float is = -32.0f / smax;
             for (int g = 0; g < 16; g++) {
                 const int l = clampi(nearest(is * s[g]), -32, 31) + 32;
-                if (g < 8) sp[g] = (uint8_t)(l & 0x0F);
-                else sp[g - 8] |= (uint8_t)((l & 0x0F) << 4);
+                if (g < 8)
+                    sp[g] = (uint8_t)(l & 0x0F);
+                else
+                    sp[g - 8] |= (uint8_t)((l & 0x0F) << 4);
                 sp[8 + g % 4] |= (uint8_t)((l >> 4) << (2 * (g / 4)));
             }
             if (!put_half(b + 108, 1 / is) && bad < 0) bad = blk;
@@ -563,8 +565,7 @@ int64_t rlx_q6_k_from_f32(void *dst, const float *x, int64_t n)
         for (int g = 0; g < 16; g++) {
             const float dg = d * (float)sc[g];
             if (dg == 0) continue;
-            for (int i = 0; i < 16; i++)
-                L[16 * g + i] = (uint8_t)(clampi(nearest(x[16 * g + i] / dg), -32, 31) + 32);
+            for (int i = 0; i < 16; i++) L[16 * g + i] = (uint8_t)(clampi(nearest(x[16 * g + i] / dg), -32, 31) + 32);
         }
         for (int h = 0; h < 2; h++)
             for (int l = 0; l < 32; l++) {
@@ -589,8 +590,8 @@ rlx_status rlx_quantize(enum rlx_dtype dt, const float *x, int64_t rows, int64_t
         return rlx_set_error(RLX_ERR_SHAPE, "quantize to %s: a negative shape (%lld, %lld)", t->name, (long long)rows,
                              (long long)cols);
     if (cols % t->block_size)
-        return rlx_set_error(RLX_ERR_SHAPE, "quantize to %s: rows of %lld values are not whole blocks of %lld",
-                             t->name, (long long)cols, (long long)t->block_size);
+        return rlx_set_error(RLX_ERR_SHAPE, "quantize to %s: rows of %lld values are not whole blocks of %lld", t->name,
+                             (long long)cols, (long long)t->block_size);
     size_t row_bytes;
     RLX_TRY(rlx_dtype_bytes(dt, cols, &row_bytes));
     for (int64_t r = 0; r < rows; r++)
@@ -603,14 +604,16 @@ rlx_status rlx_quantize(enum rlx_dtype dt, const float *x, int64_t rows, int64_t
         const int64_t bad = t->from_f32((uint8_t *)dst + (size_t)r * row_bytes, xr, cols);
         if (bad >= 0) {
             if (t->block_size == 1)
-                return rlx_set_error(RLX_ERR_RANGE, "quantize to %s: row %lld, column %lld (%g) is past the "
-                                     "largest finite %s", t->name, (long long)r, (long long)bad, (double)xr[bad],
-                                     t->name);
+                return rlx_set_error(RLX_ERR_RANGE,
+                                     "quantize to %s: row %lld, column %lld (%g) is past the "
+                                     "largest finite %s",
+                                     t->name, (long long)r, (long long)bad, (double)xr[bad], t->name);
             float amax = 0;
             for (int64_t c = bad * t->block_size; c < (bad + 1) * t->block_size; c++) amax = fmaxf(amax, fabsf(xr[c]));
-            return rlx_set_error(RLX_ERR_RANGE, "quantize to %s: row %lld, block %lld (values up to %g): its f16 "
-                                 "scale overflows (%s cannot hold such values)", t->name, (long long)r,
-                                 (long long)bad, (double)amax, t->name);
+            return rlx_set_error(RLX_ERR_RANGE,
+                                 "quantize to %s: row %lld, block %lld (values up to %g): its f16 "
+                                 "scale overflows (%s cannot hold such values)",
+                                 t->name, (long long)r, (long long)bad, (double)amax, t->name);
         }
     }
     return RLX_OK;

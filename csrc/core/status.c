@@ -100,8 +100,8 @@ rlx_status rlx_grow_at(void **p, int *cap, int need, size_t size, const char *fi
     while (ncap < need) ncap *= 2;
     void *np = realloc(*p, (size_t)ncap * size);
     if (!np)
-        return rlx_set_error(RLX_ERR_NOMEM, "out of memory growing an array to %d x %zu bytes (%s:%d)", ncap,
-                             size, file, line);
+        return rlx_set_error(RLX_ERR_NOMEM, "out of memory growing an array to %d x %zu bytes (%s:%d)", ncap, size,
+                             file, line);
     memset((char *)np + (size_t)*cap * size, 0, (size_t)(ncap - *cap) * size);
     *p = np;
     *cap = ncap;

@@ -26,8 +26,7 @@ static rlx_status crypto_error(const char *what)
 {
     char reason[256] = "no reason given";
     unsigned long e = ERR_get_error();
-    if (e != 0)
-        ERR_error_string_n(e, reason, sizeof reason);
+    if (e != 0) ERR_error_string_n(e, reason, sizeof reason);
     ERR_clear_error();
     return rlx_set_error(RLX_ERR_INTERNAL, "libcrypto: %s failed: %s", what, reason);
 }
@@ -35,8 +34,7 @@ static rlx_status crypto_error(const char *what)
 rlx_status rlx_hmac_create(struct rlx_hmac **out)
 {
     struct rlx_hmac *h = rlx_calloc(1, sizeof *h);
-    if (h == NULL)
-        return RLX_ERR_NOMEM;
+    if (h == NULL) return RLX_ERR_NOMEM;
     EVP_MAC *mac = EVP_MAC_fetch(NULL, OSSL_MAC_NAME_HMAC, NULL);
     if (mac == NULL) {
         rlx_hmac_free(h);
@@ -62,33 +60,28 @@ rlx_status rlx_hmac_create(struct rlx_hmac **out)
 
 void rlx_hmac_free(struct rlx_hmac *h)
 {
-    if (h == NULL)
-        return;
+    if (h == NULL) return;
     EVP_MAC_CTX_free(h->ctx);
     free(h);
 }
 
 rlx_status rlx_hmac_begin(struct rlx_hmac *h, const void *key, size_t key_len)
 {
-    if (key == NULL || key_len == 0)
-        return rlx_set_error(RLX_ERR_INVALID, "HMAC: empty key");
-    if (!EVP_MAC_init(h->ctx, key, key_len, NULL))
-        return crypto_error("EVP_MAC_init");
+    if (key == NULL || key_len == 0) return rlx_set_error(RLX_ERR_INVALID, "HMAC: empty key");
+    if (!EVP_MAC_init(h->ctx, key, key_len, NULL)) return crypto_error("EVP_MAC_init");
     return RLX_OK;
 }
 
 rlx_status rlx_hmac_update(struct rlx_hmac *h, const void *data, size_t n)
 {
-    if (n > 0 && !EVP_MAC_update(h->ctx, data, n))
-        return crypto_error("EVP_MAC_update");
+    if (n > 0 && !EVP_MAC_update(h->ctx, data, n)) return crypto_error("EVP_MAC_update");
     return RLX_OK;
 }
 
 rlx_status rlx_hmac_end(struct rlx_hmac *h, unsigned char out[RLX_HMAC_BYTES])
 {
     size_t n = 0;
-    if (!EVP_MAC_final(h->ctx, out, &n, RLX_HMAC_BYTES))
-        return crypto_error("EVP_MAC_final");
+    if (!EVP_MAC_final(h->ctx, out, &n, RLX_HMAC_BYTES)) return crypto_error("EVP_MAC_final");
     if (n != RLX_HMAC_BYTES)
         return rlx_set_error(RLX_ERR_INTERNAL, "libcrypto: HMAC-SHA-256 gave %zu bytes, expected %d", n,
                              RLX_HMAC_BYTES);
@@ -97,8 +90,7 @@ rlx_status rlx_hmac_end(struct rlx_hmac *h, unsigned char out[RLX_HMAC_BYTES])
 
 rlx_status rlx_crypto_random(void *out, size_t n)
 {
-    if (n > 0x7fffffff || RAND_bytes(out, (int)n) != 1)
-        return crypto_error("RAND_bytes");
+    if (n > 0x7fffffff || RAND_bytes(out, (int)n) != 1) return crypto_error("RAND_bytes");
     return RLX_OK;
 }
 
@@ -106,14 +98,12 @@ int rlx_crypto_equal(const void *a, const void *b, size_t n) { return CRYPTO_mem
 
 void rlx_crypto_wipe(void *p, size_t n)
 {
-    if (p != NULL && n > 0)
-        OPENSSL_cleanse(p, n);
+    if (p != NULL && n > 0) OPENSSL_cleanse(p, n);
 }
 
 int rlx_sockaddr_is_loopback(const struct sockaddr *sa, socklen_t len)
 {
-    if (sa == NULL)
-        return 0;
+    if (sa == NULL) return 0;
     if (sa->sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
         struct sockaddr_in in;
         memcpy(&in, sa, sizeof in);
@@ -122,8 +112,7 @@ int rlx_sockaddr_is_loopback(const struct sockaddr *sa, socklen_t len)
     if (sa->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
         struct sockaddr_in6 in6;
         memcpy(&in6, sa, sizeof in6);
-        if (IN6_IS_ADDR_LOOPBACK(&in6.sin6_addr))
-            return 1;
+        if (IN6_IS_ADDR_LOOPBACK(&in6.sin6_addr)) return 1;
         return IN6_IS_ADDR_V4MAPPED(&in6.sin6_addr) && in6.sin6_addr.s6_addr[12] == 127;
     }
     return 0;

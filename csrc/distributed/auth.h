@@ -22,7 +22,7 @@
  * Used by one thread at a time. */
 struct rlx_hmac;
 rlx_status rlx_hmac_create(struct rlx_hmac **out);
-void rlx_hmac_free(struct rlx_hmac *h); /* NULL is a no-op */
+void rlx_hmac_free(struct rlx_hmac *h);                                         /* NULL is a no-op */
 rlx_status rlx_hmac_begin(struct rlx_hmac *h, const void *key, size_t key_len); /* key_len > 0 */
 rlx_status rlx_hmac_update(struct rlx_hmac *h, const void *data, size_t n);
 rlx_status rlx_hmac_end(struct rlx_hmac *h, unsigned char out[RLX_HMAC_BYTES]);

@@ -40,20 +40,20 @@
 #include "core/core.h"
 #include "distributed/mpi.h"
 
-#define DEFAULT_MAX_BYTES ((size_t)1 << 30)
+#define DEFAULT_MAX_BYTES  ((size_t)1 << 30)
 #define DEFAULT_TIMEOUT_MS 60000
-#define USER_TAG_LIMIT (1u << 24)
+#define USER_TAG_LIMIT     (1u << 24)
 
 struct mpi_transport {
     struct rlx_transport base;
-    MPI_Comm comm;     /* a duplicate of MPI_COMM_WORLD, MPI_ERRORS_RETURN */
-    size_t max_bytes;  /* largest payload sent or accepted (<= INT_MAX) */
-    int timeout_ms;    /* bound of every call */
-    int tag_ub;        /* MPI_TAG_UB of this MPI */
+    MPI_Comm comm;        /* a duplicate of MPI_COMM_WORLD, MPI_ERRORS_RETURN */
+    size_t max_bytes;     /* largest payload sent or accepted (<= INT_MAX) */
+    int timeout_ms;       /* bound of every call */
+    int tag_ub;           /* MPI_TAG_UB of this MPI */
     unsigned char *stage; /* (stage_cap) every payload's copy while MPI holds it */
     size_t stage_cap;
-    int pending;          /* a request on stage was left behind by a timeout */
-    char broken[256];     /* why the transport can no longer be used; "" while it can */
+    int pending;      /* a request on stage was left behind by a timeout */
+    char broken[256]; /* why the transport can no longer be used; "" while it can */
 };
 
 /* The process-wide MPI lifetime: live transports, whether this file initialised MPI, and whether
@@ -118,10 +118,11 @@ static rlx_status fail_mpi(struct mpi_transport *t, int rc, const char *what)
 /* RLX_OK while t is usable; otherwise the error that says why not. */
 static rlx_status usable(const struct mpi_transport *t, const char *verb)
 {
-    if (t->broken[0] == '\0')
-        return RLX_OK;
-    return rlx_set_error(RLX_ERR_IO, "%s: the MPI transport of rank %d failed earlier and cannot be used again (%s); "
-                         "end this process: mpirun then ends the job", verb, t->base.rank, t->broken);
+    if (t->broken[0] == '\0') return RLX_OK;
+    return rlx_set_error(RLX_ERR_IO,
+                         "%s: the MPI transport of rank %d failed earlier and cannot be used again (%s); "
+                         "end this process: mpirun then ends the job",
+                         verb, t->base.rank, t->broken);
 }
 
 /* The staging buffer, at least n bytes (its contents are not kept). Never called while a
@@ -130,8 +131,7 @@ static rlx_status stage(struct mpi_transport *t, size_t n, unsigned char **out)
 {
     if (n > t->stage_cap) {
         unsigned char *p = realloc(t->stage, n);
-        if (p == NULL)
-            return rlx_set_error(RLX_ERR_NOMEM, "MPI transport: out of memory for a %zu-byte message", n);
+        if (p == NULL) return rlx_set_error(RLX_ERR_NOMEM, "MPI transport: out of memory for a %zu-byte message", n);
         t->stage = p;
         t->stage_cap = n;
     }
@@ -163,8 +163,7 @@ static rlx_status wait_request(struct mpi_transport *t, MPI_Request *req, int64_
             t->pending = 1; /* the request's state is unknown */
             return fail_mpi(t, rc, what);
         }
-        if (done)
-            return RLX_OK;
+        if (done) return RLX_OK;
         if (spins > 1000 && now_ms() >= deadline) {
             t->pending = 1;
             return fail(t, "%s: timed out after %.1f s %s", verb, t->timeout_ms / 1000.0, waiting);
@@ -177,8 +176,7 @@ static rlx_status check_peer(const struct mpi_transport *t, int peer, const char
 {
     if (peer < 0 || peer >= t->base.world)
         return rlx_set_error(RLX_ERR_INVALID, "%s: rank %d is out of range (world %d)", verb, peer, t->base.world);
-    if (peer == t->base.rank)
-        return rlx_set_error(RLX_ERR_INVALID, "%s: rank %d cannot message itself", verb, peer);
+    if (peer == t->base.rank) return rlx_set_error(RLX_ERR_INVALID, "%s: rank %d cannot message itself", verb, peer);
     return RLX_OK;
 }
 
@@ -187,7 +185,8 @@ static rlx_status check_tag(const struct mpi_transport *t, uint32_t tag, const c
     if (tag >= USER_TAG_LIMIT)
         return rlx_set_error(RLX_ERR_INVALID, "%s: tag %u is out of range (user tags are < 2^24)", verb, (unsigned)tag);
     if (tag > (uint32_t)t->tag_ub)
-        return rlx_set_error(RLX_ERR_RANGE, "%s: tag %u is above this MPI's MPI_TAG_UB %d", verb, (unsigned)tag, t->tag_ub);
+        return rlx_set_error(RLX_ERR_RANGE, "%s: tag %u is above this MPI's MPI_TAG_UB %d", verb, (unsigned)tag,
+                             t->tag_ub);
     return RLX_OK;
 }
 
@@ -203,12 +202,10 @@ static rlx_status mpi_send(struct rlx_transport *base, int dst, uint32_t tag, co
     int64_t deadline = now_ms() + t->timeout_ms;
     unsigned char *buf = NULL;
     RLX_TRY(stage(t, bytes, &buf));
-    if (bytes > 0)
-        memcpy(buf, data, bytes);
+    if (bytes > 0) memcpy(buf, data, bytes);
     MPI_Request req;
     int rc = MPI_Isend(buf, (int)bytes, MPI_BYTE, dst, (int)tag, t->comm, &req);
-    if (rc != MPI_SUCCESS)
-        return fail_mpi(t, rc, "send: MPI_Isend");
+    if (rc != MPI_SUCCESS) return fail_mpi(t, rc, "send: MPI_Isend");
     char waiting[96];
     snprintf(waiting, sizeof waiting, "waiting for rank %d to take a %zu-byte message with tag %u", dst, bytes,
              (unsigned)tag);
@@ -229,8 +226,7 @@ static rlx_status mpi_recv(struct rlx_transport *base, int src, uint32_t tag, vo
     struct mpi_transport *t = mpi_of(base);
     RLX_TRY(check_peer(t, src, "recv"));
     RLX_TRY(check_tag(t, tag, "recv"));
-    if (got == NULL || (data == NULL && cap > 0))
-        return rlx_set_error(RLX_ERR_INVALID, "recv: data or got is NULL");
+    if (got == NULL || (data == NULL && cap > 0)) return rlx_set_error(RLX_ERR_INVALID, "recv: data or got is NULL");
     RLX_TRY(usable(t, "recv"));
     MPI_Message msg;
     MPI_Status st;
@@ -238,10 +234,8 @@ static rlx_status mpi_recv(struct rlx_transport *base, int src, uint32_t tag, vo
     int64_t deadline = now_ms() + t->timeout_ms;
     for (int spins = 0;; spins++) {
         int rc = MPI_Improbe(src, MPI_ANY_TAG, t->comm, &found, &msg, &st);
-        if (rc != MPI_SUCCESS)
-            return fail_mpi(t, rc, "recv: MPI_Improbe");
-        if (found)
-            break;
+        if (rc != MPI_SUCCESS) return fail_mpi(t, rc, "recv: MPI_Improbe");
+        if (found) break;
         if (spins > 1000 && now_ms() >= deadline) /* nothing matched: the transport stays usable */
             return rlx_set_error(RLX_ERR_IO, "recv: timed out after %.1f s waiting for rank %d (a message with tag %u)",
                                  t->timeout_ms / 1000.0, src, (unsigned)tag);
@@ -251,18 +245,22 @@ static rlx_status mpi_recv(struct rlx_transport *base, int src, uint32_t tag, vo
     MPI_Get_count(&st, MPI_BYTE, &count);
     if (st.MPI_TAG != (int)tag) {
         discard(&msg);
-        return rlx_set_error(RLX_ERR_IO, "recv: expected a message with tag %u from rank %d, got one with tag %d (%d bytes, discarded)",
-                             (unsigned)tag, src, st.MPI_TAG, count);
+        return rlx_set_error(
+            RLX_ERR_IO, "recv: expected a message with tag %u from rank %d, got one with tag %d (%d bytes, discarded)",
+            (unsigned)tag, src, st.MPI_TAG, count);
     }
     if ((size_t)count > t->max_bytes) {
         discard(&msg);
-        return rlx_set_error(RLX_ERR_IO, "recv: rank %d sent a %d-byte message, above max_message_bytes %zu (discarded)", src,
+        return rlx_set_error(RLX_ERR_IO,
+                             "recv: rank %d sent a %d-byte message, above max_message_bytes %zu (discarded)", src,
                              count, t->max_bytes);
     }
     if ((size_t)count > cap) {
         discard(&msg);
-        return rlx_set_error(RLX_ERR_RANGE, "recv: the message from rank %d with tag %u has %d bytes, more than the %zu-byte buffer (discarded)",
-                             src, (unsigned)tag, count, cap);
+        return rlx_set_error(
+            RLX_ERR_RANGE,
+            "recv: the message from rank %d with tag %u has %d bytes, more than the %zu-byte buffer (discarded)", src,
+            (unsigned)tag, count, cap);
     }
     unsigned char *buf = NULL;
     MPI_Request req;
@@ -272,14 +270,12 @@ static rlx_status mpi_recv(struct rlx_transport *base, int src, uint32_t tag, vo
         return s;
     }
     int rc = MPI_Imrecv(buf, count, MPI_BYTE, &msg, &req);
-    if (rc != MPI_SUCCESS)
-        return fail_mpi(t, rc, "recv: MPI_Imrecv");
+    if (rc != MPI_SUCCESS) return fail_mpi(t, rc, "recv: MPI_Imrecv");
     char waiting[96];
     snprintf(waiting, sizeof waiting, "waiting for rank %d (receiving its %d-byte message with tag %u)", src, count,
              (unsigned)tag);
     RLX_TRY(wait_request(t, &req, deadline, "recv", waiting));
-    if (count > 0)
-        memcpy(data, buf, (size_t)count);
+    if (count > 0) memcpy(data, buf, (size_t)count);
     *got = (size_t)count;
     return RLX_OK;
 }
@@ -295,20 +291,17 @@ static rlx_status mpi_broadcast(struct rlx_transport *base, int root, void *data
     int64_t deadline = now_ms() + t->timeout_ms;
     unsigned char *buf = NULL;
     RLX_TRY(stage(t, bytes, &buf));
-    if (base->rank == root && bytes > 0)
-        memcpy(buf, data, bytes);
+    if (base->rank == root && bytes > 0) memcpy(buf, data, bytes);
     MPI_Request req;
     int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, t->comm, &req);
-    if (rc != MPI_SUCCESS)
-        return fail_mpi(t, rc, "broadcast: MPI_Ibcast");
+    if (rc != MPI_SUCCESS) return fail_mpi(t, rc, "broadcast: MPI_Ibcast");
     char waiting[96];
     if (base->rank == root)
         snprintf(waiting, sizeof waiting, "waiting for every rank to take its %zu bytes", bytes);
     else
         snprintf(waiting, sizeof waiting, "waiting for rank %d (the root) to send %zu bytes", root, bytes);
     RLX_TRY(wait_request(t, &req, deadline, "broadcast", waiting));
-    if (base->rank != root && bytes > 0)
-        memcpy(data, buf, bytes);
+    if (base->rank != root && bytes > 0) memcpy(data, buf, bytes);
     return RLX_OK;
 }
 
@@ -319,21 +312,18 @@ static rlx_status mpi_barrier(struct rlx_transport *base)
     int64_t deadline = now_ms() + t->timeout_ms;
     MPI_Request req;
     int rc = MPI_Ibarrier(t->comm, &req);
-    if (rc != MPI_SUCCESS)
-        return fail_mpi(t, rc, "barrier: MPI_Ibarrier");
+    if (rc != MPI_SUCCESS) return fail_mpi(t, rc, "barrier: MPI_Ibarrier");
     return wait_request(t, &req, deadline, "barrier", "waiting for every rank to arrive");
 }
 
 static void mpi_close(struct rlx_transport *base)
 {
-    if (base == NULL)
-        return;
+    if (base == NULL) return;
     struct mpi_transport *t = mpi_of(base);
     pthread_mutex_lock(&mpi_lock);
     /* Freeing the communicator and finalising are collective in effect: after a failure the other
      * ranks may never get there, so both are skipped and the process is left to exit. */
-    if (t->comm != MPI_COMM_NULL && !mpi_abandoned)
-        MPI_Comm_free(&t->comm);
+    if (t->comm != MPI_COMM_NULL && !mpi_abandoned) MPI_Comm_free(&t->comm);
     if (--mpi_users == 0 && mpi_we_initialized && !mpi_abandoned) {
         MPI_Finalize();
         mpi_we_initialized = 0;
@@ -360,33 +350,32 @@ static rlx_status ensure_mpi(void)
     MPI_Finalized(&finalized);
     if (finalized)
         return rlx_set_error(RLX_ERR_STATE, "MPI was already finalised in this process (keep one MPI transport "
-                             "open for the whole run)");
+                                            "open for the whole run)");
     MPI_Initialized(&initialized);
     if (!initialized) {
         int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
-        if (rc != MPI_SUCCESS)
-            return mpi_error(rc, "MPI_Init_thread");
+        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Init_thread");
         mpi_we_initialized = 1;
     } else {
         MPI_Query_thread(&provided);
     }
     if (provided < MPI_THREAD_SERIALIZED)
-        return rlx_set_error(RLX_ERR_UNSUPPORTED, "MPI provides thread level %d; rlx needs MPI_THREAD_SERIALIZED "
-                             "(initialise MPI with it, e.g. mpi4py.rc.thread_level = \"serialized\")", provided);
+        return rlx_set_error(RLX_ERR_UNSUPPORTED,
+                             "MPI provides thread level %d; rlx needs MPI_THREAD_SERIALIZED "
+                             "(initialise MPI with it, e.g. mpi4py.rc.thread_level = \"serialized\")",
+                             provided);
     return RLX_OK;
 }
 
 rlx_status rlx_mpi_transport_create(const struct rlx_mpi_opts *opts, struct rlx_transport **out)
 {
-    if (out == NULL)
-        return rlx_set_error(RLX_ERR_INVALID, "mpi transport: out is NULL");
+    if (out == NULL) return rlx_set_error(RLX_ERR_INVALID, "mpi transport: out is NULL");
     size_t max_bytes = opts != NULL && opts->max_message_bytes > 0 ? opts->max_message_bytes : DEFAULT_MAX_BYTES;
     if (max_bytes > INT_MAX)
         return rlx_set_error(RLX_ERR_RANGE, "mpi transport: max_message_bytes %zu is above %d (MPI counts are int)",
                              max_bytes, INT_MAX);
     struct mpi_transport *t = calloc(1, sizeof *t);
-    if (t == NULL)
-        return rlx_set_error(RLX_ERR_NOMEM, "mpi transport: out of memory");
+    if (t == NULL) return rlx_set_error(RLX_ERR_NOMEM, "mpi transport: out of memory");
     t->base.ops = &mpi_ops;
     t->comm = MPI_COMM_NULL;
     t->max_bytes = max_bytes;

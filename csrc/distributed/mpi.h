@@ -41,8 +41,8 @@ void rlx_mpi_abandon(void);
  * capsule's destructor leaves it alone and the capsule may not be adopted again.
  * ------------------------------------------------------------------------------------------- */
 
-#define RLX_CORE_API_CAPSULE "rlx._C._core_api"
-#define RLX_CORE_API_VERSION 1u
+#define RLX_CORE_API_CAPSULE  "rlx._C._core_api"
+#define RLX_CORE_API_VERSION  1u
 #define RLX_TRANSPORT_CAPSULE "rlx.transport"
 
 struct rlx_core_api {

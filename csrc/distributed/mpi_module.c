@@ -36,8 +36,7 @@ rlx_status rlx_set_error(rlx_status s, const char *fmt, ...)
 /* Destructor of a capsule nobody adopted: it still owns the transport. */
 static void capsule_destructor(PyObject *capsule)
 {
-    if (PyCapsule_GetContext(capsule) != NULL)
-        return;
+    if (PyCapsule_GetContext(capsule) != NULL) return;
     struct rlx_transport *t = PyCapsule_GetPointer(capsule, RLX_TRANSPORT_CAPSULE);
     if (t != NULL)
         t->ops->close(t);
@@ -51,8 +50,7 @@ static PyObject *create(PyObject *module, PyObject *args, PyObject *kwargs)
     static char *kwlist[] = {"max_message_bytes", "timeout", NULL};
     Py_ssize_t max_bytes = 0;
     double timeout = 60.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|nd:create", kwlist, &max_bytes, &timeout))
-        return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|nd:create", kwlist, &max_bytes, &timeout)) return NULL;
     if (max_bytes < 0 || !(timeout > 0) || timeout * 1000.0 > INT_MAX) {
         PyErr_Format(PyExc_ValueError, "create: need max_message_bytes >= 0 and 0 < timeout <= %d s, got %zd and %g",
                      INT_MAX / 1000, max_bytes, timeout);
@@ -61,14 +59,10 @@ static PyObject *create(PyObject *module, PyObject *args, PyObject *kwargs)
     struct rlx_mpi_opts opts = {.max_message_bytes = (size_t)max_bytes, .timeout_ms = (int)(timeout * 1000.0 + 0.5)};
     struct rlx_transport *t = NULL;
     rlx_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = rlx_mpi_transport_create(&opts, &t);
-    Py_END_ALLOW_THREADS
-    if (core_api->raise_status(s))
-        return NULL;
+    Py_BEGIN_ALLOW_THREADS s = rlx_mpi_transport_create(&opts, &t);
+    Py_END_ALLOW_THREADS if (core_api->raise_status(s)) return NULL;
     PyObject *capsule = PyCapsule_New(t, RLX_TRANSPORT_CAPSULE, capsule_destructor);
-    if (capsule == NULL)
-        t->ops->close(t);
+    if (capsule == NULL) t->ops->close(t);
     return capsule;
 }
 
@@ -97,8 +91,7 @@ static int module_exec(PyObject *module)
 {
     (void)module;
     core_api = PyCapsule_Import(RLX_CORE_API_CAPSULE, 0);
-    if (core_api == NULL)
-        return -1;
+    if (core_api == NULL) return -1;
     if (core_api->version != RLX_CORE_API_VERSION) {
         PyErr_Format(PyExc_ImportError, "rlx._mpi was built for core API %u, rlx._C has %u: rebuild rlx",
                      RLX_CORE_API_VERSION, core_api->version);
@@ -121,9 +114,6 @@ static PyModuleDef mpi_module_def = {
     .m_slots = slots,
 };
 
-PyMODINIT_FUNC PyInit__mpi(void)
-{
-    return PyModuleDef_Init(&mpi_module_def);
-}
+PyMODINIT_FUNC PyInit__mpi(void) { return PyModuleDef_Init(&mpi_module_def); }
 
 #endif

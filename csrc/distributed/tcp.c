@@ -73,12 +73,12 @@
 #include "distributed/wire.h"
 #include "rlx/dist.h"
 
-#define DEFAULT_MAX_BYTES ((size_t)1 << 30)
+#define DEFAULT_MAX_BYTES  ((size_t)1 << 30)
 #define DEFAULT_TIMEOUT_MS 60000
-#define LABEL_MAX 160
-#define ADDR_NAME_MAX 64 /* "[v6 address]:port" fits */
-#define LISTEN_BACKLOG 128 /* the kernel caps it at net.core.somaxconn */
-#define MAX_PENDING 64     /* handshakes the acceptor runs at once */
+#define LABEL_MAX          160
+#define ADDR_NAME_MAX      64  /* "[v6 address]:port" fits */
+#define LISTEN_BACKLOG     128 /* the kernel caps it at net.core.somaxconn */
+#define MAX_PENDING        64  /* handshakes the acceptor runs at once */
 
 /* The connection to one peer. */
 struct link {
@@ -123,21 +123,17 @@ static int wait_fd(int fd, short events, int64_t deadline)
 {
     for (;;) {
         int64_t left = deadline - now_ms();
-        if (left <= 0)
-            return 0;
+        if (left <= 0) return 0;
         struct pollfd p = {.fd = fd, .events = events};
         int rc = poll(&p, 1, poll_ms(left));
-        if (rc > 0)
-            return 1;
-        if (rc < 0 && errno != EINTR)
-            return -1;
+        if (rc > 0) return 1;
+        if (rc < 0 && errno != EINTR) return -1;
     }
 }
 
 static void sleep_ms(int64_t ms)
 {
-    if (ms > 0)
-        poll(NULL, 0, (int)ms); /* an early wake-up by a signal only shortens one retry pause */
+    if (ms > 0) poll(NULL, 0, (int)ms); /* an early wake-up by a signal only shortens one retry pause */
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -156,19 +152,13 @@ static enum io_result recv_all(int fd, void *buf, size_t n, int64_t deadline, si
             *done += (size_t)got;
             continue;
         }
-        if (got == 0)
-            return IO_CLOSED;
-        if (errno == EINTR)
-            continue;
-        if (errno == ECONNRESET)
-            return IO_CLOSED;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return IO_ERRNO;
+        if (got == 0) return IO_CLOSED;
+        if (errno == EINTR) continue;
+        if (errno == ECONNRESET) return IO_CLOSED;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return IO_ERRNO;
         int w = wait_fd(fd, POLLIN, deadline);
-        if (w == 0)
-            return IO_TIMEOUT;
-        if (w < 0)
-            return IO_ERRNO;
+        if (w == 0) return IO_TIMEOUT;
+        if (w < 0) return IO_ERRNO;
     }
     return IO_OK;
 }
@@ -198,17 +188,12 @@ static enum io_result send_all(int fd, struct iovec *iov, int cnt, int64_t deadl
             }
             continue;
         }
-        if (errno == EINTR)
-            continue;
-        if (errno == EPIPE || errno == ECONNRESET)
-            return IO_CLOSED;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return IO_ERRNO;
+        if (errno == EINTR) continue;
+        if (errno == EPIPE || errno == ECONNRESET) return IO_CLOSED;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return IO_ERRNO;
         int w = wait_fd(fd, POLLOUT, deadline);
-        if (w == 0)
-            return IO_TIMEOUT;
-        if (w < 0)
-            return IO_ERRNO;
+        if (w == 0) return IO_TIMEOUT;
+        if (w < 0) return IO_ERRNO;
     }
     return IO_OK;
 }
@@ -220,7 +205,8 @@ static rlx_status io_error(enum io_result r, int timeout_ms, const char *who, co
     switch (r) {
     case IO_TIMEOUT:
         if (done > 0)
-            return rlx_set_error(RLX_ERR_IO, "timed out after %.1f s waiting for %s (%s; stalled after %zu of %zu bytes)",
+            return rlx_set_error(RLX_ERR_IO,
+                                 "timed out after %.1f s waiting for %s (%s; stalled after %zu of %zu bytes)",
                                  timeout_ms / 1000.0, who, what, done, total);
         return rlx_set_error(RLX_ERR_IO, "timed out after %.1f s waiting for %s (%s)", timeout_ms / 1000.0, who, what);
     case IO_CLOSED:
@@ -228,8 +214,7 @@ static rlx_status io_error(enum io_result r, int timeout_ms, const char *who, co
             return rlx_set_error(RLX_ERR_IO, "%s closed the connection in the middle of %s (%zu of %zu bytes)", who,
                                  what, done, total);
         return rlx_set_error(RLX_ERR_IO, "%s closed the connection (%s)", who, what);
-    default:
-        return rlx_set_error(RLX_ERR_IO, "connection to %s failed (%s): %s", who, what, strerror(errno));
+    default: return rlx_set_error(RLX_ERR_IO, "connection to %s failed (%s): %s", who, what, strerror(errno));
     }
 }
 
@@ -303,13 +288,12 @@ static rlx_status check_loopback_addr(const char *addr, int rank)
     RLX_TRY(parse_addr(addr, rank, host, sizeof host, port));
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
     struct addrinfo *res = NULL;
-    if (getaddrinfo(host, port, &hints, &res) != 0)
-        return RLX_OK;
+    if (getaddrinfo(host, port, &hints, &res) != 0) return RLX_OK;
     rlx_status s = RLX_OK;
     for (struct addrinfo *ai = res; ai != NULL && s == RLX_OK; ai = ai->ai_next) {
         if (!rlx_sockaddr_is_loopback(ai->ai_addr, ai->ai_addrlen))
-            s = rlx_set_error(RLX_ERR_INVALID, "the address of rank %d, %s, is not a loopback address; %s", rank,
-                              addr, remote_hint);
+            s = rlx_set_error(RLX_ERR_INVALID, "the address of rank %d, %s, is not a loopback address; %s", rank, addr,
+                              remote_hint);
     }
     freeaddrinfo(res);
     return s;
@@ -340,8 +324,7 @@ static rlx_status listen_on(const char *addr, int rank, int *out)
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
     struct addrinfo *res = NULL;
     int gai = getaddrinfo(host, port, &hints, &res);
-    if (gai != 0)
-        return rlx_set_error(RLX_ERR_IO, "rank %d cannot listen on %s: %s", rank, addr, gai_strerror(gai));
+    if (gai != 0) return rlx_set_error(RLX_ERR_IO, "rank %d cannot listen on %s: %s", rank, addr, gai_strerror(gai));
     int fd = -1, err = 0;
     for (struct addrinfo *ai = res; ai != NULL && fd < 0; ai = ai->ai_next) {
         fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
@@ -350,16 +333,15 @@ static rlx_status listen_on(const char *addr, int rank, int *out)
             continue;
         }
         int one = 1;
-        if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 ||
-            listen(fd, LISTEN_BACKLOG) != 0) {
+        if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+            bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, LISTEN_BACKLOG) != 0) {
             err = errno;
             close(fd);
             fd = -1;
         }
     }
     freeaddrinfo(res);
-    if (fd < 0)
-        return rlx_set_error(RLX_ERR_IO, "rank %d cannot listen on %s: %s", rank, addr, strerror(err));
+    if (fd < 0) return rlx_set_error(RLX_ERR_IO, "rank %d cannot listen on %s: %s", rank, addr, strerror(err));
     *out = fd;
     return RLX_OK;
 }
@@ -490,8 +472,7 @@ static rlx_status connect_once(const char *addr, int peer, int64_t deadline, int
             last_err = errno;
             close(fd);
         }
-        if (res != NULL)
-            freeaddrinfo(res);
+        if (res != NULL) freeaddrinfo(res);
         int64_t left = deadline - now_ms();
         if (left <= 0)
             return rlx_set_error(RLX_ERR_IO, "timed out after %.1f s connecting to rank %d at %s (last error: %s)",
@@ -509,25 +490,35 @@ static rlx_status refused_error(const struct tcp_transport *t, const struct rlx_
     int me = t->base.rank;
     switch (h->info) {
     case RLX_WIRE_REFUSE_WORLD:
-        return rlx_set_error(RLX_ERR_IO, "rank %d runs with world size %" PRIu32 ", expected %d (it refused rank %d's "
-                             "connection to %s)", peer, h->world, t->base.world, me, addr);
+        return rlx_set_error(RLX_ERR_IO,
+                             "rank %d runs with world size %" PRIu32 ", expected %d (it refused rank %d's "
+                             "connection to %s)",
+                             peer, h->world, t->base.world, me, addr);
     case RLX_WIRE_REFUSE_RANK:
-        return rlx_set_error(RLX_ERR_IO, "rank %d at %s refused rank %d: it accepts only ranks %d..%" PRIu32
-                             " (are the ranks numbered the same on every process?)", peer, addr, me, peer + 1,
-                             h->world - 1);
+        return rlx_set_error(RLX_ERR_IO,
+                             "rank %d at %s refused rank %d: it accepts only ranks %d..%" PRIu32
+                             " (are the ranks numbered the same on every process?)",
+                             peer, addr, me, peer + 1, h->world - 1);
     case RLX_WIRE_REFUSE_TOKEN:
-        return rlx_set_error(RLX_ERR_IO, "rank %d %s and rank %d %s: set the same RLX_DIST_TOKEN on every rank "
-                             "(refused by rank %d at %s)", peer, token_state(!has_token(t)), me,
-                             token_state(has_token(t)), peer, addr);
+        return rlx_set_error(RLX_ERR_IO,
+                             "rank %d %s and rank %d %s: set the same RLX_DIST_TOKEN on every rank "
+                             "(refused by rank %d at %s)",
+                             peer, token_state(!has_token(t)), me, token_state(has_token(t)), peer, addr);
     case RLX_WIRE_REFUSE_REMOTE:
-        return rlx_set_error(RLX_ERR_IO, "rank %d at %s refused rank %d's connection because it does not come from "
-                             "loopback; %s", peer, addr, me, remote_hint);
+        return rlx_set_error(RLX_ERR_IO,
+                             "rank %d at %s refused rank %d's connection because it does not come from "
+                             "loopback; %s",
+                             peer, addr, me, remote_hint);
     case RLX_WIRE_REFUSE_PROOF:
-        return rlx_set_error(RLX_ERR_IO, "rank %d at %s refused rank %d's proof of the token: the ranks use "
-                             "different tokens (RLX_DIST_TOKEN differs)", peer, addr, me);
+        return rlx_set_error(RLX_ERR_IO,
+                             "rank %d at %s refused rank %d's proof of the token: the ranks use "
+                             "different tokens (RLX_DIST_TOKEN differs)",
+                             peer, addr, me);
     case RLX_WIRE_REFUSE_DUPLICATE:
-        return rlx_set_error(RLX_ERR_IO, "rank %d at %s refused rank %d: a rank %d is already connected to it "
-                             "(two processes started as rank %d?)", peer, addr, me, me, me);
+        return rlx_set_error(RLX_ERR_IO,
+                             "rank %d at %s refused rank %d: a rank %d is already connected to it "
+                             "(two processes started as rank %d?)",
+                             peer, addr, me, me, me);
     default:
         return rlx_set_error(RLX_ERR_IO, "rank %d at %s refused rank %d's connection (reason %u)", peer, addr, me,
                              (unsigned)h->info);
@@ -542,8 +533,7 @@ static rlx_status recv_answer(struct tcp_transport *t, int fd, int peer, const c
 {
     size_t done;
     enum io_result r = recv_all(fd, buf, RLX_WIRE_HEAD_BYTES, deadline, &done);
-    if (r != IO_OK)
-        return io_error(r, t->timeout_ms, who, what, done, RLX_WIRE_HEAD_BYTES);
+    if (r != IO_OK) return io_error(r, t->timeout_ms, who, what, done, RLX_WIRE_HEAD_BYTES);
     *h = rlx_wire_head_decode(buf);
     if (h->magic == RLX_WIRE_REFUSE_MAGIC && h->version == RLX_TCP_PROTOCOL_VERSION)
         return refused_error(t, h, peer, addr);
@@ -551,13 +541,17 @@ static rlx_status recv_answer(struct tcp_transport *t, int fd, int peer, const c
         return rlx_set_error(RLX_ERR_IO, "%s is not an rlx rank: its answer starts with 0x%08" PRIx32 " (%s)", who,
                              h->magic, what);
     if (h->version != RLX_TCP_PROTOCOL_VERSION)
-        return rlx_set_error(RLX_ERR_IO, "rank %d at %s sent protocol version %u, expected %d (every rank must run "
-                             "the same rlx)", peer, addr, (unsigned)h->version, RLX_TCP_PROTOCOL_VERSION);
+        return rlx_set_error(RLX_ERR_IO,
+                             "rank %d at %s sent protocol version %u, expected %d (every rank must run "
+                             "the same rlx)",
+                             peer, addr, (unsigned)h->version, RLX_TCP_PROTOCOL_VERSION);
     if (h->magic != magic)
         return rlx_set_error(RLX_ERR_IO, "%s answered out of turn: 0x%08" PRIx32 " (%s)", who, h->magic, what);
     if (h->world != (uint32_t)t->base.world)
-        return rlx_set_error(RLX_ERR_IO, "rank %" PRIu32 " runs with world size %" PRIu32 ", expected %d (answer "
-                             "from %s to rank %d)", h->rank, h->world, t->base.world, addr, t->base.rank);
+        return rlx_set_error(RLX_ERR_IO,
+                             "rank %" PRIu32 " runs with world size %" PRIu32 ", expected %d (answer "
+                             "from %s to rank %d)",
+                             h->rank, h->world, t->base.world, addr, t->base.rank);
     if (h->rank != (uint32_t)peer)
         return rlx_set_error(RLX_ERR_IO, "the listener of rank %d at %s answered as rank %" PRIu32, peer, addr,
                              h->rank);
@@ -589,8 +583,8 @@ static rlx_status connector_handshake(struct tcp_transport *t, int peer, int fd,
     char who[LABEL_MAX], reached[ADDR_NAME_MAX];
     snprintf(who, sizeof who, "rank %d at %s", peer, addr);
     if (!has_token(t) && !t->allow_remote && !peer_is_loopback(fd, reached, sizeof reached))
-        return rlx_set_error(RLX_ERR_INVALID, "rank %d's address %s led to %s, not a loopback address; %s", peer,
-                             addr, reached, remote_hint);
+        return rlx_set_error(RLX_ERR_INVALID, "rank %d's address %s led to %s, not a loopback address; %s", peer, addr,
+                             reached, remote_hint);
 
     unsigned char hello_c[RLX_WIRE_MSG_BYTES], hello_a[RLX_WIRE_MSG_BYTES];
     struct rlx_wire_head h;
@@ -603,8 +597,7 @@ static rlx_status connector_handshake(struct tcp_transport *t, int peer, int fd,
                              token_state(h.info & RLX_WIRE_FLAG_TOKEN), t->base.rank, token_state(has_token(t)));
     if (rlx_crypto_equal(hello_a + RLX_WIRE_HEAD_BYTES, hello_c + RLX_WIRE_HEAD_BYTES, RLX_WIRE_NONCE_BYTES))
         return rlx_set_error(RLX_ERR_IO, "%s answered with rank %d's own nonce (a reflected HELLO)", who, t->base.rank);
-    if (!has_token(t))
-        return link_open(t, peer, fd, 1, hello_c, hello_a);
+    if (!has_token(t)) return link_open(t, peer, fd, 1, hello_c, hello_a);
 
     unsigned char proof[RLX_WIRE_MSG_BYTES];
     RLX_TRY(make_proof(t, RLX_WIRE_LABEL_PROOF_C, hello_c, hello_a, proof));
@@ -616,8 +609,10 @@ static rlx_status connector_handshake(struct tcp_transport *t, int peer, int fd,
     int ok = 0;
     RLX_TRY(proof_ok(t, RLX_WIRE_LABEL_PROOF_A, hello_c, hello_a, proof, &ok));
     if (!ok)
-        return rlx_set_error(RLX_ERR_IO, "%s failed to prove that it knows the token: it is not rank %d of this job "
-                             "(a different RLX_DIST_TOKEN, or an impostor on that address)", who, peer);
+        return rlx_set_error(RLX_ERR_IO,
+                             "%s failed to prove that it knows the token: it is not rank %d of this job "
+                             "(a different RLX_DIST_TOKEN, or an impostor on that address)",
+                             who, peer);
     return link_open(t, peer, fd, 1, hello_c, hello_a);
 }
 
@@ -666,8 +661,7 @@ static void __attribute__((format(printf, 2, 3))) note_refusal(struct tcp_transp
 static int send_now(int fd, const unsigned char *buf, size_t n)
 {
     ssize_t s;
-    do
-        s = send(fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    do s = send(fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
     while (s < 0 && errno == EINTR);
     return s == (ssize_t)n;
 }
@@ -710,8 +704,10 @@ static enum step on_hello(struct tcp_transport *t, struct pending *p)
     char text[sizeof t->last_refusal];
     p->rank = h.rank;
     if (!has_token(t) && !t->allow_remote && !p->loopback) {
-        snprintf(text, sizeof text, "the peer at %s (claiming rank %" PRIu32 ") is not on loopback and rank %d has "
-                 "no token (allow_remote is off)", p->from, h.rank, me);
+        snprintf(text, sizeof text,
+                 "the peer at %s (claiming rank %" PRIu32 ") is not on loopback and rank %d has "
+                 "no token (allow_remote is off)",
+                 p->from, h.rank, me);
         return refuse(t, p, RLX_WIRE_REFUSE_REMOTE, text);
     }
     if (h.world != (uint32_t)world) {
@@ -735,8 +731,7 @@ static enum step on_hello(struct tcp_transport *t, struct pending *p)
         return refuse(t, p, RLX_WIRE_REFUSE_DUPLICATE, text);
     }
     memcpy(p->hello_c, p->in, sizeof p->hello_c);
-    if (make_hello(t, p->hello_a) != RLX_OK)
-        return STEP_FATAL;
+    if (make_hello(t, p->hello_a) != RLX_OK) return STEP_FATAL;
     if (!send_now(p->fd, p->hello_a, sizeof p->hello_a)) {
         snprintf(text, sizeof text, "could not answer the HELLO of rank %" PRIu32 " at %s: %s", h.rank, p->from,
                  strerror(errno));
@@ -754,11 +749,12 @@ static enum step on_proof(struct tcp_transport *t, struct pending *p)
 {
     char text[sizeof t->last_refusal];
     int ok = 0;
-    if (proof_ok(t, RLX_WIRE_LABEL_PROOF_C, p->hello_c, p->hello_a, p->in, &ok) != RLX_OK)
-        return STEP_FATAL;
+    if (proof_ok(t, RLX_WIRE_LABEL_PROOF_C, p->hello_c, p->hello_a, p->in, &ok) != RLX_OK) return STEP_FATAL;
     if (!ok) {
-        snprintf(text, sizeof text, "the peer at %s claiming rank %" PRIu32 " sent a wrong proof of the token (a "
-                 "different RLX_DIST_TOKEN, or a replayed handshake)", p->from, p->rank);
+        snprintf(text, sizeof text,
+                 "the peer at %s claiming rank %" PRIu32 " sent a wrong proof of the token (a "
+                 "different RLX_DIST_TOKEN, or a replayed handshake)",
+                 p->from, p->rank);
         return refuse(t, p, RLX_WIRE_REFUSE_PROOF, text);
     }
     if (t->links[p->rank].fd >= 0) {
@@ -767,8 +763,7 @@ static enum step on_proof(struct tcp_transport *t, struct pending *p)
         return refuse(t, p, RLX_WIRE_REFUSE_DUPLICATE, text);
     }
     unsigned char proof[RLX_WIRE_MSG_BYTES];
-    if (make_proof(t, RLX_WIRE_LABEL_PROOF_A, p->hello_c, p->hello_a, proof) != RLX_OK)
-        return STEP_FATAL;
+    if (make_proof(t, RLX_WIRE_LABEL_PROOF_A, p->hello_c, p->hello_a, proof) != RLX_OK) return STEP_FATAL;
     if (!send_now(p->fd, proof, sizeof proof)) {
         snprintf(text, sizeof text, "could not send the proof to rank %" PRIu32 " at %s: %s", p->rank, p->from,
                  strerror(errno));
@@ -784,10 +779,8 @@ static enum step pending_step(struct tcp_transport *t, struct pending *p)
     for (;;) {
         size_t need = p->got < RLX_WIRE_HEAD_BYTES ? RLX_WIRE_HEAD_BYTES : RLX_WIRE_MSG_BYTES;
         ssize_t n = recv(p->fd, p->in + p->got, need - p->got, 0);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return STEP_MORE;
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return STEP_MORE;
         if (n <= 0) {
             snprintf(text, sizeof text, "the peer at %s %s during its handshake (after %zu bytes of its %s)", p->from,
                      n == 0 || errno == ECONNRESET ? "closed the connection" : strerror(errno), p->got,
@@ -799,29 +792,31 @@ static enum step pending_step(struct tcp_transport *t, struct pending *p)
             struct rlx_wire_head h = rlx_wire_head_decode(p->in);
             uint32_t want = p->want_proof ? RLX_WIRE_PROOF_MAGIC : RLX_WIRE_HELLO_MAGIC;
             if (h.magic != want) {
-                snprintf(text, sizeof text, p->want_proof ? "the peer at %s sent 0x%08" PRIx32 " where its proof of "
-                         "the token belonged" : "the peer at %s is not an rlx rank: it starts with 0x%08" PRIx32,
+                snprintf(text, sizeof text,
+                         p->want_proof ? "the peer at %s sent 0x%08" PRIx32 " where its proof of "
+                                         "the token belonged"
+                                       : "the peer at %s is not an rlx rank: it starts with 0x%08" PRIx32,
                          p->from, h.magic);
                 return drop_pending(t, p, text);
             }
             if (h.version != RLX_TCP_PROTOCOL_VERSION) {
                 /* Our HELLO tells it our version (a nonce reveals nothing); then it is dropped. */
                 unsigned char hello[RLX_WIRE_MSG_BYTES];
-                if (make_hello(t, hello) != RLX_OK)
-                    return STEP_FATAL;
+                if (make_hello(t, hello) != RLX_OK) return STEP_FATAL;
                 (void)send_now(p->fd, hello, sizeof hello);
                 snprintf(text, sizeof text, "rank %" PRIu32 " (at %s) sent protocol version %u, expected %d", h.rank,
                          p->from, (unsigned)h.version, RLX_TCP_PROTOCOL_VERSION);
                 return drop_pending(t, p, text);
             }
             if (p->want_proof && (h.rank != p->rank || h.world != (uint32_t)t->base.world)) {
-                snprintf(text, sizeof text, "the peer at %s claimed rank %" PRIu32 " (world %d) in its HELLO and rank %"
-                         PRIu32 " (world %" PRIu32 ") in its proof", p->from, p->rank, t->base.world, h.rank, h.world);
+                snprintf(text, sizeof text,
+                         "the peer at %s claimed rank %" PRIu32 " (world %d) in its HELLO and rank %" PRIu32
+                         " (world %" PRIu32 ") in its proof",
+                         p->from, p->rank, t->base.world, h.rank, h.world);
                 return drop_pending(t, p, text);
             }
         }
-        if (p->got == RLX_WIRE_MSG_BYTES)
-            return p->want_proof ? on_proof(t, p) : on_hello(t, p);
+        if (p->got == RLX_WIRE_MSG_BYTES) return p->want_proof ? on_proof(t, p) : on_hello(t, p);
     }
 }
 
@@ -836,8 +831,8 @@ static rlx_status accept_timeout(const struct tcp_transport *t, int missing, int
             used += (size_t)snprintf(ranks + used, sizeof ranks - used, "%s%d", used ? ", " : "", r);
     }
     if (t->refused > 0)
-        snprintf(more, sizeof more, " (it refused %d connection%s; the last: %s)", t->refused, t->refused > 1 ? "s" : "",
-                 t->last_refusal);
+        snprintf(more, sizeof more, " (it refused %d connection%s; the last: %s)", t->refused,
+                 t->refused > 1 ? "s" : "", t->last_refusal);
     return rlx_set_error(RLX_ERR_IO, "timed out after %.1f s: rank %d is still waiting for rank%s %s to connect%s%s",
                          t->timeout_ms / 1000.0, me, missing > 1 ? "s" : "", ranks, more,
                          npend > 0 ? "; a connection was still in its handshake" : "");
@@ -857,8 +852,7 @@ static rlx_status accept_peers(struct tcp_transport *t, int lfd, int64_t deadlin
             break;
         }
         pfd[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
-        for (int i = 0; i < npend; i++)
-            pfd[1 + i] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
+        for (int i = 0; i < npend; i++) pfd[1 + i] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
         int rc = poll(pfd, (nfds_t)(1 + npend), poll_ms(left));
         if (rc < 0) {
             if (errno != EINTR)
@@ -869,23 +863,17 @@ static rlx_status accept_peers(struct tcp_transport *t, int lfd, int64_t deadlin
         int kept = 0;
         for (int i = 0; i < npend; i++) {
             enum step st = STEP_MORE;
-            if (s == RLX_OK && pfd[1 + i].revents != 0)
-                st = pending_step(t, &pend[i]);
-            if (st == STEP_FATAL)
-                s = RLX_ERR_INTERNAL; /* the message is set by the failed crypto call */
-            if (st == STEP_DONE)
-                missing--;
-            if (st == STEP_MORE || st == STEP_FATAL)
-                pend[kept++] = pend[i];
+            if (s == RLX_OK && pfd[1 + i].revents != 0) st = pending_step(t, &pend[i]);
+            if (st == STEP_FATAL) s = RLX_ERR_INTERNAL; /* the message is set by the failed crypto call */
+            if (st == STEP_DONE) missing--;
+            if (st == STEP_MORE || st == STEP_FATAL) pend[kept++] = pend[i];
         }
         npend = kept;
-        if (s != RLX_OK || missing == 0 || (pfd[0].revents & POLLIN) == 0)
-            continue;
+        if (s != RLX_OK || missing == 0 || (pfd[0].revents & POLLIN) == 0) continue;
         for (;;) {
             int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
             if (fd < 0) {
-                if (errno == EAGAIN || errno == EWOULDBLOCK)
-                    break;
+                if (errno == EAGAIN || errno == EWOULDBLOCK) break;
                 /* A connection that failed before we took it (accept(2): treat like EAGAIN). */
                 if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO || errno == ENETDOWN ||
                     errno == ENOPROTOOPT || errno == EHOSTDOWN || errno == ENONET || errno == EHOSTUNREACH ||
@@ -896,8 +884,10 @@ static rlx_status accept_peers(struct tcp_transport *t, int lfd, int64_t deadlin
             }
             if (npend == MAX_PENDING) {
                 char text[sizeof t->last_refusal];
-                snprintf(text, sizeof text, "%d connections were in their handshake at once; dropped the oldest, "
-                         "from %s", MAX_PENDING, pend[0].from);
+                snprintf(text, sizeof text,
+                         "%d connections were in their handshake at once; dropped the oldest, "
+                         "from %s",
+                         MAX_PENDING, pend[0].from);
                 (void)drop_pending(t, &pend[0], text);
                 memmove(pend, pend + 1, sizeof *pend * (MAX_PENDING - 1));
                 npend--;
@@ -912,8 +902,10 @@ static rlx_status accept_peers(struct tcp_transport *t, int lfd, int64_t deadlin
     }
     for (int i = 0; i < npend; i++) {
         if (s == RLX_OK)
-            rlx_log(RLX_LOG_WARN, "tcp: rank %d closed a connection from %s still in its handshake once the mesh was "
-                    "up", me, pend[i].from);
+            rlx_log(RLX_LOG_WARN,
+                    "tcp: rank %d closed a connection from %s still in its handshake once the mesh was "
+                    "up",
+                    me, pend[i].from);
         close(pend[i].fd);
     }
     free(pend);
@@ -930,8 +922,7 @@ static struct tcp_transport *tcp_of(struct rlx_transport *base) { return (struct
 /* Closes the connection to peer after an error that leaves its stream in an unknown place. */
 static void drop(struct tcp_transport *t, int peer)
 {
-    if (t->links[peer].fd >= 0)
-        close(t->links[peer].fd);
+    if (t->links[peer].fd >= 0) close(t->links[peer].fd);
     t->links[peer].fd = -1;
 }
 
@@ -940,8 +931,7 @@ static rlx_status peer_link(struct tcp_transport *t, int peer, const char *verb,
 {
     if (peer < 0 || peer >= t->base.world)
         return rlx_set_error(RLX_ERR_INVALID, "%s: rank %d is out of range (world %d)", verb, peer, t->base.world);
-    if (peer == t->base.rank)
-        return rlx_set_error(RLX_ERR_INVALID, "%s: rank %d cannot message itself", verb, peer);
+    if (peer == t->base.rank) return rlx_set_error(RLX_ERR_INVALID, "%s: rank %d cannot message itself", verb, peer);
     if (t->links[peer].fd < 0)
         return rlx_set_error(RLX_ERR_IO, "%s: the connection from rank %d to rank %d was closed after an earlier error",
                              verb, t->base.rank, peer);
@@ -1011,10 +1001,8 @@ static enum io_result discard(struct tcp_transport *t, int fd, uint64_t n, int64
         size_t chunk = left < sizeof sink ? (size_t)left : sizeof sink, done;
         enum io_result r = recv_all(fd, sink, chunk, deadline, &done);
         *done_out += done;
-        if (r != IO_OK)
-            return r;
-        if (*mac_status == RLX_OK)
-            *mac_status = rlx_hmac_update(t->hmac, sink, chunk);
+        if (r != IO_OK) return r;
+        if (*mac_status == RLX_OK) *mac_status = rlx_hmac_update(t->hmac, sink, chunk);
         left -= chunk;
     }
     return IO_OK;
@@ -1043,9 +1031,11 @@ static rlx_status check_frame_mac(struct tcp_transport *t, int src, int64_t dead
     }
     if (!rlx_crypto_equal(want, got, sizeof want)) {
         drop(t, src);
-        return rlx_set_error(RLX_ERR_IO, "%s: the message with %s from rank %d failed its integrity check (frame "
+        return rlx_set_error(RLX_ERR_IO,
+                             "%s: the message with %s from rank %d failed its integrity check (frame "
                              "MAC): it was altered, injected, repeated or reordered in transit, or one before it was "
-                             "lost; connection to rank %d closed", verb, tagt, src, src);
+                             "lost; connection to rank %d closed",
+                             verb, tagt, src, src);
     }
     l->recv_seq++;
     return RLX_OK;
@@ -1069,20 +1059,23 @@ static rlx_status recv_frame(struct tcp_transport *t, int src, uint32_t tag, voi
     if (r != IO_OK) {
         snprintf(what, sizeof what, "%s: receiving a message with %s", verb, tagt);
         rlx_status s = io_error(r, t->timeout_ms, who, what, done, sizeof head);
-        if (!(r == IO_TIMEOUT && done == 0))
-            drop(t, src);
+        if (!(r == IO_TIMEOUT && done == 0)) drop(t, src);
         return s;
     }
     struct rlx_wire_frame f = rlx_wire_frame_decode(head);
     if (f.magic != RLX_WIRE_FRAME_MAGIC) {
         drop(t, src);
-        return rlx_set_error(RLX_ERR_IO, "%s: rank %d sent a frame with bad magic 0x%08" PRIx32
-                             " (the stream is out of step); connection closed", verb, src, f.magic);
+        return rlx_set_error(RLX_ERR_IO,
+                             "%s: rank %d sent a frame with bad magic 0x%08" PRIx32
+                             " (the stream is out of step); connection closed",
+                             verb, src, f.magic);
     }
     if (f.length > t->max_bytes) {
         drop(t, src);
-        return rlx_set_error(RLX_ERR_IO, "%s: rank %d sent a %" PRIu64 "-byte frame, above max_message_bytes %zu; "
-                             "connection to rank %d closed", verb, src, f.length, t->max_bytes, src);
+        return rlx_set_error(RLX_ERR_IO,
+                             "%s: rank %d sent a %" PRIu64 "-byte frame, above max_message_bytes %zu; "
+                             "connection to rank %d closed",
+                             verb, src, f.length, t->max_bytes, src);
     }
     rlx_status s = frame_mac_begin(t, l->recv_key, l->recv_seq, head);
     if (s != RLX_OK) {
@@ -1092,14 +1085,17 @@ static rlx_status recv_frame(struct tcp_transport *t, int src, uint32_t tag, voi
     char gott[32];
     tag_text(f.tag, gott, sizeof gott);
     if (f.tag != tag)
-        s = rlx_set_error(RLX_ERR_IO, "%s: expected a message with %s from rank %d, got one with %s (%" PRIu64
-                          " bytes, discarded)", verb, tagt, src, gott, f.length);
+        s = rlx_set_error(RLX_ERR_IO,
+                          "%s: expected a message with %s from rank %d, got one with %s (%" PRIu64 " bytes, discarded)",
+                          verb, tagt, src, gott, f.length);
     else if (exact && f.length != cap)
         s = rlx_set_error(RLX_ERR_IO, "%s: rank %d sent %" PRIu64 " bytes with %s, rank %d expected %zu (discarded)",
                           verb, src, f.length, tagt, t->base.rank, cap);
     else if (f.length > cap)
-        s = rlx_set_error(RLX_ERR_RANGE, "%s: the message from rank %d with %s has %" PRIu64
-                          " bytes, more than the %zu-byte buffer (discarded)", verb, src, tagt, f.length, cap);
+        s = rlx_set_error(RLX_ERR_RANGE,
+                          "%s: the message from rank %d with %s has %" PRIu64
+                          " bytes, more than the %zu-byte buffer (discarded)",
+                          verb, src, tagt, f.length, cap);
     if (s != RLX_OK) { /* the message stays set unless discarding the frame fails too */
         rlx_status mac_s = RLX_OK;
         r = discard(t, l->fd, f.length, deadline, &done, &mac_s);
@@ -1143,8 +1139,7 @@ static rlx_status tcp_send(struct rlx_transport *base, int dst, uint32_t tag, co
     if (bytes > t->max_bytes)
         return rlx_set_error(RLX_ERR_RANGE, "send: %zu bytes to rank %d is above max_message_bytes %zu", bytes, dst,
                              t->max_bytes);
-    if (data == NULL && bytes > 0)
-        return rlx_set_error(RLX_ERR_INVALID, "send: data is NULL");
+    if (data == NULL && bytes > 0) return rlx_set_error(RLX_ERR_INVALID, "send: data is NULL");
     return send_frame(t, dst, tag, data, bytes, "send");
 }
 
@@ -1153,8 +1148,7 @@ static rlx_status tcp_recv(struct rlx_transport *base, int src, uint32_t tag, vo
     struct tcp_transport *t = tcp_of(base);
     if (tag >= RLX_WIRE_USER_TAG_LIMIT)
         return rlx_set_error(RLX_ERR_INVALID, "recv: tag %" PRIu32 " is out of range (user tags are < 2^24)", tag);
-    if ((data == NULL && cap > 0) || got == NULL)
-        return rlx_set_error(RLX_ERR_INVALID, "recv: data or got is NULL");
+    if ((data == NULL && cap > 0) || got == NULL) return rlx_set_error(RLX_ERR_INVALID, "recv: data or got is NULL");
     return recv_frame(t, src, tag, data, cap, 0, got, "recv");
 }
 
@@ -1165,12 +1159,10 @@ static rlx_status tcp_broadcast(struct rlx_transport *base, int root, void *data
         return rlx_set_error(RLX_ERR_INVALID, "broadcast: root %d is out of range (world %d)", root, base->world);
     if (bytes > t->max_bytes)
         return rlx_set_error(RLX_ERR_RANGE, "broadcast: %zu bytes is above max_message_bytes %zu", bytes, t->max_bytes);
-    if (data == NULL && bytes > 0)
-        return rlx_set_error(RLX_ERR_INVALID, "broadcast: data is NULL");
+    if (data == NULL && bytes > 0) return rlx_set_error(RLX_ERR_INVALID, "broadcast: data is NULL");
     if (base->rank == root) {
         for (int r = 0; r < base->world; r++) {
-            if (r != root)
-                RLX_TRY(send_frame(t, r, RLX_WIRE_TAG_BROADCAST, data, bytes, "broadcast"));
+            if (r != root) RLX_TRY(send_frame(t, r, RLX_WIRE_TAG_BROADCAST, data, bytes, "broadcast"));
         }
         return RLX_OK;
     }
@@ -1189,22 +1181,18 @@ static rlx_status tcp_barrier(struct rlx_transport *base)
     }
     for (int r = 1; r < base->world; r++)
         RLX_TRY(recv_frame(t, r, RLX_WIRE_TAG_BARRIER_ARRIVE, NULL, 0, 1, &got, "barrier"));
-    for (int r = 1; r < base->world; r++)
-        RLX_TRY(send_frame(t, r, RLX_WIRE_TAG_BARRIER_LEAVE, NULL, 0, "barrier"));
+    for (int r = 1; r < base->world; r++) RLX_TRY(send_frame(t, r, RLX_WIRE_TAG_BARRIER_LEAVE, NULL, 0, "barrier"));
     return RLX_OK;
 }
 
 static void tcp_close(struct rlx_transport *base)
 {
-    if (base == NULL)
-        return;
+    if (base == NULL) return;
     struct tcp_transport *t = tcp_of(base);
     for (int r = 0; t->links != NULL && r < base->world; r++) {
-        if (t->links[r].fd >= 0)
-            close(t->links[r].fd);
+        if (t->links[r].fd >= 0) close(t->links[r].fd);
     }
-    if (t->links != NULL)
-        rlx_crypto_wipe(t->links, sizeof *t->links * (size_t)base->world);
+    if (t->links != NULL) rlx_crypto_wipe(t->links, sizeof *t->links * (size_t)base->world);
     free(t->links);
     rlx_crypto_wipe(t->token, t->token_len);
     free(t->token);
@@ -1233,10 +1221,8 @@ static rlx_status tcp_setup(struct tcp_transport *t, const char *const *addrs, i
         RLX_TRY(listen_on(addrs[rank], rank, lfd));
     else if (*lfd >= 0)
         RLX_TRY(adopt_listener(*lfd, rank));
-    for (int peer = 0; peer < rank; peer++)
-        RLX_TRY(connect_peer(t, peer, addrs[peer], deadline));
-    if (rank < world - 1)
-        RLX_TRY(accept_peers(t, *lfd, deadline));
+    for (int peer = 0; peer < rank; peer++) RLX_TRY(connect_peer(t, peer, addrs[peer], deadline));
+    if (rank < world - 1) RLX_TRY(accept_peers(t, *lfd, deadline));
     return RLX_OK;
 }
 
@@ -1247,12 +1233,10 @@ static rlx_status tcp_configure(struct tcp_transport *t, const struct rlx_tcp_op
     t->timeout_ms = opts != NULL && opts->timeout_ms > 0 ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
     t->allow_remote = opts != NULL && opts->allow_remote;
     const char *token = opts != NULL ? opts->token : NULL;
-    if (token == NULL || token[0] == '\0')
-        return rlx_hmac_create(&t->hmac);
+    if (token == NULL || token[0] == '\0') return rlx_hmac_create(&t->hmac);
     t->token_len = strlen(token);
     t->token = rlx_calloc(1, t->token_len);
-    if (t->token == NULL)
-        return RLX_ERR_NOMEM;
+    if (t->token == NULL) return RLX_ERR_NOMEM;
     memcpy(t->token, token, t->token_len);
     return rlx_hmac_create(&t->hmac);
 }
@@ -1261,16 +1245,13 @@ static rlx_status tcp_configure(struct tcp_transport *t, const struct rlx_tcp_op
 static rlx_status tcp_new(int rank, int world, const struct rlx_tcp_opts *opts, struct tcp_transport **out)
 {
     struct tcp_transport *t = rlx_calloc(1, sizeof *t);
-    if (t == NULL)
-        return RLX_ERR_NOMEM;
+    if (t == NULL) return RLX_ERR_NOMEM;
     t->base.ops = &tcp_ops;
     t->base.rank = rank;
     t->base.world = world;
     rlx_status s = tcp_configure(t, opts);
-    if (s == RLX_OK && (t->links = rlx_calloc((size_t)world, sizeof *t->links)) == NULL)
-        s = RLX_ERR_NOMEM;
-    for (int r = 0; s == RLX_OK && r < world; r++)
-        t->links[r].fd = -1;
+    if (s == RLX_OK && (t->links = rlx_calloc((size_t)world, sizeof *t->links)) == NULL) s = RLX_ERR_NOMEM;
+    for (int r = 0; s == RLX_OK && r < world; r++) t->links[r].fd = -1;
     if (s != RLX_OK) {
         tcp_close(&t->base);
         return s;
@@ -1291,20 +1272,15 @@ rlx_status rlx_tcp_transport_create(int rank, int world, const char *const *addr
     }
     for (int r = 0; r < world && world > 1; r++) {
         char host[256], port[8];
-        if ((s = parse_addr(addrs[r], r, host, sizeof host, port)) != RLX_OK)
-            goto done;
+        if ((s = parse_addr(addrs[r], r, host, sizeof host, port)) != RLX_OK) goto done;
     }
-    if ((s = tcp_new(rank, world, opts, &t)) != RLX_OK)
-        goto done;
+    if ((s = tcp_new(rank, world, opts, &t)) != RLX_OK) goto done;
     for (int r = 0; r < world && world > 1 && !has_token(t) && !t->allow_remote; r++) {
-        if (r != rank && (s = check_loopback_addr(addrs[r], r)) != RLX_OK)
-            goto done;
+        if (r != rank && (s = check_loopback_addr(addrs[r], r)) != RLX_OK) goto done;
     }
-    if (world > 1)
-        s = tcp_setup(t, addrs, &listen_fd);
+    if (world > 1) s = tcp_setup(t, addrs, &listen_fd);
 done:
-    if (listen_fd >= 0)
-        close(listen_fd);
+    if (listen_fd >= 0) close(listen_fd);
     if (s != RLX_OK) {
         tcp_close(t != NULL ? &t->base : NULL);
         return s;
@@ -1347,8 +1323,7 @@ rlx_status rlx_tcp_accept_fd(struct rlx_transport *base, int fd, int *peer)
 {
     struct tcp_transport *t = tcp_checked(base);
     if (t == NULL || fd < 0 || peer == NULL) {
-        if (fd >= 0)
-            close(fd);
+        if (fd >= 0) close(fd);
         return rlx_set_error(RLX_ERR_INVALID, "accept_fd: bad arguments (fd %d)", fd);
     }
     rlx_status s = set_nonblocking(fd);
@@ -1370,9 +1345,10 @@ rlx_status rlx_tcp_accept_fd(struct rlx_transport *base, int fd, int *peer)
         int w = wait_fd(fd, POLLIN, deadline);
         if (w <= 0) {
             if (w == 0)
-                s = rlx_set_error(RLX_ERR_IO, "timed out after %.1f s: the peer at %s did not complete its handshake "
-                                  "(%zu bytes of its %s)", t->timeout_ms / 1000.0, p.from, p.got,
-                                  p.want_proof ? "proof" : "HELLO");
+                s = rlx_set_error(RLX_ERR_IO,
+                                  "timed out after %.1f s: the peer at %s did not complete its handshake "
+                                  "(%zu bytes of its %s)",
+                                  t->timeout_ms / 1000.0, p.from, p.got, p.want_proof ? "proof" : "HELLO");
             else
                 s = rlx_set_error(RLX_ERR_IO, "waiting for the handshake of the peer at %s failed: %s", p.from,
                                   strerror(errno));
@@ -1386,10 +1362,11 @@ rlx_status rlx_tcp_connect_fd(struct rlx_transport *base, int peer, int fd)
 {
     struct tcp_transport *t = tcp_checked(base);
     if (t == NULL || fd < 0 || peer < 0 || peer >= t->base.rank || t->links[peer].fd >= 0) {
-        if (fd >= 0)
-            close(fd);
-        return rlx_set_error(RLX_ERR_INVALID, "connect_fd: bad arguments (peer %d, fd %d): a rank connects to a lower "
-                             "rank it has no link to", peer, fd);
+        if (fd >= 0) close(fd);
+        return rlx_set_error(RLX_ERR_INVALID,
+                             "connect_fd: bad arguments (peer %d, fd %d): a rank connects to a lower "
+                             "rank it has no link to",
+                             peer, fd);
     }
     rlx_status s = set_nonblocking(fd);
     if (s != RLX_OK) {
@@ -1400,19 +1377,15 @@ rlx_status rlx_tcp_connect_fd(struct rlx_transport *base, int peer, int fd)
     char addr[32];
     snprintf(addr, sizeof addr, "fd %d", fd);
     s = connector_handshake(t, peer, fd, addr, now_ms() + t->timeout_ms);
-    if (s != RLX_OK)
-        drop(t, peer);
+    if (s != RLX_OK) drop(t, peer);
     return s;
 }
 
 int rlx_tcp_link_info(struct rlx_transport *base, int peer, uint64_t *received, uint64_t *sent)
 {
     struct tcp_transport *t = tcp_checked(base);
-    if (t == NULL || peer < 0 || peer >= t->base.world)
-        return -1;
-    if (received != NULL)
-        *received = t->links[peer].recv_seq;
-    if (sent != NULL)
-        *sent = t->links[peer].send_seq;
+    if (t == NULL || peer < 0 || peer >= t->base.world) return -1;
+    if (received != NULL) *received = t->links[peer].recv_seq;
+    if (sent != NULL) *sent = t->links[peer].send_seq;
     return t->links[peer].fd >= 0;
 }

@@ -51,10 +51,10 @@
 #include <string.h>
 
 /* The magics as u32 read little-endian from their four ASCII bytes. */
-#define RLX_WIRE_HELLO_MAGIC 0x48584C52u  /* "RLXH" */
-#define RLX_WIRE_PROOF_MAGIC 0x50584C52u  /* "RLXP" */
+#define RLX_WIRE_HELLO_MAGIC  0x48584C52u /* "RLXH" */
+#define RLX_WIRE_PROOF_MAGIC  0x50584C52u /* "RLXP" */
 #define RLX_WIRE_REFUSE_MAGIC 0x52584C52u /* "RLXR" */
-#define RLX_WIRE_FRAME_MAGIC 0x46584C52u  /* "RLXF" */
+#define RLX_WIRE_FRAME_MAGIC  0x46584C52u /* "RLXF" */
 
 #define RLX_WIRE_FLAG_TOKEN 1u /* HELLO info bit: the sender has a token (and will prove it) */
 
@@ -69,13 +69,13 @@ enum rlx_wire_refuse {
 };
 
 #define RLX_WIRE_NONCE_BYTES 32
-#define RLX_WIRE_MAC_BYTES 32 /* HMAC-SHA-256 */
+#define RLX_WIRE_MAC_BYTES   32 /* HMAC-SHA-256 */
 
-#define RLX_WIRE_USER_TAG_LIMIT (1u << 24)      /* user tags are < this */
-#define RLX_WIRE_TAG_RESERVED 0xFFFFFF00u       /* tags >= this belong to the transport */
-#define RLX_WIRE_TAG_BROADCAST 0xFFFFFF01u      /* root -> every other rank */
+#define RLX_WIRE_USER_TAG_LIMIT     (1u << 24)  /* user tags are < this */
+#define RLX_WIRE_TAG_RESERVED       0xFFFFFF00u /* tags >= this belong to the transport */
+#define RLX_WIRE_TAG_BROADCAST      0xFFFFFF01u /* root -> every other rank */
 #define RLX_WIRE_TAG_BARRIER_ARRIVE 0xFFFFFF02u /* rank > 0 -> rank 0 */
-#define RLX_WIRE_TAG_BARRIER_LEAVE 0xFFFFFF03u  /* rank 0 -> rank > 0 */
+#define RLX_WIRE_TAG_BARRIER_LEAVE  0xFFFFFF03u /* rank 0 -> rank > 0 */
 
 /* The labels of the HMACs above (each used with its terminating NUL). */
 #define RLX_WIRE_LABEL_PROOF_C "rlx-dist-v3 connector proof"
@@ -83,7 +83,7 @@ enum rlx_wire_refuse {
 #define RLX_WIRE_LABEL_KEY_C2A "rlx-dist-v3 frames connector to acceptor"
 #define RLX_WIRE_LABEL_KEY_A2C "rlx-dist-v3 frames acceptor to connector"
 /* The HMAC key of the frame-key derivation without a token (without its NUL): public. */
-#define RLX_WIRE_KEY_NO_TOKEN "rlx-dist-v3 no token"
+#define RLX_WIRE_KEY_NO_TOKEN  "rlx-dist-v3 no token"
 
 struct __attribute__((packed)) rlx_wire_head {
     uint32_t magic;   /* RLX_WIRE_{HELLO,PROOF,REFUSE}_MAGIC */
@@ -96,7 +96,7 @@ static_assert(sizeof(struct rlx_wire_head) == 16, "a handshake HEAD is 16 bytes 
 
 /* HELLO and PROOF: HEAD then 32 bytes (nonce or MAC). */
 #define RLX_WIRE_HEAD_BYTES 16
-#define RLX_WIRE_MSG_BYTES (RLX_WIRE_HEAD_BYTES + 32)
+#define RLX_WIRE_MSG_BYTES  (RLX_WIRE_HEAD_BYTES + 32)
 static_assert(RLX_WIRE_NONCE_BYTES == 32 && RLX_WIRE_MAC_BYTES == 32, "HELLO and PROOF bodies are 32 bytes");
 
 struct __attribute__((packed)) rlx_wire_frame {

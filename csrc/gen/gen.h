@@ -18,12 +18,12 @@ enum plan_kind { KIND_FULL, KIND_PREFILL, KIND_DECODE };
 struct plan_slot {
     struct rlx_plan *plan;
     enum plan_kind kind;
-    int64_t seq, rows;            /* key: SEQ and the cache rows read (FULL: 0); -1 = symbolic */
-    enum rlx_dtype kv_dtype;      /* key */
-    bool masked;                  /* bucketed: rows past the sequence hidden by masks */
+    int64_t seq, rows;       /* key: SEQ and the cache rows read (FULL: 0); -1 = symbolic */
+    enum rlx_dtype kv_dtype; /* key */
+    bool masked;             /* bucketed: rows past the sequence hidden by masks */
     uint64_t last_used;
-    int in_x, in_pos, out_y;      /* plan indices: "ids" or "hidden"; "pos"; "logits" or "hidden" */
-    int *k_state, *v_state;       /* (n_layers) plan state indices (cached kinds) */
+    int in_x, in_pos, out_y; /* plan indices: "ids" or "hidden"; "pos"; "logits" or "hidden" */
+    int *k_state, *v_state;  /* (n_layers) plan state indices (cached kinds) */
     int n_masks;
     int mask_in[RLX_MAX_WINDOWS]; /* plan input indices */
     int64_t mask_w[RLX_MAX_WINDOWS];
@@ -31,9 +31,9 @@ struct plan_slot {
 
 struct rlx_model {
     struct rlx_model_config cfg;
-    struct rlx_device *dev;       /* borrowed */
+    struct rlx_device *dev; /* borrowed */
     int64_t layer_begin, layer_end;
-    unsigned ends;                /* RLX_BLOCK_EMBED | RLX_BLOCK_HEAD */
+    unsigned ends; /* RLX_BLOCK_EMBED | RLX_BLOCK_HEAD */
     struct rlx_weights *weights;
     struct rlx_param_info *params; /* (n_params) what the block reads */
     int n_params;
@@ -41,13 +41,13 @@ struct rlx_model {
     int64_t prefill_capacity, max_past, seq_cap;
     size_t memory_budget;
     char budget_hint[256];
-    struct plan_slot *slots;      /* (n_slots) compiled plans */
+    struct plan_slot *slots; /* (n_slots) compiled plans */
     int n_slots, cap_slots;
-    uint64_t clock;               /* use counter for LRU */
+    uint64_t clock; /* use counter for LRU */
     struct rlx_model_stats stats;
     bool profiling;
-    pthread_mutex_t lock;         /* held for every plan lookup, compile and run */
-    atomic_int n_seqs;            /* live sequences: rlx_model_free asserts none */
+    pthread_mutex_t lock; /* held for every plan lookup, compile and run */
+    atomic_int n_seqs;    /* live sequences: rlx_model_free asserts none */
 };
 
 void rlx_model_lock(struct rlx_model *m);

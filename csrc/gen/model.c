@@ -50,8 +50,12 @@ static void release_plans_locked(struct rlx_model *m)
 static rlx_status check_device_runs(const struct rlx_model_config *cfg, const struct rlx_device *dev,
                                     int64_t layer_begin, int64_t layer_end, unsigned ends)
 {
-    struct rlx_block_spec spec = {.layer_begin = layer_begin, .layer_end = layer_end, .flags = ends,
-                                  .seq = rlx_dim_const(1), .kv_rows = rlx_dim_const(1), .kv_dtype = RLX_F32};
+    struct rlx_block_spec spec = {.layer_begin = layer_begin,
+                                  .layer_end = layer_end,
+                                  .flags = ends,
+                                  .seq = rlx_dim_const(1),
+                                  .kv_rows = rlx_dim_const(1),
+                                  .kv_dtype = RLX_F32};
     struct rlx_graph *g;
     RLX_TRY(rlx_decoder_build(cfg, &spec, NULL, &g, NULL));
     rlx_status s = RLX_OK;
@@ -61,7 +65,8 @@ static rlx_status check_device_runs(const struct rlx_model_config *cfg, const st
         const bool moe = op == RLX_OP_TOPK || op == RLX_OP_MATMUL_ID || op == RLX_OP_MOE_COMBINE;
         s = rlx_set_error(RLX_ERR_UNSUPPORTED, "device '%s' cannot run this model: it has no kernel for op %s%s",
                           dev->name, rlx_op_name(op),
-                          moe ? " (the mixture-of-experts layers of Qwen3-MoE are not implemented on this device)" : "");
+                          moe ? " (the mixture-of-experts layers of Qwen3-MoE are not implemented on this device)"
+                              : "");
     }
     rlx_graph_free(g);
     return s;
@@ -328,9 +333,11 @@ static rlx_status plan_key(const struct rlx_model *m, enum plan_kind kind, int64
         *kseq = *krows = -1;
     } else if (pol == RLX_POLICY_BUCKETED) {
         if (past + n > m->max_past)
-            return rlx_set_error(RLX_ERR_RANGE, "%lld cached positions after this step exceed max_past %lld of the "
+            return rlx_set_error(RLX_ERR_RANGE,
+                                 "%lld cached positions after this step exceed max_past %lld of the "
                                  "bucketed decode cache; this utterance cannot grow further under it (use a larger "
-                                 "max_past)", (long long)(past + n), (long long)m->max_past);
+                                 "max_past)",
+                                 (long long)(past + n), (long long)m->max_past);
         *krows = pow2_ceil(past + n);
         if (*krows > m->max_past) *krows = m->max_past;
         *masked = true;
@@ -349,7 +356,8 @@ static void evict_for(struct rlx_model *m, enum plan_kind kind)
     for (;;) {
         int count = 0, victim = -1;
         for (int i = 0; i < m->n_slots; i++) {
-            const bool same = pol == RLX_POLICY_LRU ? (m->slots[i].kind != KIND_DECODE) == prefill : m->slots[i].kind == kind;
+            const bool same =
+                pol == RLX_POLICY_LRU ? (m->slots[i].kind != KIND_DECODE) == prefill : m->slots[i].kind == kind;
             if (!same) continue;
             count++;
             if (victim < 0 || m->slots[i].last_used < m->slots[victim].last_used) victim = i;
@@ -439,8 +447,10 @@ rlx_status rlx_model_plan(struct rlx_model *m, enum plan_kind kind, int64_t n, i
     s->last_used = ++m->clock;
     m->n_slots++;
     m->stats.compile_seconds += now_seconds() - t0;
-    if (kind == KIND_DECODE) m->stats.decode_compiles++;
-    else m->stats.prefill_compiles++;
+    if (kind == KIND_DECODE)
+        m->stats.decode_compiles++;
+    else
+        m->stats.prefill_compiles++;
     *out = s;
     return RLX_OK;
 }

@@ -30,7 +30,8 @@
  * Options and randomness
  * ------------------------------------------------------------------------------------------- */
 
-struct rlx_sample_opts rlx_sample_opts_greedy(void) {
+struct rlx_sample_opts rlx_sample_opts_greedy(void)
+{
     struct rlx_sample_opts o = {
         .temperature = 0.0f,
         .top_k = 0,
@@ -42,14 +43,12 @@ struct rlx_sample_opts rlx_sample_opts_greedy(void) {
     return o;
 }
 
-rlx_status rlx_sample_opts_check(const struct rlx_sample_opts *o) {
-    if (!o)
-        return rlx_set_error(RLX_ERR_INVALID, "sample options are NULL");
+rlx_status rlx_sample_opts_check(const struct rlx_sample_opts *o)
+{
+    if (!o) return rlx_set_error(RLX_ERR_INVALID, "sample options are NULL");
     if (!(o->temperature >= 0.0f) || isinf(o->temperature))
-        return rlx_set_error(RLX_ERR_INVALID, "temperature must be finite and >= 0, got %g",
-                             (double)o->temperature);
-    if (o->top_k < 0)
-        return rlx_set_error(RLX_ERR_INVALID, "top_k must be >= 0, got %d", (int)o->top_k);
+        return rlx_set_error(RLX_ERR_INVALID, "temperature must be finite and >= 0, got %g", (double)o->temperature);
+    if (o->top_k < 0) return rlx_set_error(RLX_ERR_INVALID, "top_k must be >= 0, got %d", (int)o->top_k);
     if (!(o->top_p > 0.0f && o->top_p <= 1.0f))
         return rlx_set_error(RLX_ERR_INVALID, "top_p must be in (0, 1], got %g", (double)o->top_p);
     if (!(o->min_p >= 0.0f && o->min_p <= 1.0f))
@@ -61,7 +60,8 @@ rlx_status rlx_sample_opts_check(const struct rlx_sample_opts *o) {
 }
 
 /* A 64-bit avalanche: xor-shift / odd-multiply rounds, every input bit affects every output bit. */
-static uint64_t mix64(uint64_t x) {
+static uint64_t mix64(uint64_t x)
+{
     x ^= x >> 30;
     x *= 0xbf58476d1ce4e5b9ULL;
     x ^= x >> 27;
@@ -72,15 +72,14 @@ static uint64_t mix64(uint64_t x) {
 
 /* Keyed hash of the counter: the seed is mixed into a key first, so (seed, index) and
  * (seed + 1, index - 1) never collide the way a plain seed + index sum would. */
-double rlx_rng_uniform(uint64_t seed, uint64_t index) {
+double rlx_rng_uniform(uint64_t seed, uint64_t index)
+{
     uint64_t key = mix64(seed + 0x9e3779b97f4a7c15ULL);
     uint64_t x = mix64(key ^ mix64(index * 0xd1b54a32d192ed03ULL + 0x8cb92ba72f3d8dd7ULL));
     return (double)(x >> 11) * 0x1.0p-53; /* 53 random bits -> [0, 1) */
 }
 
-size_t rlx_sample_scratch_floats(int64_t vocab) {
-    return vocab > 0 ? (size_t)vocab : 0;
-}
+size_t rlx_sample_scratch_floats(int64_t vocab) { return vocab > 0 ? (size_t)vocab : 0; }
 
 /* ---------------------------------------------------------------------------------------------
  * Ordering and heaps over token ids
@@ -89,21 +88,17 @@ size_t rlx_sample_scratch_floats(int64_t vocab) {
  * and sort below is deterministic. The heaps hold ids; s (vocab) holds their scores.
  * ------------------------------------------------------------------------------------------- */
 
-static bool ranks_before(const float *s, int32_t a, int32_t b) {
-    return s[a] > s[b] || (s[a] == s[b] && a < b);
-}
+static bool ranks_before(const float *s, int32_t a, int32_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); }
 
 /* Restores the heap below position i of h (n ids). worst_on_top: a min-heap in rank order (the
  * worst-ranked id at the root); otherwise a max-heap (the best-ranked id at the root). */
-static void heap_sift(int32_t *h, int64_t n, int64_t i, const float *s, bool worst_on_top) {
+static void heap_sift(int32_t *h, int64_t n, int64_t i, const float *s, bool worst_on_top)
+{
     for (;;) {
         int64_t c = 2 * i + 1;
-        if (c >= n)
-            return;
-        if (c + 1 < n && ranks_before(s, h[c + 1], h[c]) != worst_on_top)
-            c++;
-        if (ranks_before(s, h[c], h[i]) == worst_on_top)
-            return;
+        if (c >= n) return;
+        if (c + 1 < n && ranks_before(s, h[c + 1], h[c]) != worst_on_top) c++;
+        if (ranks_before(s, h[c], h[i]) == worst_on_top) return;
         int32_t t = h[i];
         h[i] = h[c];
         h[c] = t;
@@ -111,14 +106,15 @@ static void heap_sift(int32_t *h, int64_t n, int64_t i, const float *s, bool wor
     }
 }
 
-static void heap_build(int32_t *h, int64_t n, const float *s, bool worst_on_top) {
-    for (int64_t i = n / 2 - 1; i >= 0; i--)
-        heap_sift(h, n, i, s, worst_on_top);
+static void heap_build(int32_t *h, int64_t n, const float *s, bool worst_on_top)
+{
+    for (int64_t i = n / 2 - 1; i >= 0; i--) heap_sift(h, n, i, s, worst_on_top);
 }
 
 /* Pops the best id of the max-heap h[0, *n) and parks it at h[*n - 1] (so successive pops fill
  * the tail of h from the back in descending rank). */
-static int32_t heap_pop(int32_t *h, int64_t *n, const float *s) {
+static int32_t heap_pop(int32_t *h, int64_t *n, const float *s)
+{
     int32_t top = h[0];
     (*n)--;
     h[0] = h[*n];
@@ -129,7 +125,8 @@ static int32_t heap_pop(int32_t *h, int64_t *n, const float *s) {
 
 /* Keeps the k best-ranked of ids[0, m) in ids[0, k) (unordered), in O(m log k): a min-heap of the
  * k best so far, whose root is replaced whenever a better id comes along. */
-static void select_top_k(int32_t *ids, int64_t m, int64_t k, const float *s) {
+static void select_top_k(int32_t *ids, int64_t m, int64_t k, const float *s)
+{
     heap_build(ids, k, s, true);
     for (int64_t j = k; j < m; j++) {
         if (ranks_before(s, ids[j], ids[0])) {
@@ -145,52 +142,46 @@ static void select_top_k(int32_t *ids, int64_t m, int64_t k, const float *s) {
 
 /* s (vocab) = logits with NaN -> -inf and the penalty applied once to each distinct history id.
  * mark (vocab) is working memory (the idx array), left dirty. */
-static void penalize(float *s, const float *logits, int64_t vocab, float r, const int32_t *history,
-                     int64_t n_hist, int32_t *mark) {
+static void penalize(float *s, const float *logits, int64_t vocab, float r, const int32_t *history, int64_t n_hist,
+                     int32_t *mark)
+{
     for (int64_t i = 0; i < vocab; i++) {
         s[i] = isnan(logits[i]) ? -INFINITY : logits[i];
         mark[i] = 0;
     }
-    if (r == 1.0f)
-        return;
+    if (r == 1.0f) return;
     for (int64_t j = 0; j < n_hist; j++) {
         int32_t id = history[j];
-        if (mark[id])
-            continue;
+        if (mark[id]) continue;
         mark[id] = 1;
-        if (!isfinite(s[id]))
-            continue; /* +-inf stays +-inf under a positive factor */
+        if (!isfinite(s[id])) continue; /* +-inf stays +-inf under a positive factor */
         double l = s[id];
         l = l > 0.0 ? l / r : l * r;
-        if (l > FLT_MAX)
-            l = FLT_MAX;
-        if (l < -FLT_MAX)
-            l = -FLT_MAX;
+        if (l > FLT_MAX) l = FLT_MAX;
+        if (l < -FLT_MAX) l = -FLT_MAX;
         s[id] = (float)l;
     }
 }
 
-rlx_status rlx_sample(const float *logits, int64_t vocab, const struct rlx_sample_opts *o,
-                      const int32_t *history, int64_t n_hist, uint64_t sample_index,
-                      float *scratch, int32_t *idx, int32_t *out_token) {
+rlx_status rlx_sample(const float *logits, int64_t vocab, const struct rlx_sample_opts *o, const int32_t *history,
+                      int64_t n_hist, uint64_t sample_index, float *scratch, int32_t *idx, int32_t *out_token)
+{
     rlx_status st = rlx_sample_opts_check(o);
-    if (st != RLX_OK)
-        return st;
+    if (st != RLX_OK) return st;
     if (vocab < 1 || vocab > INT32_MAX)
-        return rlx_set_error(RLX_ERR_INVALID, "sample: vocab must be in [1, %d], got %lld",
-                             (int)INT32_MAX, (long long)vocab);
+        return rlx_set_error(RLX_ERR_INVALID, "sample: vocab must be in [1, %d], got %lld", (int)INT32_MAX,
+                             (long long)vocab);
     if (!logits || !scratch || !idx || !out_token)
         return rlx_set_error(RLX_ERR_INVALID, "sample: logits, scratch, idx and out_token must not be NULL");
     if (n_hist < 0 || (n_hist > 0 && !history))
-        return rlx_set_error(RLX_ERR_INVALID, "sample: bad history (n_hist %lld, history %s)",
-                             (long long)n_hist, history ? "set" : "NULL");
+        return rlx_set_error(RLX_ERR_INVALID, "sample: bad history (n_hist %lld, history %s)", (long long)n_hist,
+                             history ? "set" : "NULL");
     for (int64_t j = 0; j < n_hist; j++)
         if (history[j] < 0 || history[j] >= vocab)
             return rlx_set_error(RLX_ERR_RANGE, "sample: history[%lld] = %d is outside the vocab [0, %lld)",
                                  (long long)j, (int)history[j], (long long)vocab);
     int64_t n_finite = 0;
-    for (int64_t i = 0; i < vocab; i++)
-        n_finite += isfinite(logits[i]) ? 1 : 0;
+    for (int64_t i = 0; i < vocab; i++) n_finite += isfinite(logits[i]) ? 1 : 0;
     if (n_finite == 0)
         return rlx_set_error(RLX_ERR_RANGE, "sample: none of the %lld logits is finite", (long long)vocab);
 
@@ -200,25 +191,21 @@ rlx_status rlx_sample(const float *logits, int64_t vocab, const struct rlx_sampl
     if (o->temperature == 0.0f) {
         int32_t best = -1;
         for (int32_t i = 0; i < (int32_t)vocab; i++)
-            if (best < 0 || s[i] > s[best])
-                best = i;
+            if (best < 0 || s[i] > s[best]) best = i;
         *out_token = best;
         return RLX_OK;
     }
 
     /* +inf logits, if any, take all the mass equally. */
     bool any_pos_inf = false;
-    for (int64_t i = 0; i < vocab && !any_pos_inf; i++)
-        any_pos_inf = isinf(s[i]) && s[i] > 0;
+    for (int64_t i = 0; i < vocab && !any_pos_inf; i++) any_pos_inf = isinf(s[i]) && s[i] > 0;
     if (any_pos_inf)
-        for (int64_t i = 0; i < vocab; i++)
-            s[i] = isinf(s[i]) && s[i] > 0 ? 0.0f : -INFINITY;
+        for (int64_t i = 0; i < vocab; i++) s[i] = isinf(s[i]) && s[i] > 0 ? 0.0f : -INFINITY;
 
     /* Candidates: ids with probability > 0 before rounding, i.e. finite scores (m >= 1 here). */
     int64_t m = 0;
     for (int32_t i = 0; i < (int32_t)vocab; i++)
-        if (s[i] != -INFINITY)
-            idx[m++] = i;
+        if (s[i] != -INFINITY) idx[m++] = i;
 
     if (o->top_k > 0 && o->top_k < m) {
         select_top_k(idx, m, o->top_k, s);
@@ -228,8 +215,7 @@ rlx_status rlx_sample(const float *logits, int64_t vocab, const struct rlx_sampl
     /* Softmax numerators w = exp((l - l_max) / T) in (0, 1]; the top token has w = 1 exactly. */
     float l_max = -INFINITY;
     for (int64_t j = 0; j < m; j++)
-        if (s[idx[j]] > l_max)
-            l_max = s[idx[j]];
+        if (s[idx[j]] > l_max) l_max = s[idx[j]];
     double inv_t = 1.0 / (double)o->temperature;
     double z = 0.0;
     for (int64_t j = 0; j < m; j++) {
@@ -254,27 +240,22 @@ rlx_status rlx_sample(const float *logits, int64_t vocab, const struct rlx_sampl
                 break; /* min_p: p < min_p * p_max, i.e. w < min_p since w_max = 1 */
             kept += s[heap_pop(idx, &heap_n, s)];
             r++;
-            if (o->top_p < 1.0f && kept >= mass_goal)
-                break;
+            if (o->top_p < 1.0f && kept >= mass_goal) break;
         }
         double goal = u * kept, run = 0.0;
         for (int64_t j = 0; j < r; j++) {
             int32_t id = idx[m - 1 - j];
             run += s[id];
-            if (s[id] > 0.0f)
-                last_positive = id;
-            if (run > goal)
-                break;
+            if (s[id] > 0.0f) last_positive = id;
+            if (run > goal) break;
         }
     } else {
         double goal = u * z, run = 0.0;
         while (heap_n > 0) {
             int32_t id = heap_pop(idx, &heap_n, s);
             run += s[id];
-            if (s[id] > 0.0f)
-                last_positive = id;
-            if (run > goal)
-                break;
+            if (s[id] > 0.0f) last_positive = id;
+            if (run > goal) break;
         }
     }
     /* The first token visited has w = 1, so last_positive is set; when rounding leaves the

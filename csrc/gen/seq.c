@@ -16,18 +16,18 @@
 #include "runtime/plan.h"
 
 struct rlx_seq {
-    struct rlx_model *m;          /* borrowed; outlives the sequence */
-    struct rlx_kv_cache *kv;      /* (layers of the block, positions, n_kv_heads * head_dim) of kv dtype */
-    int32_t *tokens;              /* (cap_tokens) history */
-    int32_t *pos;                 /* (cap_tokens) scratch: absolute positions of a run */
+    struct rlx_model *m;     /* borrowed; outlives the sequence */
+    struct rlx_kv_cache *kv; /* (layers of the block, positions, n_kv_heads * head_dim) of kv dtype */
+    int32_t *tokens;         /* (cap_tokens) history */
+    int32_t *pos;            /* (cap_tokens) scratch: absolute positions of a run */
     int64_t n_tokens, cap_tokens;
-    float *logits;                /* (vocab) of the position after the cached history */
-    bool logits_valid;            /* logits belong to the current history (cache == history) */
-    float *hidden;                /* (hidden_rows, hidden_size) output of a block without a head */
+    float *logits;     /* (vocab) of the position after the cached history */
+    bool logits_valid; /* logits belong to the current history (cache == history) */
+    float *hidden;     /* (hidden_rows, hidden_size) output of a block without a head */
     int64_t hidden_rows;
-    float *sample_scratch;        /* (rlx_sample_scratch_floats(vocab)) */
-    int32_t *sample_idx;          /* (vocab) */
-    float *mask;                  /* (mask_floats) scratch for bucketed masks, grown on demand */
+    float *sample_scratch; /* (rlx_sample_scratch_floats(vocab)) */
+    int32_t *sample_idx;   /* (vocab) */
+    float *mask;           /* (mask_floats) scratch for bucketed masks, grown on demand */
     size_t mask_floats;
     double profile[RLX_OP_COUNT]; /* seconds per op of the last run, when the model profiles */
     bool profile_valid;
@@ -156,8 +156,10 @@ rlx_status rlx_seq_append(struct rlx_seq *s, const int32_t *ids, int64_t n)
     if (n < 1) return rlx_set_error(RLX_ERR_INVALID, "append: no tokens");
     if (s->n_tokens == 0) return rlx_set_error(RLX_ERR_STATE, "no context: call prefill first");
     if (n > s->m->cfg.max_position_embeddings - s->n_tokens)
-        return rlx_set_error(RLX_ERR_RANGE, "the context is full: %lld + %lld tokens exceed max_position_embeddings "
-                             "%lld", (long long)s->n_tokens, (long long)n, (long long)s->m->cfg.max_position_embeddings);
+        return rlx_set_error(RLX_ERR_RANGE,
+                             "the context is full: %lld + %lld tokens exceed max_position_embeddings "
+                             "%lld",
+                             (long long)s->n_tokens, (long long)n, (long long)s->m->cfg.max_position_embeddings);
     RLX_TRY(check_tokens(s, ids, n, s->n_tokens));
     RLX_TRY(need_tokens(s, s->n_tokens + n));
     memcpy(s->tokens + s->n_tokens, ids, (size_t)n * sizeof *ids);
@@ -354,13 +356,13 @@ rlx_status rlx_seq_last_profile(const struct rlx_seq *s, double *seconds_by_op)
 
 /* The header of a saved state: fixed-size fields, native byte order (checked by `magic`). */
 struct state_header {
-    char magic[8];                /* "RLXSEQ1\0" */
-    uint32_t endian;              /* 0x01020304 as written */
+    char magic[8];   /* "RLXSEQ1\0" */
+    uint32_t endian; /* 0x01020304 as written */
     uint32_t kv_dtype;
-    uint64_t config_hash;         /* FNV-1a of the config fields that shape the computation */
+    uint64_t config_hash; /* FNV-1a of the config fields that shape the computation */
     int64_t layer_begin, layer_end;
     uint32_t ends, reserved;
-    int64_t row;                  /* n_kv_heads * head_dim */
+    int64_t row; /* n_kv_heads * head_dim */
     int64_t n_tokens, kv_len;
 };
 
@@ -369,9 +371,19 @@ static const char state_magic[8] = "RLXSEQ1";
 static uint64_t config_hash(const struct rlx_model_config *c)
 {
     uint64_t h = 1469598103934665603ull;
-    const int64_t f[] = {c->vocab_size, c->hidden_size, c->intermediate_size, c->n_layers, c->n_heads, c->n_kv_heads,
-                         c->head_dim, c->max_position_embeddings, c->tie_word_embeddings, c->attention_bias,
-                         c->mlp_bias, c->qk_norm, c->rope_interleaved};
+    const int64_t f[] = {c->vocab_size,
+                         c->hidden_size,
+                         c->intermediate_size,
+                         c->n_layers,
+                         c->n_heads,
+                         c->n_kv_heads,
+                         c->head_dim,
+                         c->max_position_embeddings,
+                         c->tie_word_embeddings,
+                         c->attention_bias,
+                         c->mlp_bias,
+                         c->qk_norm,
+                         c->rope_interleaved};
     uint32_t eps;
     memcpy(&eps, &c->rms_norm_eps, sizeof eps);
     const unsigned char *parts[3] = {(const unsigned char *)f, (const unsigned char *)c->layer_window,
@@ -419,8 +431,7 @@ rlx_status rlx_seq_save(const struct rlx_seq *s, void *buf, size_t bytes)
 {
     size_t need;
     RLX_TRY(rlx_seq_state_size(s, &need));
-    if (bytes != need)
-        return rlx_set_error(RLX_ERR_SHAPE, "sequence state: %zu bytes given, %zu needed", bytes, need);
+    if (bytes != need) return rlx_set_error(RLX_ERR_SHAPE, "sequence state: %zu bytes given, %zu needed", bytes, need);
     struct state_header h;
     fill_header(s, &h);
     char *p = buf;
@@ -440,11 +451,13 @@ rlx_status rlx_seq_save(const struct rlx_seq *s, void *buf, size_t bytes)
 rlx_status rlx_seq_load(struct rlx_seq *s, const void *buf, size_t bytes)
 {
     struct state_header h, mine;
-    if (bytes < sizeof h) return rlx_set_error(RLX_ERR_INVALID, "sequence state: %zu bytes are too few for a header", bytes);
+    if (bytes < sizeof h)
+        return rlx_set_error(RLX_ERR_INVALID, "sequence state: %zu bytes are too few for a header", bytes);
     memcpy(&h, buf, sizeof h);
     fill_header(s, &mine);
     if (memcmp(h.magic, state_magic, sizeof h.magic) != 0 || h.endian != mine.endian)
-        return rlx_set_error(RLX_ERR_INVALID, "sequence state: not an rlx sequence state of this version and byte order");
+        return rlx_set_error(RLX_ERR_INVALID,
+                             "sequence state: not an rlx sequence state of this version and byte order");
     if (h.kv_dtype != mine.kv_dtype)
         return rlx_set_error(RLX_ERR_INVALID, "sequence state: saved with a %s KV cache, this sequence's is %s",
                              rlx_dtype_name((enum rlx_dtype)(h.kv_dtype < RLX_DTYPE_COUNT ? h.kv_dtype : 0)),
@@ -452,18 +465,24 @@ rlx_status rlx_seq_load(struct rlx_seq *s, const void *buf, size_t bytes)
     if (h.config_hash != mine.config_hash || h.row != mine.row)
         return rlx_set_error(RLX_ERR_INVALID, "sequence state: saved from a model with another config");
     if (h.layer_begin != mine.layer_begin || h.layer_end != mine.layer_end || h.ends != mine.ends)
-        return rlx_set_error(RLX_ERR_INVALID, "sequence state: saved from the block of layers [%lld, %lld), this is "
-                             "[%lld, %lld)", (long long)h.layer_begin, (long long)h.layer_end,
-                             (long long)mine.layer_begin, (long long)mine.layer_end);
+        return rlx_set_error(RLX_ERR_INVALID,
+                             "sequence state: saved from the block of layers [%lld, %lld), this is "
+                             "[%lld, %lld)",
+                             (long long)h.layer_begin, (long long)h.layer_end, (long long)mine.layer_begin,
+                             (long long)mine.layer_end);
     const int64_t ctx = s->m->cfg.max_position_embeddings;
     if (h.n_tokens < 0 || h.n_tokens > ctx || h.kv_len < 0 || h.kv_len > h.n_tokens)
-        return rlx_set_error(RLX_ERR_INVALID, "sequence state: %lld tokens with %lld cached rows do not fit a context "
-                             "of %lld", (long long)h.n_tokens, (long long)h.kv_len, (long long)ctx);
+        return rlx_set_error(RLX_ERR_INVALID,
+                             "sequence state: %lld tokens with %lld cached rows do not fit a context "
+                             "of %lld",
+                             (long long)h.n_tokens, (long long)h.kv_len, (long long)ctx);
     size_t need;
     RLX_TRY(state_bytes(s, h.n_tokens, h.kv_len, &need));
     if (bytes != need)
-        return rlx_set_error(RLX_ERR_INVALID, "sequence state: %zu bytes, a state of %lld tokens and %lld cached rows "
-                             "has %zu", bytes, (long long)h.n_tokens, (long long)h.kv_len, need);
+        return rlx_set_error(RLX_ERR_INVALID,
+                             "sequence state: %zu bytes, a state of %lld tokens and %lld cached rows "
+                             "has %zu",
+                             bytes, (long long)h.n_tokens, (long long)h.kv_len, need);
     const char *p = (const char *)buf + sizeof h;
     const bool embeds = s->m->ends & RLX_BLOCK_EMBED;
     int32_t *toks = NULL;

@@ -96,7 +96,8 @@ static rlx_status add_leaf(struct rlx_graph *g, enum rlx_op op, const char *name
 {
     const char *what = rlx_op_table[op].name;
     RLX_TRY(check_name_free(g, name, what));
-    if ((unsigned)dt >= RLX_DTYPE_COUNT) return rlx_set_error(RLX_ERR_DTYPE, "%s '%s': bad dtype %d", what, name, (int)dt);
+    if ((unsigned)dt >= RLX_DTYPE_COUNT)
+        return rlx_set_error(RLX_ERR_DTYPE, "%s '%s': bad dtype %d", what, name, (int)dt);
     if (ndim < 0 || ndim > RLX_MAX_DIMS)
         return rlx_set_error(RLX_ERR_SHAPE, "%s '%s': rank %d outside 0..%d", what, name, ndim, RLX_MAX_DIMS);
     for (int i = 0; i < ndim; i++) {
@@ -218,13 +219,13 @@ size_t rlx_graph_dump(const struct rlx_graph *g, char *buf, size_t cap)
 {
     size_t len = 0;
     char line[1024], shape[256];
-#define EMIT(...)                                                                                  \
-    do {                                                                                           \
-        int k_ = snprintf(line, sizeof line, __VA_ARGS__);                                         \
-        if (k_ > 0) {                                                                              \
-            if (len < cap) snprintf(buf + len, cap - len, "%s", line);                             \
-            len += (size_t)k_;                                                                     \
-        }                                                                                          \
+#define EMIT(...)                                                                                                      \
+    do {                                                                                                               \
+        int k_ = snprintf(line, sizeof line, __VA_ARGS__);                                                             \
+        if (k_ > 0) {                                                                                                  \
+            if (len < cap) snprintf(buf + len, cap - len, "%s", line);                                                 \
+            len += (size_t)k_;                                                                                         \
+        }                                                                                                              \
     } while (0)
     if (cap) buf[0] = '\0';
     for (int i = 0; i < g->n_nodes; i++) {

@@ -14,21 +14,21 @@ struct rlx_node {
     enum rlx_op op;
     enum rlx_dtype dtype;
     int n_in;
-    int in[RLX_MAX_INPUTS];          /* ids of the input nodes, all < this node's id */
+    int in[RLX_MAX_INPUTS]; /* ids of the input nodes, all < this node's id */
     int ndim;
     struct rlx_dim shape[RLX_MAX_DIMS];
     struct rlx_attrs attrs;
-    char name[RLX_NAME_MAX];         /* INPUT / PARAM / STATE name; "" otherwise */
-    int companion;                   /* ADD_RMSNORM: id of its FUSED_OUT node; -1 otherwise */
-    bool dead;                       /* removed by a pass */
+    char name[RLX_NAME_MAX]; /* INPUT / PARAM / STATE name; "" otherwise */
+    int companion;           /* ADD_RMSNORM: id of its FUSED_OUT node; -1 otherwise */
+    bool dead;               /* removed by a pass */
 };
 
 struct rlx_graph {
-    struct rlx_node *nodes;          /* (n_nodes) */
+    struct rlx_node *nodes; /* (n_nodes) */
     int n_nodes, cap_nodes;
     char sym_names[RLX_MAX_SYMS][RLX_NAME_MAX];
     int n_syms;
-    int *outputs;                    /* (n_outputs) node ids */
+    int *outputs;                       /* (n_outputs) node ids */
     char (*output_names)[RLX_NAME_MAX]; /* (n_outputs) */
     int n_outputs, cap_outputs, cap_output_names;
 };
@@ -37,7 +37,7 @@ struct rlx_graph {
 struct rlx_op_info {
     const char *name;
     int min_in, max_in;
-    bool user;                       /* may be added with rlx_graph_op (not INPUT/PARAM/fused) */
+    bool user; /* may be added with rlx_graph_op (not INPUT/PARAM/fused) */
     /* Sets n's dtype and shape from its inputs, or fails naming the node and the shapes. */
     rlx_status (*infer)(const struct rlx_graph *g, int id, struct rlx_node *n);
 };

@@ -88,17 +88,18 @@ static rlx_status infer_matmul(const struct rlx_graph *g, int id, struct rlx_nod
     const struct rlx_node *a = IN(0), *b = IN(1);
     enum rlx_dtype bad = RLX_DTYPE_COUNT; /* set by weight_fits, which a failed dtype test skips */
     if (a->dtype != RLX_F32 || !weight_fits(b, &bad))
-        return fail(g, id, n, RLX_ERR_DTYPE, bad != RLX_DTYPE_COUNT
-                                                 ? "a block-type b must be (N, K) with K a whole number of blocks"
-                                                 : "matmul takes f32 a and a real-valued b (f32, f16, bf16, q8_0)");
+        return fail(g, id, n, RLX_ERR_DTYPE,
+                    bad != RLX_DTYPE_COUNT ? "a block-type b must be (N, K) with K a whole number of blocks"
+                                           : "matmul takes f32 a and a real-valued b (f32, f16, bf16, q8_0)");
     if (b->dtype != RLX_F32 && !n->attrs.trans_b)
         return fail(g, id, n, RLX_ERR_DTYPE, "a b other than f32 must be stored (N, K) and read with trans_b");
     if (a->ndim < 1 || b->ndim != 2) return fail(g, id, n, RLX_ERR_SHAPE, "a must have rank >= 1 and b rank 2");
     const struct rlx_dim *kb = n->attrs.trans_b ? &b->shape[1] : &b->shape[0];
     const struct rlx_dim *nb = n->attrs.trans_b ? &b->shape[0] : &b->shape[1];
     if (!rlx_dim_equal(&a->shape[a->ndim - 1], kb))
-        return fail(g, id, n, RLX_ERR_SHAPE, n->attrs.trans_b ? "a (..., K) and b (N, K) disagree on K"
-                                                                : "a (..., K) and b (K, N) disagree on K");
+        return fail(g, id, n, RLX_ERR_SHAPE,
+                    n->attrs.trans_b ? "a (..., K) and b (N, K) disagree on K"
+                                     : "a (..., K) and b (K, N) disagree on K");
     struct rlx_dim shape[RLX_MAX_DIMS];
     memcpy(shape, a->shape, sizeof shape);
     shape[a->ndim - 1] = *nb;
@@ -169,8 +170,7 @@ static rlx_status infer_binary(const struct rlx_graph *g, int id, struct rlx_nod
     const struct rlx_node *a = IN(0), *b = IN(1);
     if (!all_f32(g, n, 2)) return fail(g, id, n, RLX_ERR_DTYPE, "takes f32 operands");
     bool ok = a->ndim >= 1 && b->ndim >= 1 && b->ndim <= a->ndim;
-    for (int i = 0; ok && i < b->ndim; i++)
-        ok = rlx_dim_equal(&b->shape[b->ndim - 1 - i], &a->shape[a->ndim - 1 - i]);
+    for (int i = 0; ok && i < b->ndim; i++) ok = rlx_dim_equal(&b->shape[b->ndim - 1 - i], &a->shape[a->ndim - 1 - i]);
     if (!ok) return fail(g, id, n, RLX_ERR_SHAPE, "b's shape must equal the trailing dims of a's shape");
     set_out(n, RLX_F32, a->ndim, a->shape);
     return RLX_OK;
@@ -179,7 +179,8 @@ static rlx_status infer_binary(const struct rlx_graph *g, int id, struct rlx_nod
 static rlx_status infer_silu_mul(const struct rlx_graph *g, int id, struct rlx_node *n)
 {
     if (!all_f32(g, n, 2)) return fail(g, id, n, RLX_ERR_DTYPE, "takes f32 operands");
-    if (!same_shape(IN(0), IN(1)) || IN(0)->ndim < 1) return fail(g, id, n, RLX_ERR_SHAPE, "a and b must have equal shapes");
+    if (!same_shape(IN(0), IN(1)) || IN(0)->ndim < 1)
+        return fail(g, id, n, RLX_ERR_SHAPE, "a and b must have equal shapes");
     set_out(n, RLX_F32, IN(0)->ndim, IN(0)->shape);
     return RLX_OK;
 }
@@ -222,7 +223,8 @@ static rlx_status infer_cache_write(const struct rlx_graph *g, int id, struct rl
         return fail(g, id, n, RLX_ERR_INVALID, "the first input must be a state (or a write to one)");
     if (!is_kv_dtype(st->dtype) || rows->dtype != RLX_F32 || pos->dtype != RLX_I32)
         return fail(g, id, n, RLX_ERR_DTYPE, "takes an f32, f16 or bf16 state, f32 rows and i32 positions");
-    bool ok = st->ndim >= 1 && rows->ndim == st->ndim && pos->ndim == 1 && rlx_dim_equal(&pos->shape[0], &rows->shape[0]);
+    bool ok =
+        st->ndim >= 1 && rows->ndim == st->ndim && pos->ndim == 1 && rlx_dim_equal(&pos->shape[0], &rows->shape[0]);
     for (int i = 1; ok && i < st->ndim; i++) ok = rlx_dim_equal(&st->shape[i], &rows->shape[i]);
     if (!ok) return fail(g, id, n, RLX_ERR_SHAPE, "rows must be (S, ...) with the state's trailing dims, pos (S)");
     set_out(n, st->dtype, st->ndim, st->shape);
@@ -344,16 +346,17 @@ static rlx_status infer_matmul_id(const struct rlx_graph *g, int id, struct rlx_
     const struct rlx_node *a = IN(0), *ids = IN(1), *w = IN(2);
     enum rlx_dtype bad = RLX_DTYPE_COUNT; /* set by weight_fits, which a failed dtype test skips */
     if (a->dtype != RLX_F32 || ids->dtype != RLX_I32 || !weight_fits(w, &bad))
-        return fail(g, id, n, RLX_ERR_DTYPE, bad != RLX_DTYPE_COUNT
-                                                 ? "a block-type w must be (E, N, K) with K a whole number of blocks"
-                                                 : "matmul_id takes f32 a, i32 ids and a real-valued w");
+        return fail(g, id, n, RLX_ERR_DTYPE,
+                    bad != RLX_DTYPE_COUNT ? "a block-type w must be (E, N, K) with K a whole number of blocks"
+                                           : "matmul_id takes f32 a, i32 ids and a real-valued w");
     int64_t slots, rows, experts, wn;
     if (a->ndim != 3 || ids->ndim != 2 || w->ndim != 3 || !rlx_dim_equal(&a->shape[0], &ids->shape[0]) ||
         !const_dim(&ids->shape[1], &slots) || !const_dim(&a->shape[1], &rows) || (rows != 1 && rows != slots) ||
         !const_dim(&w->shape[0], &experts) || experts < 1 || !const_dim(&w->shape[1], &wn) ||
         !rlx_dim_equal(&a->shape[2], &w->shape[2]))
-        return fail(g, id, n, RLX_ERR_SHAPE, "a must be (S, A, K) with A = 1 or n, ids (S, n), w (E, N, K) "
-                                             "with constant E, N and n");
+        return fail(g, id, n, RLX_ERR_SHAPE,
+                    "a must be (S, A, K) with A = 1 or n, ids (S, n), w (E, N, K) "
+                    "with constant E, N and n");
     set_out(n, RLX_F32, 3, (struct rlx_dim[]){a->shape[0], ids->shape[1], w->shape[1]});
     return RLX_OK;
 }
@@ -377,34 +380,34 @@ static rlx_status infer_moe_combine(const struct rlx_graph *g, int id, struct rl
  * and a count of the rows are both made from this list; the static assertions below lock them to
  * the enum (exactly RLX_OP_COUNT rows, none past it), and -Woverride-init (an error here) refuses
  * an op listed twice, so every op has exactly one row. */
-#define OP_ROWS(X)                                                                                 \
-    X(RLX_OP_INPUT, "input", 0, 0, false, infer_leaf)                                              \
-    X(RLX_OP_PARAM, "param", 0, 0, false, infer_leaf)                                              \
-    X(RLX_OP_MATMUL, "matmul", 2, 2, true, infer_matmul)                                           \
-    X(RLX_OP_EMBEDDING, "embedding", 2, 2, true, infer_embedding)                                  \
-    X(RLX_OP_RMSNORM, "rmsnorm", 2, 2, true, infer_rmsnorm)                                        \
-    X(RLX_OP_ROPE, "rope", 3, 3, true, infer_rope)                                                 \
-    X(RLX_OP_SOFTMAX, "softmax", 1, 1, true, infer_unary)                                          \
-    X(RLX_OP_SILU, "silu", 1, 1, true, infer_unary)                                                \
-    X(RLX_OP_ADD, "add", 2, 2, true, infer_binary)                                                 \
-    X(RLX_OP_MUL, "mul", 2, 2, true, infer_binary)                                                 \
-    X(RLX_OP_ATTENTION, "attention", 3, 4, true, infer_attention)                                  \
-    X(RLX_OP_GATHER_LAST, "gather_last", 1, 1, true, infer_gather_last)                            \
-    X(RLX_OP_CONCAT, "concat", 2, 2, true, infer_concat)                                           \
-    X(RLX_OP_SLICE, "slice", 1, 1, true, infer_slice)                                              \
-    X(RLX_OP_RESHAPE, "reshape", 1, 1, true, infer_reshape)                                        \
-    X(RLX_OP_SILU_MUL, "silu_mul", 2, 2, false, infer_silu_mul)                                    \
-    X(RLX_OP_ADD_RMSNORM, "add_rmsnorm", 3, 3, false, infer_add_rmsnorm)                           \
-    X(RLX_OP_FUSED_OUT, "fused_out", 1, 1, false, infer_fused_out)                                 \
-    X(RLX_OP_STATE, "state", 0, 0, false, infer_leaf)                                              \
-    X(RLX_OP_CACHE_WRITE, "cache_write", 3, 3, false, infer_cache_write)                           \
-    X(RLX_OP_CONVERT, "convert", 1, 1, true, infer_convert)                                        \
-    X(RLX_OP_TOPK, "topk", 1, 1, true, infer_topk)                                                 \
-    X(RLX_OP_MATMUL_ID, "matmul_id", 3, 3, true, infer_matmul_id)                                  \
+#define OP_ROWS(X)                                                                                                     \
+    X(RLX_OP_INPUT, "input", 0, 0, false, infer_leaf)                                                                  \
+    X(RLX_OP_PARAM, "param", 0, 0, false, infer_leaf)                                                                  \
+    X(RLX_OP_MATMUL, "matmul", 2, 2, true, infer_matmul)                                                               \
+    X(RLX_OP_EMBEDDING, "embedding", 2, 2, true, infer_embedding)                                                      \
+    X(RLX_OP_RMSNORM, "rmsnorm", 2, 2, true, infer_rmsnorm)                                                            \
+    X(RLX_OP_ROPE, "rope", 3, 3, true, infer_rope)                                                                     \
+    X(RLX_OP_SOFTMAX, "softmax", 1, 1, true, infer_unary)                                                              \
+    X(RLX_OP_SILU, "silu", 1, 1, true, infer_unary)                                                                    \
+    X(RLX_OP_ADD, "add", 2, 2, true, infer_binary)                                                                     \
+    X(RLX_OP_MUL, "mul", 2, 2, true, infer_binary)                                                                     \
+    X(RLX_OP_ATTENTION, "attention", 3, 4, true, infer_attention)                                                      \
+    X(RLX_OP_GATHER_LAST, "gather_last", 1, 1, true, infer_gather_last)                                                \
+    X(RLX_OP_CONCAT, "concat", 2, 2, true, infer_concat)                                                               \
+    X(RLX_OP_SLICE, "slice", 1, 1, true, infer_slice)                                                                  \
+    X(RLX_OP_RESHAPE, "reshape", 1, 1, true, infer_reshape)                                                            \
+    X(RLX_OP_SILU_MUL, "silu_mul", 2, 2, false, infer_silu_mul)                                                        \
+    X(RLX_OP_ADD_RMSNORM, "add_rmsnorm", 3, 3, false, infer_add_rmsnorm)                                               \
+    X(RLX_OP_FUSED_OUT, "fused_out", 1, 1, false, infer_fused_out)                                                     \
+    X(RLX_OP_STATE, "state", 0, 0, false, infer_leaf)                                                                  \
+    X(RLX_OP_CACHE_WRITE, "cache_write", 3, 3, false, infer_cache_write)                                               \
+    X(RLX_OP_CONVERT, "convert", 1, 1, true, infer_convert)                                                            \
+    X(RLX_OP_TOPK, "topk", 1, 1, true, infer_topk)                                                                     \
+    X(RLX_OP_MATMUL_ID, "matmul_id", 3, 3, true, infer_matmul_id)                                                      \
     X(RLX_OP_MOE_COMBINE, "moe_combine", 3, 3, true, infer_moe_combine)
 
 #define AS_ROW(op, nm, lo, hi, usr, fn) [op] = {.name = nm, .min_in = lo, .max_in = hi, .user = usr, .infer = fn},
-#define PLUS_ONE(...) +1
+#define PLUS_ONE(...)                   +1
 
 const struct rlx_op_info rlx_op_table[] = {OP_ROWS(AS_ROW)};
 static_assert(0 OP_ROWS(PLUS_ONE) == RLX_OP_COUNT, "op table: one row per op");

@@ -16,15 +16,15 @@
 #define MIN_CAPACITY 256
 
 struct rlx_kv_cache {
-    struct rlx_device *dev;     /* borrowed */
+    struct rlx_device *dev; /* borrowed */
     int64_t n_layers;
-    int64_t row;                /* elements per cached position: n_kv_heads * head_dim */
-    int64_t capacity;           /* positions allocated per layer */
+    int64_t row;      /* elements per cached position: n_kv_heads * head_dim */
+    int64_t capacity; /* positions allocated per layer */
     int64_t max_capacity;
-    int64_t len;                /* positions filled, in [0, capacity] */
+    int64_t len; /* positions filled, in [0, capacity] */
     enum rlx_dtype dtype;
-    size_t row_bytes;           /* bytes of one position of one layer's K (or V) */
-    struct rlx_buffer **buf;    /* (n_layers, 2): K then V of each layer, (capacity, row) each */
+    size_t row_bytes;        /* bytes of one position of one layer's K (or V) */
+    struct rlx_buffer **buf; /* (n_layers, 2): K then V of each layer, (capacity, row) each */
 };
 
 rlx_status rlx_kv_cache_create(struct rlx_device *dev, int64_t n_layers, int64_t row, int64_t max_capacity,
@@ -35,9 +35,11 @@ rlx_status rlx_kv_cache_create(struct rlx_device *dev, int64_t n_layers, int64_t
         return rlx_set_error(RLX_ERR_INVALID, "kv cache: n_layers, row and capacity must be >= 1, got %lld, %lld, %lld",
                              (long long)n_layers, (long long)row, (long long)max_capacity);
     if (dtype != RLX_F32 && dtype != RLX_F16 && dtype != RLX_BF16)
-        return rlx_set_error(RLX_ERR_INVALID, "kv cache: dtype must be f32, f16 or bf16, got %s", rlx_dtype_name(dtype));
+        return rlx_set_error(RLX_ERR_INVALID, "kv cache: dtype must be f32, f16 or bf16, got %s",
+                             rlx_dtype_name(dtype));
     size_t row_bytes, layer_bytes, total;
-    if (rlx_dtype_bytes(dtype, row, &row_bytes) != RLX_OK || !rlx_size_mul(row_bytes, (size_t)max_capacity, &layer_bytes) ||
+    if (rlx_dtype_bytes(dtype, row, &row_bytes) != RLX_OK ||
+        !rlx_size_mul(row_bytes, (size_t)max_capacity, &layer_bytes) ||
         !rlx_size_mul(layer_bytes, (size_t)n_layers * 2, &total))
         return rlx_set_error(RLX_ERR_RANGE, "kv cache: %lld layers x 2 x %lld positions x %lld %s overflows",
                              (long long)n_layers, (long long)max_capacity, (long long)row, rlx_dtype_name(dtype));
@@ -94,7 +96,8 @@ rlx_status rlx_kv_cache_reserve(struct rlx_kv_cache *kv, int64_t n)
     rlx_status s = RLX_OK;
     for (int64_t b = 0; b < nb && s == RLX_OK; b++) {
         s = rlx_dev_alloc(kv->dev, kv->row_bytes * (size_t)cap, &fresh[b]);
-        if (s == RLX_OK && kv->buf[b]) s = rlx_dev_copy(kv->dev, fresh[b], 0, kv->buf[b], 0, kv->row_bytes * (size_t)kv->len);
+        if (s == RLX_OK && kv->buf[b])
+            s = rlx_dev_copy(kv->dev, fresh[b], 0, kv->buf[b], 0, kv->row_bytes * (size_t)kv->len);
     }
     if (s != RLX_OK) {
         for (int64_t b = 0; b < nb; b++) rlx_dev_free(kv->dev, fresh[b]);

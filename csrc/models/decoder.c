@@ -24,7 +24,7 @@
 
 rlx_status rlx_model_config_check(const struct rlx_model_config *c)
 {
-#define POSITIVE(f)                                                                                \
+#define POSITIVE(f)                                                                                                    \
     if (c->f < 1) return rlx_set_error(RLX_ERR_INVALID, "model config: " #f " must be >= 1, got %lld", (long long)c->f)
     POSITIVE(vocab_size);
     POSITIVE(hidden_size);
@@ -41,7 +41,8 @@ rlx_status rlx_model_config_check(const struct rlx_model_config *c)
     if (c->n_heads % c->n_kv_heads)
         return rlx_set_error(RLX_ERR_INVALID, "model config: n_heads %lld is not a multiple of n_kv_heads %lld",
                              (long long)c->n_heads, (long long)c->n_kv_heads);
-    if (c->head_dim % 2) return rlx_set_error(RLX_ERR_INVALID, "model config: head_dim %lld is odd", (long long)c->head_dim);
+    if (c->head_dim % 2)
+        return rlx_set_error(RLX_ERR_INVALID, "model config: head_dim %lld is odd", (long long)c->head_dim);
     if (!(c->rms_norm_eps >= 0.0f) || !isfinite(c->rms_norm_eps))
         return rlx_set_error(RLX_ERR_INVALID, "model config: rms_norm_eps must be a finite number >= 0");
     bool sparse = false;
@@ -52,9 +53,11 @@ rlx_status rlx_model_config_check(const struct rlx_model_config *c)
     }
     if (sparse && (c->n_experts < 1 || c->n_experts > INT32_MAX || c->n_experts_used < 1 ||
                    c->n_experts_used > c->n_experts || c->moe_intermediate_size < 1))
-        return rlx_set_error(RLX_ERR_INVALID, "model config: sparse layers need 1 <= n_experts_used (%lld) <= n_experts "
-                             "(%lld) <= %d and moe_intermediate_size (%lld) >= 1", (long long)c->n_experts_used,
-                             (long long)c->n_experts, INT32_MAX, (long long)c->moe_intermediate_size);
+        return rlx_set_error(RLX_ERR_INVALID,
+                             "model config: sparse layers need 1 <= n_experts_used (%lld) <= n_experts "
+                             "(%lld) <= %d and moe_intermediate_size (%lld) >= 1",
+                             (long long)c->n_experts_used, (long long)c->n_experts, INT32_MAX,
+                             (long long)c->moe_intermediate_size);
     return RLX_OK;
 }
 
@@ -63,7 +66,7 @@ rlx_status rlx_model_config_check(const struct rlx_model_config *c)
 struct bld {
     struct rlx_graph *g;
     rlx_status s;
-    const struct rlx_weights *w;   /* dtypes of matrix params; NULL: f32 */
+    const struct rlx_weights *w; /* dtypes of matrix params; NULL: f32 */
 };
 
 static int op(struct bld *b, enum rlx_op o, int n_in, const int *in, const struct rlx_attrs *a)
@@ -97,7 +100,8 @@ static int input(struct bld *b, const char *name, enum rlx_dtype dt, int ndim, c
     return b->s == RLX_OK ? id : -1;
 }
 
-static int state(struct bld *b, const char *fmt, long long layer, enum rlx_dtype dt, int ndim, const struct rlx_dim *dims)
+static int state(struct bld *b, const char *fmt, long long layer, enum rlx_dtype dt, int ndim,
+                 const struct rlx_dim *dims)
 {
     char name[RLX_NAME_MAX];
     snprintf(name, sizeof name, fmt, layer);
@@ -157,8 +161,10 @@ static int mask_input(struct bld *b, const struct rlx_block_spec *spec, struct r
         return -1;
     }
     char name[RLX_NAME_MAX];
-    if (w) snprintf(name, sizeof name, "mask_w%lld", (long long)w);
-    else snprintf(name, sizeof name, "mask");
+    if (w)
+        snprintf(name, sizeof name, "mask_w%lld", (long long)w);
+    else
+        snprintf(name, sizeof name, "mask");
     int id = input(b, name, RLX_F32, 2, (struct rlx_dim[]){spec->seq, spec->kv_rows});
     io->mask_window[io->n_masks] = w;
     io->mask[io->n_masks++] = id;
@@ -173,8 +179,8 @@ struct inv {
 static int dense_mlp(struct bld *b, const struct rlx_model_config *c, int h, long long l)
 {
     const int64_t H = c->hidden_size, F = c->intermediate_size;
-    int gate = linear(b, h, H, F, c->mlp_bias, "model.layers.%lld.mlp.gate_proj", l);       /* (SEQ, F) */
-    int up = linear(b, h, H, F, c->mlp_bias, "model.layers.%lld.mlp.up_proj", l);           /* (SEQ, F) */
+    int gate = linear(b, h, H, F, c->mlp_bias, "model.layers.%lld.mlp.gate_proj", l); /* (SEQ, F) */
+    int up = linear(b, h, H, F, c->mlp_bias, "model.layers.%lld.mlp.up_proj", l);     /* (SEQ, F) */
     int m = op(b, RLX_OP_MUL, 2, (int[]){op(b, RLX_OP_SILU, 1, (int[]){gate}, NULL), up}, NULL);
     return linear(b, m, F, H, c->mlp_bias, "model.layers.%lld.mlp.down_proj", l);
 }
@@ -190,17 +196,17 @@ static int sparse_mlp(struct bld *b, const struct rlx_model_config *c, const str
     const int64_t H = c->hidden_size, E = c->n_experts, F = c->moe_intermediate_size;
     int probs = op(b, RLX_OP_SOFTMAX, 1, (int[]){linear(b, h, H, E, false, "model.layers.%lld.mlp.gate", l)}, NULL);
     struct rlx_attrs ka = {.k = (int32_t)c->n_experts_used};
-    int ids = op(b, RLX_OP_TOPK, 1, (int[]){probs}, &ka);                                     /* (SEQ, k) i32 */
+    int ids = op(b, RLX_OP_TOPK, 1, (int[]){probs}, &ka);                                        /* (SEQ, k) i32 */
     int x = reshape(b, h, 3, (struct rlx_dim[]){spec->seq, rlx_dim_const(1), rlx_dim_const(H)}); /* (SEQ, 1, H) */
     int wg = param(b, true, 3, (int64_t[]){E, F, H}, "model.layers.%lld.mlp.experts.gate_proj.weight", l);
     int wu = param(b, true, 3, (int64_t[]){E, F, H}, "model.layers.%lld.mlp.experts.up_proj.weight", l);
     int wd = param(b, true, 3, (int64_t[]){E, H, F}, "model.layers.%lld.mlp.experts.down_proj.weight", l);
-    int gate = op(b, RLX_OP_MATMUL_ID, 3, (int[]){x, ids, wg}, NULL);                          /* (SEQ, k, F) */
-    int up = op(b, RLX_OP_MATMUL_ID, 3, (int[]){x, ids, wu}, NULL);                            /* (SEQ, k, F) */
+    int gate = op(b, RLX_OP_MATMUL_ID, 3, (int[]){x, ids, wg}, NULL); /* (SEQ, k, F) */
+    int up = op(b, RLX_OP_MATMUL_ID, 3, (int[]){x, ids, wu}, NULL);   /* (SEQ, k, F) */
     int m = op(b, RLX_OP_MUL, 2, (int[]){op(b, RLX_OP_SILU, 1, (int[]){gate}, NULL), up}, NULL);
-    int down = op(b, RLX_OP_MATMUL_ID, 3, (int[]){m, ids, wd}, NULL);                          /* (SEQ, k, H) */
+    int down = op(b, RLX_OP_MATMUL_ID, 3, (int[]){m, ids, wd}, NULL); /* (SEQ, k, H) */
     struct rlx_attrs ca = {.norm = c->norm_topk_prob};
-    return op(b, RLX_OP_MOE_COMBINE, 3, (int[]){down, probs, ids}, &ca);                      /* (SEQ, H) */
+    return op(b, RLX_OP_MOE_COMBINE, 3, (int[]){down, probs, ids}, &ca); /* (SEQ, H) */
 }
 
 /* One decoder layer: x (SEQ, H) -> x (SEQ, H). l: global layer index, li: local. */
@@ -214,9 +220,9 @@ static int layer(struct bld *b, const struct rlx_model_config *c, const struct r
     int q = linear(b, h, H, Hq * D, c->attention_bias, "model.layers.%lld.self_attn.q_proj", l);
     int k = linear(b, h, H, Hkv * D, c->attention_bias, "model.layers.%lld.self_attn.k_proj", l);
     int v = linear(b, h, H, Hkv * D, c->attention_bias, "model.layers.%lld.self_attn.v_proj", l);
-    q = reshape(b, q, 3, (struct rlx_dim[]){S, rlx_dim_const(Hq), rlx_dim_const(D)});     /* (SEQ, Hq, D) */
-    k = reshape(b, k, 3, (struct rlx_dim[]){S, rlx_dim_const(Hkv), rlx_dim_const(D)});    /* (SEQ, Hkv, D) */
-    v = reshape(b, v, 3, (struct rlx_dim[]){S, rlx_dim_const(Hkv), rlx_dim_const(D)});    /* (SEQ, Hkv, D) */
+    q = reshape(b, q, 3, (struct rlx_dim[]){S, rlx_dim_const(Hq), rlx_dim_const(D)});  /* (SEQ, Hq, D) */
+    k = reshape(b, k, 3, (struct rlx_dim[]){S, rlx_dim_const(Hkv), rlx_dim_const(D)}); /* (SEQ, Hkv, D) */
+    v = reshape(b, v, 3, (struct rlx_dim[]){S, rlx_dim_const(Hkv), rlx_dim_const(D)}); /* (SEQ, Hkv, D) */
     if (c->qk_norm) {
         q = rmsnorm(b, c, q, D, "model.layers.%lld.self_attn.q_norm.weight", l);
         k = rmsnorm(b, c, k, D, "model.layers.%lld.self_attn.k_norm.weight", l);
@@ -227,7 +233,7 @@ static int layer(struct bld *b, const struct rlx_model_config *c, const struct r
     const bool cached = spec->flags & RLX_BLOCK_CACHE, masked = cached && (spec->flags & RLX_BLOCK_MASK);
     if (cached) { /* the new rows into the cache, then attend over the cache's kv_rows */
         const struct rlx_dim cshape[3] = {spec->kv_rows, rlx_dim_const(Hkv), rlx_dim_const(D)};
-        io->k_cache[li] = state(b, "k_cache.%lld", l, spec->kv_dtype, 3, cshape);   /* (kv_rows, Hkv, D) */
+        io->k_cache[li] = state(b, "k_cache.%lld", l, spec->kv_dtype, 3, cshape); /* (kv_rows, Hkv, D) */
         io->v_cache[li] = state(b, "v_cache.%lld", l, spec->kv_dtype, 3, cshape);
         k = cache_write(b, io->k_cache[li], k, in->pos);
         v = cache_write(b, io->v_cache[li], v, in->pos);
@@ -238,10 +244,10 @@ static int layer(struct bld *b, const struct rlx_model_config *c, const struct r
     }
     int ain[4] = {q, k, v}, n_in = 3;
     if (masked) ain[n_in++] = mask_input(b, spec, io, c->layer_window[l]);
-    struct rlx_attrs aa = {.scale = (float)(1.0 / sqrt((double)D)), .causal = !masked,
-                           .window = masked ? 0 : c->layer_window[l]};
-    int a = op(b, RLX_OP_ATTENTION, n_in, ain, &aa);                                      /* (SEQ, Hq, D) */
-    a = reshape(b, a, 2, (struct rlx_dim[]){S, rlx_dim_const(Hq * D)});                  /* (SEQ, Hq*D) */
+    struct rlx_attrs aa = {
+        .scale = (float)(1.0 / sqrt((double)D)), .causal = !masked, .window = masked ? 0 : c->layer_window[l]};
+    int a = op(b, RLX_OP_ATTENTION, n_in, ain, &aa);                    /* (SEQ, Hq, D) */
+    a = reshape(b, a, 2, (struct rlx_dim[]){S, rlx_dim_const(Hq * D)}); /* (SEQ, Hq*D) */
     int o = linear(b, a, Hq * D, H, c->attention_bias, "model.layers.%lld.self_attn.o_proj", l);
     x = op(b, RLX_OP_ADD, 2, (int[]){x, o}, NULL);
     /* SwiGLU MLP, or the mixture of experts on a sparse layer */
@@ -271,7 +277,7 @@ rlx_status rlx_decoder_build(const struct rlx_model_config *c, const struct rlx_
     if (spec->flags & RLX_BLOCK_EMBED) {
         io.x = input(&b, "ids", RLX_I32, 1, s1);
         int table = param(&b, true, 2, (int64_t[]){c->vocab_size, H}, "model.embed_tokens.weight", 0);
-        x = op(&b, RLX_OP_EMBEDDING, 2, (int[]){table, io.x}, NULL);                    /* (SEQ, H) */
+        x = op(&b, RLX_OP_EMBEDDING, 2, (int[]){table, io.x}, NULL); /* (SEQ, H) */
     } else {
         io.x = x = input(&b, "hidden", RLX_F32, 2, (struct rlx_dim[]){spec->seq, rlx_dim_const(H)});
     }
@@ -286,7 +292,7 @@ rlx_status rlx_decoder_build(const struct rlx_model_config *c, const struct rlx_
         const char *head = c->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
         int w = param(&b, true, 2, (int64_t[]){c->vocab_size, H}, head, 0);
         struct rlx_attrs tb = {.trans_b = 1};
-        io.y = output(&b, op(&b, RLX_OP_MATMUL, 2, (int[]){x, w}, &tb), "logits");     /* (1 or SEQ, V) */
+        io.y = output(&b, op(&b, RLX_OP_MATMUL, 2, (int[]){x, w}, &tb), "logits"); /* (1 or SEQ, V) */
     } else {
         io.y = output(&b, x, "hidden");
     }
@@ -299,13 +305,17 @@ rlx_status rlx_decoder_build(const struct rlx_model_config *c, const struct rlx_
     return RLX_OK;
 }
 
-rlx_status rlx_decoder_params(const struct rlx_model_config *c, int64_t layer_begin, int64_t layer_end,
-                              unsigned ends, struct rlx_param_info **out, int *n)
+rlx_status rlx_decoder_params(const struct rlx_model_config *c, int64_t layer_begin, int64_t layer_end, unsigned ends,
+                              struct rlx_param_info **out, int *n)
 {
     if (ends & ~(unsigned)(RLX_BLOCK_EMBED | RLX_BLOCK_HEAD))
         return rlx_set_error(RLX_ERR_INVALID, "decoder params: ends may only be RLX_BLOCK_EMBED | RLX_BLOCK_HEAD");
-    struct rlx_block_spec spec = {.layer_begin = layer_begin, .layer_end = layer_end, .flags = ends,
-                                  .seq = rlx_dim_const(1), .kv_rows = rlx_dim_const(1), .kv_dtype = RLX_F32};
+    struct rlx_block_spec spec = {.layer_begin = layer_begin,
+                                  .layer_end = layer_end,
+                                  .flags = ends,
+                                  .seq = rlx_dim_const(1),
+                                  .kv_rows = rlx_dim_const(1),
+                                  .kv_dtype = RLX_F32};
     struct rlx_graph *g;
     RLX_TRY(rlx_decoder_build(c, &spec, NULL, &g, NULL));
     int count = 0;

@@ -15,7 +15,8 @@ static const char *operand_dtypes(const struct rlx_graph *g, const struct rlx_no
     size_t len = 0;
     buf[0] = '\0';
     for (int k = 0; k < n->n_in && len < sizeof buf; k++)
-        len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%s", k ? ", " : "", rlx_dtype_name(g->nodes[n->in[k]].dtype));
+        len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%s", k ? ", " : "",
+                                rlx_dtype_name(g->nodes[n->in[k]].dtype));
     return buf;
 }
 

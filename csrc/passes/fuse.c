@@ -52,7 +52,8 @@ static void fuse_add_rmsnorm(struct rlx_graph *g, int id)
     if (add->op != RLX_OP_ADD || add->companion >= 0) return;
     if (!same_shape(&g->nodes[add->in[0]], &g->nodes[add->in[1]])) return;
     enum rlx_op wop = g->nodes[w].op;
-    if (w >= s && wop != RLX_OP_PARAM && wop != RLX_OP_INPUT) return; /* a computed weight must exist when the add runs */
+    if (w >= s && wop != RLX_OP_PARAM && wop != RLX_OP_INPUT)
+        return; /* a computed weight must exist when the add runs */
     add->op = RLX_OP_ADD_RMSNORM;
     add->n_in = 3;
     add->in[2] = w;
@@ -75,8 +76,10 @@ rlx_status rlx_pass_fuse(struct rlx_graph *g)
     for (int id = 0; id < g->n_nodes; id++) {
         struct rlx_node *n = &g->nodes[id];
         if (n->dead) continue;
-        if (n->op == RLX_OP_MUL) fuse_silu_mul(g, uses, id);
-        else if (n->op == RLX_OP_RMSNORM) fuse_add_rmsnorm(g, id);
+        if (n->op == RLX_OP_MUL)
+            fuse_silu_mul(g, uses, id);
+        else if (n->op == RLX_OP_RMSNORM)
+            fuse_add_rmsnorm(g, id);
     }
     free(uses);
     return RLX_OK;

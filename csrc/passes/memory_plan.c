@@ -32,8 +32,8 @@ rlx_status rlx_liveness_compute(const struct rlx_graph *g, struct rlx_liveness *
         lv->root[id] = (alias && !nd->dead) ? lv->root[nd->in[0]] : id;
         lv->first[id] = nd->op == RLX_OP_FUSED_OUT ? nd->in[0] : id;
         lv->last[id] = lv->first[id];
-        lv->in_arena[id] = !nd->dead && !alias && nd->op != RLX_OP_INPUT && nd->op != RLX_OP_PARAM &&
-                           nd->op != RLX_OP_STATE;
+        lv->in_arena[id] =
+            !nd->dead && !alias && nd->op != RLX_OP_INPUT && nd->op != RLX_OP_PARAM && nd->op != RLX_OP_STATE;
     }
     for (int id = 0; id < n; id++) {
         const struct rlx_node *nd = &g->nodes[id];
@@ -79,7 +79,7 @@ rlx_status rlx_memory_plan(const struct rlx_liveness *lv, const size_t *sizes, s
             order[n_order++] = id;
             if (sizes[id] > SIZE_MAX - RLX_ALIGN || !rlx_size_add(total, rlx_align_up(sizes[id]), &total))
                 return rlx_set_error(RLX_ERR_RANGE, "the intermediates of this plan sum to more than the address "
-                                     "space holds");
+                                                    "space holds");
         }
     tl_sizes = sizes;
     qsort(order, (size_t)n_order, sizeof *order, by_size_desc);

@@ -28,10 +28,10 @@ rlx_status rlx_pass_assign(const struct rlx_graph *g, const struct rlx_device *d
  * only roots that are intermediates (not INPUT / PARAM / STATE) get arena space. */
 struct rlx_liveness {
     int n_nodes;
-    int *root;        /* (n_nodes) storage root of each node (itself unless it aliases) */
-    int *first;       /* (n_nodes) step writing the root (valid for roots) */
-    int *last;        /* (n_nodes) last step reading any alias of the root; INT_MAX for outputs */
-    bool *in_arena;   /* (n_nodes) root that needs arena space */
+    int *root;      /* (n_nodes) storage root of each node (itself unless it aliases) */
+    int *first;     /* (n_nodes) step writing the root (valid for roots) */
+    int *last;      /* (n_nodes) last step reading any alias of the root; INT_MAX for outputs */
+    bool *in_arena; /* (n_nodes) root that needs arena space */
 };
 rlx_status rlx_liveness_compute(const struct rlx_graph *g, struct rlx_liveness *lv);
 void rlx_liveness_free(struct rlx_liveness *lv);

@@ -30,13 +30,13 @@
 
 /* Per-module state. Every field is a strong reference owned by the module. */
 struct rlx_py_state {
-    PyObject *error;             /* rlx.Error, a subclass of RuntimeError */
-    PyTypeObject *device_type;   /* _C.Device (device_type.c) */
-    PyTypeObject *graph_type;    /* _C.Graph (graph_type.c) */
-    PyTypeObject *plan_type;     /* _C.Plan (plan_type.c) */
-    PyTypeObject *model_type;    /* _C.Model (model_type.c) */
-    PyTypeObject *seq_type;      /* _C.Sequence (seq_type.c) */
-    PyObject *log_callback;      /* the callable set_log_callback installed in the core, or NULL */
+    PyObject *error;           /* rlx.Error, a subclass of RuntimeError */
+    PyTypeObject *device_type; /* _C.Device (device_type.c) */
+    PyTypeObject *graph_type;  /* _C.Graph (graph_type.c) */
+    PyTypeObject *plan_type;   /* _C.Plan (plan_type.c) */
+    PyTypeObject *model_type;  /* _C.Model (model_type.c) */
+    PyTypeObject *seq_type;    /* _C.Sequence (seq_type.c) */
+    PyObject *log_callback;    /* the callable set_log_callback installed in the core, or NULL */
 };
 
 /* The module definition (module.c); heap types are created with PyType_FromModuleAndSpec so that

@@ -144,7 +144,8 @@ int rlx_py_host_tensor_from(PyObject *obj, const char *name, struct rlx_host_ten
         }
         Py_DECREF(seq);
         if (bad) {
-            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "weight '%s': rank must be 1..%d", name, RLX_MAX_DIMS);
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "weight '%s': rank must be 1..%d", name, RLX_MAX_DIMS);
             return -1;
         }
         size_t bytes;
@@ -163,8 +164,10 @@ int rlx_py_host_tensor_from(PyObject *obj, const char *name, struct rlx_host_ten
     for (int i = 0; a && i < RLX_DTYPE_COUNT && dt < 0; i++)
         if (rlx_py_dtype_matches(PyArray_DESCR(a), (enum rlx_dtype)i)) dt = i;
     if (!a || dt < 0 || !PyArray_ISCARRAY_RO(a) || PyArray_NDIM(a) > RLX_MAX_DIMS) {
-        PyErr_Format(PyExc_ValueError, "weight '%s' must be a C-contiguous array of rank <= %d (float32, float16 or "
-                     "bfloat16), or (raw uint8 blocks, dtype, shape)", name, RLX_MAX_DIMS);
+        PyErr_Format(PyExc_ValueError,
+                     "weight '%s' must be a C-contiguous array of rank <= %d (float32, float16 or "
+                     "bfloat16), or (raw uint8 blocks, dtype, shape)",
+                     name, RLX_MAX_DIMS);
         return -1;
     }
     t->data = PyArray_DATA(a);
@@ -184,8 +187,10 @@ int rlx_py_sample_opts_from(PyObject *o, struct rlx_sample_opts *out)
         int is_float;
         void *dst;
     } fields[] = {
-        {"temperature", 1, &out->temperature}, {"top_k", 0, &out->top_k},
-        {"top_p", 1, &out->top_p},             {"min_p", 1, &out->min_p},
+        {"temperature", 1, &out->temperature},
+        {"top_k", 0, &out->top_k},
+        {"top_p", 1, &out->top_p},
+        {"min_p", 1, &out->min_p},
         {"repetition_penalty", 1, &out->repetition_penalty},
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
@@ -228,8 +233,8 @@ int32_t *rlx_py_ids_from(PyObject *obj, int64_t *n)
         Py_DECREF(any);
         return NULL;
     }
-    PyArrayObject *arr = (PyArrayObject *)PyArray_FROM_OTF((PyObject *)any, NPY_INT64,
-                                                           NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    PyArrayObject *arr =
+        (PyArrayObject *)PyArray_FROM_OTF((PyObject *)any, NPY_INT64, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
     Py_DECREF(any);
     if (arr == NULL) return NULL;
     int32_t *out = NULL;

@@ -13,8 +13,7 @@
 #include <string.h>
 
 struct device_object {
-    PyObject_HEAD
-    struct rlx_device *dev; /* owned */
+    PyObject_HEAD struct rlx_device *dev; /* owned */
 };
 
 static void device_dealloc(struct device_object *self)
@@ -32,10 +31,8 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s:Device", kwlist, &name)) return NULL;
     struct rlx_device *dev = NULL;
     rlx_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = rlx_device_open(name, &dev);
-    Py_END_ALLOW_THREADS
-    if (rlx_py_raise(s)) return NULL;
+    Py_BEGIN_ALLOW_THREADS s = rlx_device_open(name, &dev);
+    Py_END_ALLOW_THREADS if (rlx_py_raise(s)) return NULL;
     struct device_object *self = (struct device_object *)type->tp_alloc(type, 0);
     if (self == NULL) {
         rlx_device_free(dev);
@@ -49,7 +46,8 @@ PyObject *rlx_py_device_from(struct rlx_py_state *st, PyObject *obj)
 {
     if (PyObject_TypeCheck(obj, st->device_type)) return Py_NewRef(obj);
     if (!PyUnicode_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "device must be a str (\"cpu\", \"ref\", \"vulkan\") or an rlx Device, got %.200s",
+        PyErr_Format(PyExc_TypeError,
+                     "device must be a str (\"cpu\", \"ref\", \"vulkan\") or an rlx Device, got %.200s",
                      Py_TYPE(obj)->tp_name);
         return NULL;
     }
@@ -118,7 +116,8 @@ static PyMethodDef device_methods[] = {
      "stats() -> dict\n\nBytes moved since the device was opened (upload_bytes host->device, download_bytes,\n"
      "copy_bytes device->device, uploads, downloads) and held now (allocated_bytes, wrapped_bytes: host memory\n"
      "used in place)."},
-    {"describe", (PyCFunction)device_describe, METH_NOARGS, "describe() -> dict\n\nWhat the backend says about itself."},
+    {"describe", (PyCFunction)device_describe, METH_NOARGS,
+     "describe() -> dict\n\nWhat the backend says about itself."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -132,13 +131,15 @@ static PyGetSetDef device_getset[] = {
     {"name", (getter)device_get_name, NULL, "The device's name (\"cpu\").", NULL},
     {"zero_copy", (getter)device_get_zero_copy, NULL,
      "Whether kernels read host memory in place (cpu); False for devices with memory of their own (ref, vulkan), "
-     "to which every weight and input is uploaded.", NULL},
+     "to which every weight and input is uploaded.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyType_Slot device_slots[] = {
-    {Py_tp_doc, (void *)"Device(name): an open device (\"cpu\", \"ref\", \"vulkan\", \"vulkan:N\"; see rlx.devices()); it "
-                        "owns the memory of the plans, models and sequences made on it."},
+    {Py_tp_doc,
+     (void *)"Device(name): an open device (\"cpu\", \"ref\", \"vulkan\", \"vulkan:N\"; see rlx.devices()); it "
+             "owns the memory of the plans, models and sequences made on it."},
     {Py_tp_new, (void *)device_new},
     {Py_tp_dealloc, (void *)device_dealloc},
     {Py_tp_repr, (void *)device_repr},

@@ -12,41 +12,27 @@
 
 PyObject *rlx_py_error_borrowed = NULL;
 
-void rlx_py_errors_set(PyObject *error)
-{
-    rlx_py_error_borrowed = error;
-}
+void rlx_py_errors_set(PyObject *error) { rlx_py_error_borrowed = error; }
 
 void rlx_py_errors_clear(PyObject *error)
 {
-    if (rlx_py_error_borrowed == error)
-        rlx_py_error_borrowed = NULL;
+    if (rlx_py_error_borrowed == error) rlx_py_error_borrowed = NULL;
 }
 
 int rlx_py_raise(rlx_status s)
 {
-    if (s == RLX_OK)
-        return 0;
+    if (s == RLX_OK) return 0;
     const char *msg = rlx_last_error();
-    if (msg == NULL || msg[0] == '\0')
-        msg = rlx_status_name(s);
+    if (msg == NULL || msg[0] == '\0') msg = rlx_status_name(s);
     PyObject *exc;
     switch (s) {
     case RLX_ERR_INVALID:
     case RLX_ERR_SHAPE:
     case RLX_ERR_DTYPE:
-    case RLX_ERR_RANGE:
-        exc = PyExc_ValueError;
-        break;
-    case RLX_ERR_NOMEM:
-        exc = PyExc_MemoryError;
-        break;
-    case RLX_ERR_INTERRUPTED:
-        exc = PyExc_KeyboardInterrupt;
-        break;
-    default:
-        exc = rlx_py_error_borrowed != NULL ? rlx_py_error_borrowed : PyExc_RuntimeError;
-        break;
+    case RLX_ERR_RANGE: exc = PyExc_ValueError; break;
+    case RLX_ERR_NOMEM: exc = PyExc_MemoryError; break;
+    case RLX_ERR_INTERRUPTED: exc = PyExc_KeyboardInterrupt; break;
+    default: exc = rlx_py_error_borrowed != NULL ? rlx_py_error_borrowed : PyExc_RuntimeError; break;
     }
     PyErr_SetString(exc, msg);
     return -1;
@@ -65,24 +51,19 @@ struct rlx_py_state *rlx_py_state_of_type(PyTypeObject *type)
     PyObject *mro = type->tp_mro;
     for (Py_ssize_t i = 0; mro != NULL && i < PyTuple_GET_SIZE(mro) && module == NULL; i++) {
         PyTypeObject *t = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
-        if (!PyType_HasFeature(t, Py_TPFLAGS_HEAPTYPE))
-            continue;
+        if (!PyType_HasFeature(t, Py_TPFLAGS_HEAPTYPE)) continue;
         PyObject *m = ((PyHeapTypeObject *)t)->ht_module;
-        if (m != NULL && PyModule_GetDef(m) == &rlx_py_module_def)
-            module = m;
+        if (m != NULL && PyModule_GetDef(m) == &rlx_py_module_def) module = m;
     }
-    if (module == NULL)
-        PyErr_Format(PyExc_TypeError, "%.200s is not a type of rlx._C", type->tp_name);
+    if (module == NULL) PyErr_Format(PyExc_TypeError, "%.200s is not a type of rlx._C", type->tp_name);
 #endif
-    if (module == NULL)
-        return NULL;
+    if (module == NULL) return NULL;
     return (struct rlx_py_state *)PyModule_GetState(module);
 }
 
 struct rlx_py_state *rlx_py_state_of_module(PyObject *module)
 {
     struct rlx_py_state *st = (struct rlx_py_state *)PyModule_GetState(module);
-    if (st == NULL && !PyErr_Occurred())
-        PyErr_SetString(PyExc_SystemError, "rlx._C: module state missing");
+    if (st == NULL && !PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "rlx._C: module state missing");
     return st;
 }

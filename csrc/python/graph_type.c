@@ -21,8 +21,7 @@
 #include <string.h>
 
 struct graph_object {
-    PyObject_HEAD
-    struct rlx_graph *g; /* owned; never NULL after tp_new */
+    PyObject_HEAD struct rlx_graph *g; /* owned; never NULL after tp_new */
 };
 
 struct rlx_graph *rlx_py_graph_get(struct rlx_py_state *st, PyObject *obj)
@@ -59,8 +58,7 @@ static int as_int64(PyObject *o, const char *what, int64_t *out)
 static int as_int32(PyObject *o, const char *what, int32_t *out)
 {
     int64_t v;
-    if (as_int64(o, what, &v) < 0)
-        return -1;
+    if (as_int64(o, what, &v) < 0) return -1;
     if (v < INT32_MIN || v > INT32_MAX) {
         PyErr_Format(PyExc_ValueError, "%s is out of range: %lld", what, (long long)v);
         return -1;
@@ -86,8 +84,7 @@ static int parse_dim(struct rlx_graph *g, PyObject *o, struct rlx_dim *d)
     PyObject *term = NULL;
     if (PyLong_Check(o)) {
         int64_t c;
-        if (as_int64(o, "dim", &c) < 0)
-            goto error;
+        if (as_int64(o, "dim", &c) < 0) goto error;
         *d = rlx_dim_const(c);
         return 0;
     }
@@ -96,27 +93,22 @@ static int parse_dim(struct rlx_graph *g, PyObject *o, struct rlx_dim *d)
         goto error;
     }
     int64_t c;
-    if (as_int64(PyTuple_GET_ITEM(o, 0), "dim constant", &c) < 0)
-        goto error;
+    if (as_int64(PyTuple_GET_ITEM(o, 0), "dim constant", &c) < 0) goto error;
     *d = rlx_dim_const(c);
     terms = PySequence_Fast(PyTuple_GET_ITEM(o, 1), "dim terms must be a sequence of (symbol, coef)");
-    if (terms == NULL)
-        goto error;
+    if (terms == NULL) goto error;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(terms); i++) {
         term = PySequence_Fast(PySequence_Fast_GET_ITEM(terms, i), "a dim term must be a (symbol, coef) pair");
-        if (term == NULL)
-            goto error;
+        if (term == NULL) goto error;
         if (PySequence_Fast_GET_SIZE(term) != 2) {
             PyErr_SetString(PyExc_TypeError, "a dim term must be a (symbol, coef) pair");
             goto error;
         }
         const char *name = as_utf8(PySequence_Fast_GET_ITEM(term, 0), "symbol name");
         int32_t coef;
-        if (name == NULL || as_int32(PySequence_Fast_GET_ITEM(term, 1), "symbol coefficient", &coef) < 0)
-            goto error;
+        if (name == NULL || as_int32(PySequence_Fast_GET_ITEM(term, 1), "symbol coefficient", &coef) < 0) goto error;
         int sym;
-        if (rlx_py_raise(rlx_graph_symbol(g, name, &sym)))
-            goto error;
+        if (rlx_py_raise(rlx_graph_symbol(g, name, &sym))) goto error;
         if (sym < 0 || sym >= RLX_MAX_SYMS) {
             PyErr_Format(PyExc_ValueError, "symbol '%s' has index %d outside [0, %d)", name, sym, RLX_MAX_SYMS);
             goto error;
@@ -141,16 +133,14 @@ error:
 static int parse_dims(struct rlx_graph *g, PyObject *o, int *ndim, struct rlx_dim *shape)
 {
     PyObject *seq = PySequence_Fast(o, "dims must be a sequence of dims");
-    if (seq == NULL)
-        return -1;
+    if (seq == NULL) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     if (n > RLX_MAX_DIMS) {
         PyErr_Format(PyExc_ValueError, "%zd dims given; at most %d are supported", n, RLX_MAX_DIMS);
         goto error;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (parse_dim(g, PySequence_Fast_GET_ITEM(seq, i), &shape[i]) < 0)
-            goto error;
+        if (parse_dim(g, PySequence_Fast_GET_ITEM(seq, i), &shape[i]) < 0) goto error;
     }
     *ndim = (int)n;
     Py_DECREF(seq);
@@ -164,8 +154,7 @@ error:
 static int parse_attrs(struct rlx_graph *g, const char *op_name, PyObject *dict, struct rlx_attrs *a)
 {
     memset(a, 0, sizeof *a);
-    if (dict == Py_None)
-        return 0;
+    if (dict == Py_None) return 0;
     if (!PyDict_Check(dict)) {
         PyErr_Format(PyExc_TypeError, "attrs must be a dict or None, got %.200s", Py_TYPE(dict)->tp_name);
         return -1;
@@ -174,49 +163,40 @@ static int parse_attrs(struct rlx_graph *g, const char *op_name, PyObject *dict,
     PyObject *key, *val;
     while (PyDict_Next(dict, &pos, &key, &val)) {
         const char *k = as_utf8(key, "attribute name");
-        if (k == NULL)
-            return -1;
+        if (k == NULL) return -1;
         if (strcmp(k, "eps") == 0 || strcmp(k, "scale") == 0) {
             double v = PyFloat_AsDouble(val);
-            if (v == -1.0 && PyErr_Occurred())
-                return -1;
+            if (v == -1.0 && PyErr_Occurred()) return -1;
             *(k[0] == 'e' ? &a->eps : &a->scale) = (float)v;
         } else if (strcmp(k, "trans_b") == 0 || strcmp(k, "causal") == 0 || strcmp(k, "interleaved") == 0 ||
                    strcmp(k, "norm") == 0) {
             int v = PyObject_IsTrue(val);
-            if (v < 0)
-                return -1;
+            if (v < 0) return -1;
             *(k[0] == 't' ? &a->trans_b : k[0] == 'c' ? &a->causal : k[0] == 'i' ? &a->interleaved : &a->norm) = v;
         } else if (strcmp(k, "k") == 0) {
-            if (as_int32(val, "attribute 'k'", &a->k) < 0)
-                return -1;
+            if (as_int32(val, "attribute 'k'", &a->k) < 0) return -1;
         } else if (strcmp(k, "window") == 0) {
-            if (as_int64(val, "attribute 'window'", &a->window) < 0)
-                return -1;
+            if (as_int64(val, "attribute 'window'", &a->window) < 0) return -1;
         } else if (strcmp(k, "axis") == 0) {
-            if (as_int32(val, "attribute 'axis'", &a->axis) < 0)
-                return -1;
+            if (as_int32(val, "attribute 'axis'", &a->axis) < 0) return -1;
         } else if (strcmp(k, "start") == 0) {
-            if (as_int64(val, "attribute 'start'", &a->start) < 0)
-                return -1;
+            if (as_int64(val, "attribute 'start'", &a->start) < 0) return -1;
         } else if (strcmp(k, "len") == 0) {
-            if (as_int64(val, "attribute 'len'", &a->len) < 0)
-                return -1;
+            if (as_int64(val, "attribute 'len'", &a->len) < 0) return -1;
         } else if (strcmp(k, "shape") == 0) {
             int ndim;
-            if (parse_dims(g, val, &ndim, a->shape) < 0)
-                return -1;
+            if (parse_dims(g, val, &ndim, a->shape) < 0) return -1;
             a->ndim = ndim;
         } else if (strcmp(k, "dtype") == 0) {
             const char *name = as_utf8(val, "attribute 'dtype'");
             enum rlx_dtype dt;
-            if (name == NULL || rlx_py_raise(rlx_dtype_parse(name, &dt)))
-                return -1;
+            if (name == NULL || rlx_py_raise(rlx_dtype_parse(name, &dt))) return -1;
             a->dtype = (int32_t)dt;
         } else {
             PyErr_Format(PyExc_ValueError,
                          "unknown attribute '%s' for op '%s' (known: eps, scale, trans_b, causal, window, "
-                         "axis, start, len, shape, dtype, interleaved, k, norm)", k, op_name);
+                         "axis, start, len, shape, dtype, interleaved, k, norm)",
+                         k, op_name);
             return -1;
         }
     }
@@ -234,8 +214,7 @@ static PyObject *graph_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     struct graph_object *self = (struct graph_object *)type->tp_alloc(type, 0);
-    if (self == NULL)
-        return NULL;
+    if (self == NULL) return NULL;
     if (rlx_py_raise(rlx_graph_create(&self->g))) {
         Py_DECREF(self);
         return NULL;
@@ -257,21 +236,18 @@ static PyObject *graph_leaf(struct graph_object *self, PyObject *args, PyObject 
     static char *kwlist[] = {"name", "dtype", "dims", NULL};
     const char *name, *dtype_name;
     PyObject *dims;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, is_param ? "ssO:param" : "ssO:input", kwlist, &name,
-                                     &dtype_name, &dims))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, is_param ? "ssO:param" : "ssO:input", kwlist, &name, &dtype_name,
+                                     &dims))
         return NULL;
     enum rlx_dtype dt;
-    if (rlx_py_raise(rlx_dtype_parse(dtype_name, &dt)))
-        return NULL;
+    if (rlx_py_raise(rlx_dtype_parse(dtype_name, &dt))) return NULL;
     int ndim;
     struct rlx_dim shape[RLX_MAX_DIMS];
-    if (parse_dims(self->g, dims, &ndim, shape) < 0)
-        return NULL;
+    if (parse_dims(self->g, dims, &ndim, shape) < 0) return NULL;
     int id;
     rlx_status s = is_param ? rlx_graph_param(self->g, name, dt, ndim, shape, &id)
                             : rlx_graph_input(self->g, name, dt, ndim, shape, &id);
-    if (rlx_py_raise(s))
-        return NULL;
+    if (rlx_py_raise(s)) return NULL;
     return PyLong_FromLong(id);
 }
 
@@ -293,14 +269,11 @@ static PyObject *graph_op(struct graph_object *self, PyObject *args, PyObject *k
     PyObject *inputs_obj;
     PyObject *attrs_obj = Py_None;
     PyObject *seq = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sO|O:op", kwlist, &op_name, &inputs_obj, &attrs_obj))
-        return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sO|O:op", kwlist, &op_name, &inputs_obj, &attrs_obj)) return NULL;
     enum rlx_op op;
-    if (rlx_py_raise(rlx_op_parse(op_name, &op)))
-        goto error;
+    if (rlx_py_raise(rlx_op_parse(op_name, &op))) goto error;
     seq = PySequence_Fast(inputs_obj, "inputs must be a sequence of node ids");
-    if (seq == NULL)
-        goto error;
+    if (seq == NULL) goto error;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     if (n > RLX_MAX_INPUTS) {
         PyErr_Format(PyExc_ValueError, "op '%s': %zd inputs given; at most %d are supported", op_name, n,
@@ -310,16 +283,13 @@ static PyObject *graph_op(struct graph_object *self, PyObject *args, PyObject *k
     int in[RLX_MAX_INPUTS];
     for (Py_ssize_t i = 0; i < n; i++) {
         int32_t v;
-        if (as_int32(PySequence_Fast_GET_ITEM(seq, i), "a node id", &v) < 0)
-            goto error;
+        if (as_int32(PySequence_Fast_GET_ITEM(seq, i), "a node id", &v) < 0) goto error;
         in[i] = v;
     }
     struct rlx_attrs attrs;
-    if (parse_attrs(self->g, op_name, attrs_obj, &attrs) < 0)
-        goto error;
+    if (parse_attrs(self->g, op_name, attrs_obj, &attrs) < 0) goto error;
     int id;
-    if (rlx_py_raise(rlx_graph_op(self->g, op, (int)n, in, &attrs, &id)))
-        goto error;
+    if (rlx_py_raise(rlx_graph_op(self->g, op, (int)n, in, &attrs, &id))) goto error;
     Py_DECREF(seq);
     return PyLong_FromLong(id);
 error:
@@ -333,10 +303,8 @@ static PyObject *graph_output(struct graph_object *self, PyObject *args, PyObjec
     static char *kwlist[] = {"id", "name", NULL};
     int id;
     const char *name;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "is:output", kwlist, &id, &name))
-        return NULL;
-    if (rlx_py_raise(rlx_graph_output(self->g, id, name)))
-        return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "is:output", kwlist, &id, &name)) return NULL;
+    if (rlx_py_raise(rlx_graph_output(self->g, id, name))) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -344,11 +312,9 @@ static PyObject *graph_output(struct graph_object *self, PyObject *args, PyObjec
 static PyObject *graph_symbol(struct graph_object *self, PyObject *arg)
 {
     const char *name = as_utf8(arg, "symbol name");
-    if (name == NULL)
-        return NULL;
+    if (name == NULL) return NULL;
     int sym;
-    if (rlx_py_raise(rlx_graph_symbol(self->g, name, &sym)))
-        return NULL;
+    if (rlx_py_raise(rlx_graph_symbol(self->g, name, &sym))) return NULL;
     return PyLong_FromLong(sym);
 }
 
@@ -356,18 +322,15 @@ static PyObject *graph_symbol(struct graph_object *self, PyObject *arg)
 static PyObject *graph_info(struct graph_object *self, PyObject *arg)
 {
     int32_t id;
-    if (as_int32(arg, "node id", &id) < 0)
-        return NULL;
+    if (as_int32(arg, "node id", &id) < 0) return NULL;
     enum rlx_op op;
     enum rlx_dtype dt;
     int ndim;
     struct rlx_dim shape[RLX_MAX_DIMS];
     const char *name;
-    if (rlx_py_raise(rlx_graph_node_info(self->g, id, &op, &dt, &ndim, shape, &name)))
-        return NULL;
+    if (rlx_py_raise(rlx_graph_node_info(self->g, id, &op, &dt, &ndim, shape, &name))) return NULL;
     PyObject *dims = PyTuple_New(ndim);
-    if (dims == NULL)
-        return NULL;
+    if (dims == NULL) return NULL;
     for (int i = 0; i < ndim; i++) {
         char buf[256];
         rlx_dim_format(self->g, &shape[i], buf, sizeof buf);
@@ -385,8 +348,7 @@ PyObject *rlx_py_dump_graph(const struct rlx_graph *g)
 {
     size_t need = rlx_graph_dump(g, NULL, 0);
     char *buf = PyMem_Malloc(need + 1);
-    if (buf == NULL)
-        return PyErr_NoMemory();
+    if (buf == NULL) return PyErr_NoMemory();
     rlx_graph_dump(g, buf, need + 1);
     PyObject *s = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)strlen(buf), "replace");
     PyMem_Free(buf);
@@ -446,8 +408,6 @@ static PyType_Spec graph_spec = {
 int rlx_py_add_graph_type(PyObject *module, struct rlx_py_state *st)
 {
     st->graph_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &graph_spec, NULL);
-    if (st->graph_type == NULL)
-        return -1;
+    if (st->graph_type == NULL) return -1;
     return PyModule_AddType(module, st->graph_type);
 }
-

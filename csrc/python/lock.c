@@ -30,12 +30,13 @@ int rlx_py_lock_acquire(struct rlx_py_lock *l, const char *what)
 {
     if (!PyThread_acquire_lock(l->lock, NOWAIT_LOCK)) {
         if (l->owner == PyThread_get_thread_ident()) {
-            PyErr_Format(PyExc_RuntimeError, "this %s is already in use by the current thread (a callback may not "
-                                             "call back into it)", what);
+            PyErr_Format(PyExc_RuntimeError,
+                         "this %s is already in use by the current thread (a callback may not "
+                         "call back into it)",
+                         what);
             return -1;
         }
-        Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(l->lock, WAIT_LOCK);
+        Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(l->lock, WAIT_LOCK);
         Py_END_ALLOW_THREADS
     }
     l->owner = PyThread_get_thread_ident();

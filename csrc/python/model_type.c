@@ -19,10 +19,9 @@
 #include "rlx/model.h"
 
 struct model_object {
-    PyObject_HEAD
-    struct rlx_model *model;     /* owned */
-    PyObject *device;            /* _C.Device */
-    PyObject *weights;           /* dict: name -> the object whose memory the model reads */
+    PyObject_HEAD struct rlx_model *model; /* owned */
+    PyObject *device;                      /* _C.Device */
+    PyObject *weights;                     /* dict: name -> the object whose memory the model reads */
 };
 
 struct rlx_model *rlx_py_model_get(PyObject *obj) { return ((struct model_object *)obj)->model; }
@@ -54,10 +53,8 @@ static int set_weight_parts(struct model_object *self, PyObject *key, const char
         PyList_SET_ITEM(keep, i, k);
     }
     rlx_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = rlx_model_set_weight_parts(self->model, name, (int64_t)n, parts);
-    Py_END_ALLOW_THREADS
-    rc = rlx_py_raise(s) ? -1 : PyDict_SetItem(self->weights, key, keep);
+    Py_BEGIN_ALLOW_THREADS s = rlx_model_set_weight_parts(self->model, name, (int64_t)n, parts);
+    Py_END_ALLOW_THREADS rc = rlx_py_raise(s) ? -1 : PyDict_SetItem(self->weights, key, keep);
 done:
     Py_XDECREF(keep);
     PyMem_Free(parts);
@@ -78,10 +75,8 @@ static int set_weight(struct model_object *self, PyObject *key, PyObject *val)
     PyObject *keep;
     if (rlx_py_host_tensor_from(val, name, &t, &keep) < 0) return -1;
     rlx_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = rlx_model_set_weight(self->model, name, &t);
-    Py_END_ALLOW_THREADS
-    int rc = rlx_py_raise(s) ? -1 : PyDict_SetItem(self->weights, key, keep);
+    Py_BEGIN_ALLOW_THREADS s = rlx_model_set_weight(self->model, name, &t);
+    Py_END_ALLOW_THREADS int rc = rlx_py_raise(s) ? -1 : PyDict_SetItem(self->weights, key, keep);
     Py_DECREF(keep);
     return rc;
 }
@@ -158,10 +153,8 @@ static PyObject *model_set_policy(struct model_object *self, PyObject *args)
         parse_policy(dc, &d) < 0)
         return NULL;
     rlx_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = rlx_model_set_policy(self->model, p, capacity, d, max_past);
-    Py_END_ALLOW_THREADS
-    if (rlx_py_raise(s)) return NULL;
+    Py_BEGIN_ALLOW_THREADS s = rlx_model_set_policy(self->model, p, capacity, d, max_past);
+    Py_END_ALLOW_THREADS if (rlx_py_raise(s)) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -170,10 +163,8 @@ static PyObject *model_set_seq_cap(struct model_object *self, PyObject *arg)
     long long cap = PyLong_AsLongLong(arg);
     if (cap == -1 && PyErr_Occurred()) return NULL;
     rlx_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = rlx_model_set_seq_cap(self->model, cap);
-    Py_END_ALLOW_THREADS
-    if (rlx_py_raise(s)) return NULL;
+    Py_BEGIN_ALLOW_THREADS s = rlx_model_set_seq_cap(self->model, cap);
+    Py_END_ALLOW_THREADS if (rlx_py_raise(s)) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -182,10 +173,8 @@ static PyObject *model_set_memory_budget(struct model_object *self, PyObject *ar
     unsigned long long bytes;
     const char *hint = "";
     if (!PyArg_ParseTuple(args, "K|s:set_memory_budget", &bytes, &hint)) return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rlx_model_set_memory_budget(self->model, (size_t)bytes, hint);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+    Py_BEGIN_ALLOW_THREADS rlx_model_set_memory_budget(self->model, (size_t)bytes, hint);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
 static PyObject *model_set_profiling(struct model_object *self, PyObject *arg)
@@ -193,10 +182,8 @@ static PyObject *model_set_profiling(struct model_object *self, PyObject *arg)
     int on = PyObject_IsTrue(arg);
     if (on < 0) return NULL;
     rlx_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = rlx_model_set_profiling(self->model, on != 0);
-    Py_END_ALLOW_THREADS
-    if (rlx_py_raise(s)) return NULL;
+    Py_BEGIN_ALLOW_THREADS s = rlx_model_set_profiling(self->model, on != 0);
+    Py_END_ALLOW_THREADS if (rlx_py_raise(s)) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -204,24 +191,20 @@ static PyObject *model_stats(struct model_object *self, PyObject *unused)
 {
     (void)unused;
     struct rlx_model_stats st;
-    Py_BEGIN_ALLOW_THREADS
-    rlx_model_stats(self->model, &st);
-    Py_END_ALLOW_THREADS
-    return Py_BuildValue("{s:L,s:L,s:L,s:d,s:L,s:n}", "prefill_compiles", (long long)st.prefill_compiles,
-                         "decode_compiles", (long long)st.decode_compiles, "plan_hits", (long long)st.plan_hits,
-                         "compile_seconds", st.compile_seconds, "plans_cached", (long long)st.plans_cached,
-                         "planned_bytes", (Py_ssize_t)st.planned_bytes);
+    Py_BEGIN_ALLOW_THREADS rlx_model_stats(self->model, &st);
+    Py_END_ALLOW_THREADS return Py_BuildValue(
+        "{s:L,s:L,s:L,s:d,s:L,s:n}", "prefill_compiles", (long long)st.prefill_compiles, "decode_compiles",
+        (long long)st.decode_compiles, "plan_hits", (long long)st.plan_hits, "compile_seconds", st.compile_seconds,
+        "plans_cached", (long long)st.plans_cached, "planned_bytes", (Py_ssize_t)st.planned_bytes);
 }
 
 static PyObject *model_release_plans(struct model_object *self, PyObject *args)
 {
     int decode_only = 0;
     if (!PyArg_ParseTuple(args, "|p:release_plans", &decode_only)) return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    if (decode_only) rlx_model_release_decode_plans(self->model);
+    Py_BEGIN_ALLOW_THREADS if (decode_only) rlx_model_release_decode_plans(self->model);
     else rlx_model_release_plans(self->model);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
 static PyObject *model_get_weight_bytes(struct model_object *self, void *closure)
@@ -255,7 +238,6 @@ static PyObject *model_get_vocab_size(struct model_object *self, void *closure)
     return PyLong_FromLongLong(rlx_model_config(self->model)->vocab_size);
 }
 
-
 const char rlx_py_decoder_params_doc[] =
     "decoder_params(config: dict, layer_begin=0, layer_end=-1, embed=True, head=True) -> list[tuple]\n\n"
     "(name, shape, kind, part_fmt) of every weight the block reads, in build order; kind 0 = matrix (any\n"
@@ -284,14 +266,18 @@ PyObject *rlx_py_decoder_params(PyObject *module, PyObject *args, PyObject *kwar
         PyObject *shape = PyTuple_New(p[i].ndim);
         for (int d = 0; shape && d < p[i].ndim; d++) {
             PyObject *v = PyLong_FromLongLong((long long)p[i].shape[d]);
-            if (v == NULL) Py_CLEAR(shape);
-            else PyTuple_SET_ITEM(shape, d, v);
+            if (v == NULL)
+                Py_CLEAR(shape);
+            else
+                PyTuple_SET_ITEM(shape, d, v);
         }
-        PyObject *row = shape ? Py_BuildValue("(sNiz)", p[i].name, shape, (int)p[i].kind,
-                                              p[i].part_fmt[0] ? p[i].part_fmt : NULL)
-                              : NULL;
-        if (row == NULL) Py_CLEAR(out);
-        else PyList_SET_ITEM(out, i, row);
+        PyObject *row =
+            shape ? Py_BuildValue("(sNiz)", p[i].name, shape, (int)p[i].kind, p[i].part_fmt[0] ? p[i].part_fmt : NULL)
+                  : NULL;
+        if (row == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, row);
     }
     rlx_decoder_params_free(p);
     return out;

@@ -18,12 +18,8 @@
 
 /* One per type file, called in order by module_exec. */
 static int (*const add_types[])(PyObject *module, struct rlx_py_state *st) = {
-    rlx_py_add_device_type,
-    rlx_py_add_graph_type,
-    rlx_py_add_plan_type,
-    rlx_py_add_model_type,
-    rlx_py_add_seq_type,
-    rlx_py_add_transport_type,
+    rlx_py_add_device_type, rlx_py_add_graph_type, rlx_py_add_plan_type,
+    rlx_py_add_model_type,  rlx_py_add_seq_type,   rlx_py_add_transport_type,
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -51,11 +47,13 @@ static PyObject *dtypes(PyObject *module, PyObject *unused)
     PyObject *out = PyTuple_New(RLX_DTYPE_COUNT);
     for (int dt = 0; out && dt < RLX_DTYPE_COUNT; dt++) {
         const struct rlx_dtype_traits *t = rlx_dtype_traits((enum rlx_dtype)dt);
-        PyObject *row = Py_BuildValue("{s:i,s:s,s:L,s:n,s:O}", "id", dt, "name", t->name, "block_size",
-                                      (long long)t->block_size, "type_size", (Py_ssize_t)t->type_size, "is_float",
-                                      t->is_float ? Py_True : Py_False);
-        if (row == NULL) Py_CLEAR(out);
-        else PyTuple_SET_ITEM(out, dt, row);
+        PyObject *row =
+            Py_BuildValue("{s:i,s:s,s:L,s:n,s:O}", "id", dt, "name", t->name, "block_size", (long long)t->block_size,
+                          "type_size", (Py_ssize_t)t->type_size, "is_float", t->is_float ? Py_True : Py_False);
+        if (row == NULL)
+            Py_CLEAR(out);
+        else
+            PyTuple_SET_ITEM(out, dt, row);
     }
     return out;
 }
@@ -64,17 +62,14 @@ static PyObject *set_num_threads(PyObject *module, PyObject *arg)
 {
     (void)module;
     long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred())
-        return NULL;
+    if (n == -1 && PyErr_Occurred()) return NULL;
     if (n > INT_MAX || n < INT_MIN) {
         PyErr_Format(PyExc_ValueError, "set_num_threads: %ld is out of range", n);
         return NULL;
     }
     /* Resizing the pool may wait for its workers: never hold the GIL for that. */
-    Py_BEGIN_ALLOW_THREADS
-    rlx_set_num_threads((int)n);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+    Py_BEGIN_ALLOW_THREADS rlx_set_num_threads((int)n);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
 static PyObject *get_num_threads(PyObject *module, PyObject *unused)
@@ -91,16 +86,14 @@ static PyObject *backends(PyObject *module, PyObject *unused)
     (void)unused;
     PyObject *list = PyList_New(0);
     PyObject *item = NULL;
-    if (list == NULL)
-        goto error;
+    if (list == NULL) goto error;
     const char *p = rlx_backends();
     while (p != NULL && *p != '\0') {
         const char *comma = strchr(p, ',');
         size_t n = comma != NULL ? (size_t)(comma - p) : strlen(p);
         if (n > 0) {
             item = PyUnicode_FromStringAndSize(p, (Py_ssize_t)n);
-            if (item == NULL || PyList_Append(list, item) < 0)
-                goto error;
+            if (item == NULL || PyList_Append(list, item) < 0) goto error;
             Py_CLEAR(item);
         }
         p = comma != NULL ? comma + 1 : p + n;
@@ -118,10 +111,8 @@ static PyObject *devices(PyObject *module, PyObject *unused)
     (void)module;
     (void)unused;
     char buf[16384];
-    Py_BEGIN_ALLOW_THREADS
-    rlx_devices_describe(buf, sizeof buf); /* the first call probes the Vulkan driver */
-    Py_END_ALLOW_THREADS
-    PyObject *list = PyList_New(0);
+    Py_BEGIN_ALLOW_THREADS rlx_devices_describe(buf, sizeof buf); /* the first call probes the Vulkan driver */
+    Py_END_ALLOW_THREADS PyObject *list = PyList_New(0);
     for (char *rec = buf; list && *rec;) {
         char *end = strstr(rec, "\n\n");
         if (end) end[1] = '\0';
@@ -157,8 +148,7 @@ static PyObject *to_f32(PyObject *module, PyObject *args)
     if (out) {
         const void *src = PyArray_DATA(raw);
         float *dst = PyArray_DATA((PyArrayObject *)out);
-        Py_BEGIN_ALLOW_THREADS
-        t->to_f32(dst, src, (int64_t)n);
+        Py_BEGIN_ALLOW_THREADS t->to_f32(dst, src, (int64_t)n);
         Py_END_ALLOW_THREADS
     }
 done:
@@ -184,10 +174,9 @@ static PyObject *blocks_nonfinite(PyObject *module, PyObject *args)
         PyErr_Format(PyExc_ValueError, "%zu bytes are not whole %s blocks of %zu bytes", nbytes, t->name, t->type_size);
     } else {
         int64_t bad;
-        Py_BEGIN_ALLOW_THREADS
-        bad = rlx_blocks_nonfinite(dt, PyArray_DATA(raw), (int64_t)(nbytes / t->type_size) * t->block_size);
-        Py_END_ALLOW_THREADS
-        out = PyLong_FromLongLong(bad);
+        Py_BEGIN_ALLOW_THREADS bad =
+            rlx_blocks_nonfinite(dt, PyArray_DATA(raw), (int64_t)(nbytes / t->type_size) * t->block_size);
+        Py_END_ALLOW_THREADS out = PyLong_FromLongLong(bad);
     }
     Py_DECREF(raw);
     return out;
@@ -204,8 +193,7 @@ static PyObject *quantize(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "Os:quantize", &x_obj, &name)) return NULL;
     enum rlx_dtype dt;
     if (rlx_py_raise(rlx_dtype_parse(name, &dt))) return NULL;
-    PyArrayObject *x =
-        (PyArrayObject *)PyArray_FROM_OTF(x_obj, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    PyArrayObject *x = (PyArrayObject *)PyArray_FROM_OTF(x_obj, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
     if (x == NULL) return NULL;
     PyObject *out = NULL;
     const int nd = PyArray_NDIM(x);
@@ -222,10 +210,8 @@ static PyObject *quantize(PyObject *module, PyObject *args)
     const float *src = PyArray_DATA(x);
     void *dst = PyArray_DATA((PyArrayObject *)out);
     rlx_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = rlx_quantize(dt, src, (int64_t)rows, (int64_t)cols, dst);
-    Py_END_ALLOW_THREADS
-    if (rlx_py_raise(s)) Py_CLEAR(out);
+    Py_BEGIN_ALLOW_THREADS s = rlx_quantize(dt, src, (int64_t)rows, (int64_t)cols, dst);
+    Py_END_ALLOW_THREADS if (rlx_py_raise(s)) Py_CLEAR(out);
 done:
     Py_DECREF(x);
     return out;
@@ -316,25 +302,19 @@ static PyMethodDef module_methods[] = {
 static int module_exec(PyObject *module)
 {
     struct rlx_py_state *st = rlx_py_state_of_module(module);
-    if (st == NULL)
-        return -1;
-    if (PyArray_ImportNumPyAPI() < 0)
-        return -1;
+    if (st == NULL) return -1;
+    if (PyArray_ImportNumPyAPI() < 0) return -1;
     st->error = PyErr_NewExceptionWithDoc(
         "rlx.Error",
         "An rlx failure that is not a bad argument (ValueError) or lack of memory (MemoryError): "
         "unsupported op or device, wrong state, I/O, or an internal error.",
         PyExc_RuntimeError, NULL);
-    if (st->error == NULL)
-        return -1;
-    if (PyModule_AddObjectRef(module, "Error", st->error) < 0)
-        return -1;
+    if (st->error == NULL) return -1;
+    if (PyModule_AddObjectRef(module, "Error", st->error) < 0) return -1;
     rlx_py_errors_set(st->error);
-    if (rlx_py_sigbus_install() < 0)
-        return -1;
+    if (rlx_py_sigbus_install() < 0) return -1;
     for (size_t i = 0; i < sizeof add_types / sizeof add_types[0]; i++) {
-        if (add_types[i](module, st) < 0)
-            return -1;
+        if (add_types[i](module, st) < 0) return -1;
     }
     return 0;
 }
@@ -342,8 +322,7 @@ static int module_exec(PyObject *module)
 static int module_traverse(PyObject *module, visitproc visit, void *arg)
 {
     struct rlx_py_state *st = (struct rlx_py_state *)PyModule_GetState(module);
-    if (st == NULL)
-        return 0;
+    if (st == NULL) return 0;
     Py_VISIT(st->error);
     Py_VISIT(st->device_type);
     Py_VISIT(st->graph_type);
@@ -357,13 +336,10 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
 static int module_clear(PyObject *module)
 {
     struct rlx_py_state *st = (struct rlx_py_state *)PyModule_GetState(module);
-    if (st == NULL)
-        return 0;
-    if (st->log_callback != NULL)
-        rlx_set_log_callback(NULL, NULL); /* before the callable and the state go */
+    if (st == NULL) return 0;
+    if (st->log_callback != NULL) rlx_set_log_callback(NULL, NULL); /* before the callable and the state go */
     Py_CLEAR(st->log_callback);
-    if (st->error != NULL)
-        rlx_py_errors_clear(st->error);
+    if (st->error != NULL) rlx_py_errors_clear(st->error);
     Py_CLEAR(st->error);
     Py_CLEAR(st->device_type);
     Py_CLEAR(st->graph_type);
@@ -373,10 +349,7 @@ static int module_clear(PyObject *module)
     return 0;
 }
 
-static void module_free(void *module)
-{
-    module_clear((PyObject *)module);
-}
+static void module_free(void *module) { module_clear((PyObject *)module); }
 
 static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, (void *)module_exec},
@@ -395,7 +368,4 @@ PyModuleDef rlx_py_module_def = {
     .m_free = module_free,
 };
 
-PyMODINIT_FUNC PyInit__C(void)
-{
-    return PyModuleDef_Init(&rlx_py_module_def);
-}
+PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&rlx_py_module_def); }

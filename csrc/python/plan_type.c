@@ -26,16 +26,15 @@
 #include <string.h>
 
 struct plan_object {
-    PyObject_HEAD
-    struct rlx_plan *plan;       /* owned; never NULL for a constructed object */
-    struct rlx_py_lock lock;     /* held by the one thread using `plan` */
-    PyObject *params;            /* dict: param name -> the array the plan reads */
-    PyObject *input_names;       /* tuple of str, in plan input order */
-    PyObject *param_names;       /* tuple of str, in plan param order */
-    PyObject *output_names;      /* tuple of str, in output order */
-    PyObject *device;            /* _C.Device: outlives the plan */
-    int *input_dtypes;           /* (n_inputs) enum rlx_dtype, -1 when unknown (the core checks) */
-    int *param_dtypes;           /* (n_params) as above */
+    PyObject_HEAD struct rlx_plan *plan; /* owned; never NULL for a constructed object */
+    struct rlx_py_lock lock;             /* held by the one thread using `plan` */
+    PyObject *params;                    /* dict: param name -> the array the plan reads */
+    PyObject *input_names;               /* tuple of str, in plan input order */
+    PyObject *param_names;               /* tuple of str, in plan param order */
+    PyObject *output_names;              /* tuple of str, in output order */
+    PyObject *device;                    /* _C.Device: outlives the plan */
+    int *input_dtypes;                   /* (n_inputs) enum rlx_dtype, -1 when unknown (the core checks) */
+    int *param_dtypes;                   /* (n_params) as above */
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -44,41 +43,28 @@ struct plan_object {
 
 int rlx_py_dtype_matches(PyArray_Descr *d, enum rlx_dtype dt)
 {
-    if (!PyDataType_ISNOTSWAPPED(d))
-        return 0;
+    if (!PyDataType_ISNOTSWAPPED(d)) return 0;
     npy_intp size = PyDataType_ELSIZE(d);
     char kind = d->kind;
     switch (dt) {
-    case RLX_F32:
-        return kind == 'f' && size == 4;
-    case RLX_F16:
-        return kind == 'f' && size == 2;
-    case RLX_I32:
-        return kind == 'i' && size == 4;
-    case RLX_U8:
-        return (kind == 'u' || kind == 'b') && size == 1;
-    case RLX_BF16:
-        return size == 2 && (kind == 'u' || strstr(d->typeobj->tp_name, "bfloat16") != NULL);
-    default:
-        return 0;
+    case RLX_F32: return kind == 'f' && size == 4;
+    case RLX_F16: return kind == 'f' && size == 2;
+    case RLX_I32: return kind == 'i' && size == 4;
+    case RLX_U8: return (kind == 'u' || kind == 'b') && size == 1;
+    case RLX_BF16: return size == 2 && (kind == 'u' || strstr(d->typeobj->tp_name, "bfloat16") != NULL);
+    default: return 0;
     }
 }
 
 int rlx_py_dtype_to_npy(enum rlx_dtype dt)
 {
     switch (dt) {
-    case RLX_F32:
-        return NPY_FLOAT32;
-    case RLX_F16:
-        return NPY_FLOAT16;
-    case RLX_I32:
-        return NPY_INT32;
-    case RLX_U8:
-        return NPY_UINT8;
-    case RLX_BF16:
-        return NPY_UINT16;
-    default:
-        return -1;
+    case RLX_F32: return NPY_FLOAT32;
+    case RLX_F16: return NPY_FLOAT16;
+    case RLX_I32: return NPY_INT32;
+    case RLX_U8: return NPY_UINT8;
+    case RLX_BF16: return NPY_UINT16;
+    default: return -1;
     }
 }
 
@@ -87,7 +73,7 @@ static const char *npy_name(int dt)
 {
     static const char *const names[RLX_DTYPE_COUNT] = {
         [RLX_F32] = "float32", [RLX_F16] = "float16", [RLX_BF16] = "bfloat16 or uint16",
-        [RLX_I32] = "int32", [RLX_U8] = "uint8",
+        [RLX_I32] = "int32",   [RLX_U8] = "uint8",
     };
     return dt >= 0 && dt < RLX_DTYPE_COUNT && names[dt] ? names[dt] : "raw blocks (no array dtype)";
 }
@@ -107,8 +93,7 @@ static void plan_release(struct plan_object *self) { rlx_py_lock_release(&self->
 static PyObject *names_tuple(const struct rlx_plan *p, int n, const char *(*name_of)(const struct rlx_plan *, int))
 {
     PyObject *t = PyTuple_New(n);
-    if (t == NULL)
-        return NULL;
+    if (t == NULL) return NULL;
     for (int i = 0; i < n; i++) {
         const char *name = name_of(p, i);
         PyObject *s = PyUnicode_FromString(name != NULL ? name : "");
@@ -130,8 +115,7 @@ static int leaf_dtypes(const struct rlx_plan *p, enum rlx_op kind, PyObject *nam
         PyErr_NoMemory();
         return -1;
     }
-    for (Py_ssize_t i = 0; i < n; i++)
-        dts[i] = -1;
+    for (Py_ssize_t i = 0; i < n; i++) dts[i] = -1;
     const struct rlx_graph *g = rlx_plan_graph(p);
     int count = g != NULL ? rlx_graph_node_count(g) : 0;
     for (int id = 0; id < count; id++) {
@@ -140,11 +124,9 @@ static int leaf_dtypes(const struct rlx_plan *p, enum rlx_op kind, PyObject *nam
         int ndim;
         struct rlx_dim shape[RLX_MAX_DIMS];
         const char *name;
-        if (rlx_graph_node_info(g, id, &op, &dt, &ndim, shape, &name) != RLX_OK || op != kind || name == NULL)
-            continue;
+        if (rlx_graph_node_info(g, id, &op, &dt, &ndim, shape, &name) != RLX_OK || op != kind || name == NULL) continue;
         for (Py_ssize_t i = 0; i < n; i++) {
-            if (strcmp(PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i)), name) == 0)
-                dts[i] = (int)dt;
+            if (strcmp(PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i)), name) == 0) dts[i] = (int)dt;
         }
     }
     *out = dts;
@@ -155,8 +137,7 @@ static int leaf_dtypes(const struct rlx_plan *p, enum rlx_op kind, PyObject *nam
 static Py_ssize_t find_name(PyObject *names, PyObject *name)
 {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); i++) {
-        if (PyUnicode_Compare(PyTuple_GET_ITEM(names, i), name) == 0)
-            return i;
+        if (PyUnicode_Compare(PyTuple_GET_ITEM(names, i), name) == 0) return i;
     }
     return -1;
 }
@@ -181,8 +162,7 @@ static void plan_dealloc(struct plan_object *self)
 /* caps {symbol name: int} into opts->sym_cap, resolved against g without creating symbols. */
 static int parse_caps(const struct rlx_graph *g, PyObject *caps, struct rlx_compile_opts *opts)
 {
-    if (caps == Py_None)
-        return 0;
+    if (caps == Py_None) return 0;
     if (!PyDict_Check(caps)) {
         PyErr_Format(PyExc_TypeError, "caps must be a dict {symbol: int} or None, got %.200s", Py_TYPE(caps)->tp_name);
         return -1;
@@ -195,21 +175,18 @@ static int parse_caps(const struct rlx_graph *g, PyObject *caps, struct rlx_comp
             return -1;
         }
         const char *name = PyUnicode_AsUTF8(key);
-        if (name == NULL)
-            return -1;
+        if (name == NULL) return -1;
         int sym = -1;
         for (int s = 0; s < rlx_graph_symbol_count(g) && s < RLX_MAX_SYMS; s++) {
             const char *sname = rlx_graph_symbol_name(g, s);
-            if (sname != NULL && strcmp(sname, name) == 0)
-                sym = s;
+            if (sname != NULL && strcmp(sname, name) == 0) sym = s;
         }
         if (sym < 0) {
             PyErr_Format(PyExc_ValueError, "caps: unknown symbol '%s'", name);
             return -1;
         }
         long long v = PyLong_AsLongLong(val);
-        if (v == -1 && PyErr_Occurred())
-            return -1;
+        if (v == -1 && PyErr_Occurred()) return -1;
         if (v < 0) {
             PyErr_Format(PyExc_ValueError, "caps: symbol '%s' has a negative cap %lld", name, v);
             return -1;
@@ -236,8 +213,7 @@ PyObject *rlx_py_compile(PyObject *module, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OpO:compile", kwlist, &graph_obj, &device_arg, &fuse, &caps))
         return NULL;
     struct rlx_py_state *st = rlx_py_state_of_module(module);
-    if (st == NULL)
-        goto error;
+    if (st == NULL) goto error;
     if (device_arg == NULL) {
         PyObject *cpu = PyUnicode_FromString("cpu");
         device = cpu ? rlx_py_device_from(st, cpu) : NULL;
@@ -245,25 +221,18 @@ PyObject *rlx_py_compile(PyObject *module, PyObject *args, PyObject *kwargs)
     } else {
         device = rlx_py_device_from(st, device_arg);
     }
-    if (device == NULL)
-        goto error;
+    if (device == NULL) goto error;
     struct rlx_graph *g = rlx_py_graph_get(st, graph_obj);
-    if (g == NULL)
-        goto error;
+    if (g == NULL) goto error;
     /* A private copy, so another thread may keep extending g while this one compiles. */
-    if (rlx_py_raise(rlx_graph_clone(g, &copy)))
-        goto error;
+    if (rlx_py_raise(rlx_graph_clone(g, &copy))) goto error;
     struct rlx_compile_opts opts = rlx_compile_opts_default();
     opts.fuse = fuse != 0;
-    if (parse_caps(copy, caps, &opts) < 0)
-        goto error;
+    if (parse_caps(copy, caps, &opts) < 0) goto error;
     rlx_status s;
     struct rlx_device *dev = rlx_py_device_get(device);
-    Py_BEGIN_ALLOW_THREADS
-    s = rlx_compile(copy, dev, &opts, &plan);
-    Py_END_ALLOW_THREADS
-    if (rlx_py_raise(s))
-        goto error;
+    Py_BEGIN_ALLOW_THREADS s = rlx_compile(copy, dev, &opts, &plan);
+    Py_END_ALLOW_THREADS if (rlx_py_raise(s)) goto error;
     rlx_graph_free(copy);
     copy = NULL;
 
@@ -273,16 +242,15 @@ PyObject *rlx_py_compile(PyObject *module, PyObject *args, PyObject *kwargs)
         goto error;
     }
     self->plan = plan;
-    if (rlx_py_lock_init(&self->lock) < 0)
-        goto error;
+    if (rlx_py_lock_init(&self->lock) < 0) goto error;
     self->params = PyDict_New();
     self->input_names = names_tuple(plan, rlx_plan_input_count(plan), rlx_plan_input_name);
     self->param_names = names_tuple(plan, rlx_plan_param_count(plan), rlx_plan_param_name);
     self->output_names = names_tuple(plan, rlx_plan_output_count(plan), rlx_plan_output_name);
     self->device = device;
     device = NULL;
-    if (self->params == NULL || self->input_names == NULL || self->param_names == NULL ||
-        self->output_names == NULL || self->device == NULL)
+    if (self->params == NULL || self->input_names == NULL || self->param_names == NULL || self->output_names == NULL ||
+        self->device == NULL)
         goto error;
     if (leaf_dtypes(plan, RLX_OP_INPUT, self->input_names, &self->input_dtypes) < 0 ||
         leaf_dtypes(plan, RLX_OP_PARAM, self->param_names, &self->param_dtypes) < 0)
@@ -303,8 +271,7 @@ error:
 static PyObject *joined(PyObject *names)
 {
     PyObject *sep = PyUnicode_FromString(", ");
-    if (sep == NULL)
-        return NULL;
+    if (sep == NULL) return NULL;
     PyObject *s = PyUnicode_Join(sep, names);
     Py_DECREF(sep);
     return s;
@@ -319,11 +286,9 @@ static Py_ssize_t name_index(PyObject *names, PyObject *name, const char *what)
         return -1;
     }
     Py_ssize_t i = find_name(names, name);
-    if (i >= 0)
-        return i;
+    if (i >= 0) return i;
     PyObject *all = joined(names);
-    if (all == NULL)
-        return -1;
+    if (all == NULL) return -1;
     PyErr_Format(PyExc_ValueError, "unknown %s %R (this plan's %ss: %U)", what, name, what, all);
     Py_DECREF(all);
     return -1;
@@ -340,8 +305,7 @@ static int host_tensor(PyArrayObject *arr, int dt, const char *what, PyObject *n
     t->data = PyArray_DATA(arr);
     t->dtype = (enum rlx_dtype)dt;
     t->ndim = ndim;
-    for (int d = 0; d < ndim; d++)
-        t->shape[d] = (int64_t)PyArray_DIM(arr, d);
+    for (int d = 0; d < ndim; d++) t->shape[d] = (int64_t)PyArray_DIM(arr, d);
     return 0;
 }
 
@@ -375,21 +339,17 @@ static PyObject *set_param_blocks(struct plan_object *self, Py_ssize_t idx, PyOb
     const char *cname = PyUnicode_AsUTF8(name);
     struct rlx_host_tensor t;
     PyObject *keep = NULL;
-    if (cname == NULL || rlx_py_host_tensor_from(tuple, cname, &t, &keep) < 0)
-        return NULL;
+    if (cname == NULL || rlx_py_host_tensor_from(tuple, cname, &t, &keep) < 0) return NULL;
     if (plan_acquire(self) < 0) {
         Py_DECREF(keep);
         return NULL;
     }
     rlx_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = rlx_plan_set_param(self->plan, (int)idx, &t);
-    Py_END_ALLOW_THREADS
-    int failed = rlx_py_raise(s) || PyDict_SetItem(self->params, name, keep) < 0;
+    Py_BEGIN_ALLOW_THREADS s = rlx_plan_set_param(self->plan, (int)idx, &t);
+    Py_END_ALLOW_THREADS int failed = rlx_py_raise(s) || PyDict_SetItem(self->params, name, keep) < 0;
     plan_release(self);
     Py_DECREF(keep);
-    if (failed)
-        return NULL;
+    if (failed) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -400,45 +360,32 @@ static PyObject *plan_set_param(struct plan_object *self, PyObject *args, PyObje
     PyArrayObject *given = NULL;
     PyArrayObject *arr = NULL;
     int locked = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UO:set_param", kwlist, &name, &obj))
-        return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UO:set_param", kwlist, &name, &obj)) return NULL;
     Py_ssize_t idx = name_index(self->param_names, name, "param");
-    if (idx < 0)
-        goto error;
-    if (PyTuple_Check(obj))
-        return set_param_blocks(self, idx, name, obj);
+    if (idx < 0) goto error;
+    if (PyTuple_Check(obj)) return set_param_blocks(self, idx, name, obj);
     given = (PyArrayObject *)PyArray_FROM_O(obj);
-    if (given == NULL)
-        goto error;
+    if (given == NULL) goto error;
     int dt;
-    if (check_dtype(given, self->param_dtypes[idx], "param", name, &dt) < 0)
-        goto error;
+    if (check_dtype(given, self->param_dtypes[idx], "param", name, &dt) < 0) goto error;
     /* The same object when already C-contiguous and aligned (zero-copy), else one copy. */
     arr = (PyArrayObject *)PyArray_FROM_OF((PyObject *)given, NPY_ARRAY_IN_ARRAY);
-    if (arr == NULL)
-        goto error;
+    if (arr == NULL) goto error;
     struct rlx_host_tensor t;
-    if (host_tensor(arr, dt, "param", name, &t) < 0)
-        goto error;
-    if (plan_acquire(self) < 0)
-        goto error;
+    if (host_tensor(arr, dt, "param", name, &t) < 0) goto error;
+    if (plan_acquire(self) < 0) goto error;
     locked = 1;
     rlx_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = rlx_plan_set_param(self->plan, (int)idx, &t);
-    Py_END_ALLOW_THREADS
-    if (rlx_py_raise(s))
-        goto error;
+    Py_BEGIN_ALLOW_THREADS s = rlx_plan_set_param(self->plan, (int)idx, &t);
+    Py_END_ALLOW_THREADS if (rlx_py_raise(s)) goto error;
     /* The plan now reads arr: keep it (dropping the array it read before). */
-    if (PyDict_SetItem(self->params, name, (PyObject *)arr) < 0)
-        goto error;
+    if (PyDict_SetItem(self->params, name, (PyObject *)arr) < 0) goto error;
     plan_release(self);
     Py_DECREF(arr);
     Py_DECREF(given);
     Py_RETURN_NONE;
 error:
-    if (locked)
-        plan_release(self);
+    if (locked) plan_release(self);
     Py_XDECREF(arr);
     Py_XDECREF(given);
     return NULL;
@@ -460,8 +407,7 @@ static int check_out(struct plan_object *self, PyObject *out, PyArrayObject **ar
                      PyArrayObject **bound)
 {
     Py_ssize_t n_out = PyTuple_GET_SIZE(self->output_names);
-    if (out == NULL || out == Py_None)
-        return 0;
+    if (out == NULL || out == Py_None) return 0;
     if (!PyDict_Check(out)) {
         PyErr_Format(PyExc_TypeError, "run(out=) takes a dict {output name: array}, got %.200s", Py_TYPE(out)->tp_name);
         return -1;
@@ -470,8 +416,7 @@ static int check_out(struct plan_object *self, PyObject *out, PyArrayObject **ar
     PyObject *key, *val;
     while (PyDict_Next(out, &pos, &key, &val)) {
         Py_ssize_t i = name_index(self->output_names, key, "output");
-        if (i < 0)
-            return -1;
+        if (i < 0) return -1;
         if (!PyArray_Check(val)) {
             PyErr_Format(PyExc_TypeError, "out %R must be a numpy.ndarray, got %.200s", key, Py_TYPE(val)->tp_name);
             return -1;
@@ -483,14 +428,14 @@ static int check_out(struct plan_object *self, PyObject *out, PyArrayObject **ar
         }
         int dt = rlx_plan_output_dtype(self->plan, (int)i);
         if (!rlx_py_dtype_matches(PyArray_DESCR(a), (enum rlx_dtype)dt)) {
-            PyErr_Format(PyExc_ValueError, "out %R must be %s, got %S", key, npy_name(dt), (PyObject *)PyArray_DESCR(a));
+            PyErr_Format(PyExc_ValueError, "out %R must be %s, got %S", key, npy_name(dt),
+                         (PyObject *)PyArray_DESCR(a));
             return -1;
         }
         bound[i] = a;
     }
     for (Py_ssize_t i = 0; i < n_out; i++) {
-        if (bound[i] == NULL)
-            continue;
+        if (bound[i] == NULL) continue;
         PyObject *name = PyTuple_GET_ITEM(self->output_names, i);
         for (Py_ssize_t j = 0; j < n_in; j++)
             if (arrays_overlap(bound[i], arrs[j])) {
@@ -518,8 +463,7 @@ static PyObject *plan_run(struct plan_object *self, PyObject *args, PyObject *kw
 {
     static char *kwlist[] = {"inputs", "out", NULL};
     PyObject *inputs, *out = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:run", kwlist, &inputs, &out))
-        return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:run", kwlist, &inputs, &out)) return NULL;
     Py_ssize_t n_in = PyTuple_GET_SIZE(self->input_names);
     Py_ssize_t n_out = PyTuple_GET_SIZE(self->output_names);
     PyArrayObject **arrs = NULL, **bound = NULL;
@@ -541,54 +485,42 @@ static PyObject *plan_run(struct plan_object *self, PyObject *args, PyObject *kw
     Py_ssize_t pos = 0;
     PyObject *key, *val;
     while (PyDict_Next(inputs, &pos, &key, &val)) {
-        if (name_index(self->input_names, key, "input") < 0)
-            goto error;
+        if (name_index(self->input_names, key, "input") < 0) goto error;
     }
     for (Py_ssize_t i = 0; i < n_in; i++) {
         PyObject *name = PyTuple_GET_ITEM(self->input_names, i);
         PyObject *item = PyDict_GetItemWithError(inputs, name);
         if (item == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_ValueError, "missing input %R", name);
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "missing input %R", name);
             goto error;
         }
         arrs[i] = (PyArrayObject *)PyArray_FROM_OF(item, NPY_ARRAY_IN_ARRAY);
-        if (arrs[i] == NULL)
-            goto error;
+        if (arrs[i] == NULL) goto error;
         int dt;
         if (check_dtype(arrs[i], self->input_dtypes[i], "input", name, &dt) < 0 ||
             host_tensor(arrs[i], dt, "input", name, &tensors[i]) < 0)
             goto error;
     }
-    if (check_out(self, out, arrs, n_in, bound) < 0)
-        goto error;
-    if (plan_acquire(self) < 0)
-        goto error;
+    if (check_out(self, out, arrs, n_in, bound) < 0) goto error;
+    if (plan_acquire(self) < 0) goto error;
     locked = 1;
     rlx_py_sigint_begin();
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n_in && s == RLX_OK; i++)
-        s = rlx_plan_set_input(self->plan, (int)i, &tensors[i]);
+    Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < n_in && s == RLX_OK; i++) s =
+        rlx_plan_set_input(self->plan, (int)i, &tensors[i]);
     for (Py_ssize_t i = 0; i < n_out && s == RLX_OK; i++)
         if (bound[i] != NULL)
             s = rlx_plan_bind_output(self->plan, (int)i, PyArray_DATA(bound[i]), (size_t)PyArray_NBYTES(bound[i]));
-    if (s == RLX_OK)
-        s = rlx_plan_run(self->plan);
-    Py_END_ALLOW_THREADS
-    if (rlx_py_sigint_end(s) < 0 || rlx_py_raise(s))
-        goto error;
+    if (s == RLX_OK) s = rlx_plan_run(self->plan);
+    Py_END_ALLOW_THREADS if (rlx_py_sigint_end(s) < 0 || rlx_py_raise(s)) goto error;
     outs = PyList_New(n_out);
-    if (outs == NULL)
-        goto error;
+    if (outs == NULL) goto error;
     for (Py_ssize_t i = 0; i < n_out; i++) {
         enum rlx_dtype dt;
         int ndim;
         int64_t shape[RLX_MAX_DIMS];
-        if (rlx_py_raise(rlx_plan_output_shape(self->plan, (int)i, &dt, &ndim, shape)))
-            goto error;
+        if (rlx_py_raise(rlx_plan_output_shape(self->plan, (int)i, &dt, &ndim, shape))) goto error;
         npy_intp dims[RLX_MAX_DIMS];
-        for (int d = 0; d < ndim; d++)
-            dims[d] = (npy_intp)shape[d];
+        for (int d = 0; d < ndim; d++) dims[d] = (npy_intp)shape[d];
         if (bound[i] != NULL) { /* written by the run; its shape must be the output's too */
             if (PyArray_NDIM(bound[i]) != ndim || !PyArray_CompareLists(PyArray_DIMS(bound[i]), dims, ndim)) {
                 PyErr_Format(PyExc_ValueError, "out %R has the output's size but not its shape",
@@ -600,34 +532,27 @@ static PyObject *plan_run(struct plan_object *self, PyObject *args, PyObject *kw
             continue;
         }
         PyObject *o = PyArray_SimpleNew(ndim, dims, rlx_py_dtype_to_npy(dt));
-        if (o == NULL)
-            goto error;
+        if (o == NULL) goto error;
         PyList_SET_ITEM(outs, i, o);
     }
     /* The fresh arrays are reachable only from this thread: fill them without the GIL. */
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n_out && s == RLX_OK; i++) {
-        if (bound[i] != NULL)
-            continue;
+    Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < n_out && s == RLX_OK; i++)
+    {
+        if (bound[i] != NULL) continue;
         PyArrayObject *o = (PyArrayObject *)PyList_GET_ITEM(outs, i);
         s = rlx_plan_read_output(self->plan, (int)i, PyArray_DATA(o), (size_t)PyArray_NBYTES(o));
     }
-    Py_END_ALLOW_THREADS
-    if (rlx_py_raise(s))
-        goto error;
+    Py_END_ALLOW_THREADS if (rlx_py_raise(s)) goto error;
     plan_release(self);
-    for (Py_ssize_t i = 0; i < n_in; i++)
-        Py_DECREF(arrs[i]);
+    for (Py_ssize_t i = 0; i < n_in; i++) Py_DECREF(arrs[i]);
     PyMem_Free(arrs);
     PyMem_Free(tensors);
     PyMem_Free(bound);
     return outs;
 error:
-    if (locked)
-        plan_release(self);
+    if (locked) plan_release(self);
     if (arrs != NULL) {
-        for (Py_ssize_t i = 0; i < n_in; i++)
-            Py_XDECREF(arrs[i]);
+        for (Py_ssize_t i = 0; i < n_in; i++) Py_XDECREF(arrs[i]);
     }
     PyMem_Free(arrs);
     PyMem_Free(tensors);
@@ -643,8 +568,7 @@ error:
 static PyObject *plan_graph_dump(struct plan_object *self, PyObject *unused)
 {
     (void)unused;
-    if (plan_acquire(self) < 0)
-        return NULL;
+    if (plan_acquire(self) < 0) return NULL;
     PyObject *s = rlx_py_dump_graph(rlx_plan_graph(self->plan));
     plan_release(self);
     return s;
@@ -652,8 +576,7 @@ static PyObject *plan_graph_dump(struct plan_object *self, PyObject *unused)
 
 static PyObject *plan_bytes(struct plan_object *self, size_t (*fn)(const struct rlx_plan *))
 {
-    if (plan_acquire(self) < 0)
-        return NULL;
+    if (plan_acquire(self) < 0) return NULL;
     size_t n = fn(self->plan);
     plan_release(self);
     return PyLong_FromSize_t(n);
@@ -753,7 +676,6 @@ static PyType_Spec plan_spec = {
 int rlx_py_add_plan_type(PyObject *module, struct rlx_py_state *st)
 {
     st->plan_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &plan_spec, NULL);
-    if (st->plan_type == NULL)
-        return -1;
+    if (st->plan_type == NULL) return -1;
     return PyModule_AddType(module, st->plan_type);
 }

@@ -23,10 +23,9 @@
 #include "rlx/model.h"
 
 struct seq_object {
-    PyObject_HEAD
-    struct rlx_seq *seq;          /* owned */
+    PyObject_HEAD struct rlx_seq *seq; /* owned */
     struct rlx_py_lock lock;
-    PyObject *model;              /* _C.Model */
+    PyObject *model; /* _C.Model */
 };
 
 static int seq_acquire(struct seq_object *self) { return rlx_py_lock_acquire(&self->lock, "sequence"); }
@@ -82,10 +81,8 @@ static PyObject *seq_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (rlx_py_raise(rlx_dtype_parse(kv, &dt))) return NULL;
     struct rlx_seq *seq = NULL;
     rlx_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = rlx_seq_create(rlx_py_model_get(model), dt, &seq);
-    Py_END_ALLOW_THREADS
-    if (rlx_py_raise(s)) return NULL;
+    Py_BEGIN_ALLOW_THREADS s = rlx_seq_create(rlx_py_model_get(model), dt, &seq);
+    Py_END_ALLOW_THREADS if (rlx_py_raise(s)) return NULL;
     return wrap(type, seq, model);
 }
 
@@ -95,10 +92,8 @@ static PyObject *seq_fork(struct seq_object *self, PyObject *unused)
     if (seq_acquire(self) < 0) return NULL;
     struct rlx_seq *copy = NULL;
     rlx_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = rlx_seq_fork(self->seq, &copy);
-    Py_END_ALLOW_THREADS
-    seq_release(self);
+    Py_BEGIN_ALLOW_THREADS s = rlx_seq_fork(self->seq, &copy);
+    Py_END_ALLOW_THREADS seq_release(self);
     if (rlx_py_raise(s)) return NULL;
     return wrap(Py_TYPE(self), copy, self->model);
 }
@@ -164,10 +159,9 @@ static rlx_status forward(struct seq_object *self, int cached, const float **log
 {
     rlx_status s;
     rlx_py_sigint_begin();
-    Py_BEGIN_ALLOW_THREADS
-    s = cached ? rlx_seq_logits_cached(self->seq, logits) : rlx_seq_logits_naive(self->seq, logits);
-    Py_END_ALLOW_THREADS
-    rlx_py_sigint_end(s);
+    Py_BEGIN_ALLOW_THREADS s =
+        cached ? rlx_seq_logits_cached(self->seq, logits) : rlx_seq_logits_naive(self->seq, logits);
+    Py_END_ALLOW_THREADS rlx_py_sigint_end(s);
     return s;
 }
 
@@ -214,13 +208,10 @@ static long long step_locked(struct seq_object *self, const struct rlx_sample_op
         }
         Py_DECREF(r);
         const float *row = PyArray_DATA((PyArrayObject *)arr);
-        Py_BEGIN_ALLOW_THREADS
-        s = rlx_seq_sample(self->seq, row, o, index, &tok);
-        Py_END_ALLOW_THREADS
-        Py_DECREF(arr);
+        Py_BEGIN_ALLOW_THREADS s = rlx_seq_sample(self->seq, row, o, index, &tok);
+        Py_END_ALLOW_THREADS Py_DECREF(arr);
     } else {
-        Py_BEGIN_ALLOW_THREADS
-        s = rlx_seq_sample(self->seq, logits, o, index, &tok);
+        Py_BEGIN_ALLOW_THREADS s = rlx_seq_sample(self->seq, logits, o, index, &tok);
         Py_END_ALLOW_THREADS
     }
     if (rlx_py_raise(s) || rlx_py_raise(rlx_seq_append(self->seq, &tok, 1))) return -1;
@@ -336,11 +327,10 @@ static PyObject *seq_sample(struct seq_object *self, PyObject *args, PyObject *k
     if (seq_acquire(self) < 0) goto error;
     int32_t tok;
     rlx_status s;
-    Py_BEGIN_ALLOW_THREADS
-    if (history_obj == Py_None) s = rlx_seq_sample(self->seq, PyArray_DATA(arr), &o, index, &tok);
+    Py_BEGIN_ALLOW_THREADS if (history_obj == Py_None) s =
+        rlx_seq_sample(self->seq, PyArray_DATA(arr), &o, index, &tok);
     else s = rlx_seq_sample_with(self->seq, PyArray_DATA(arr), &o, index, history, n_hist, &tok);
-    Py_END_ALLOW_THREADS
-    seq_release(self);
+    Py_END_ALLOW_THREADS seq_release(self);
     if (!rlx_py_raise(s)) out = PyLong_FromLong(tok);
 error:
     Py_DECREF(arr);
@@ -374,10 +364,8 @@ static PyObject *seq_forward(struct seq_object *self, PyObject *args, PyObject *
     rlx_status s;
     const float *h = hidden ? PyArray_DATA(hidden) : NULL;
     rlx_py_sigint_begin();
-    Py_BEGIN_ALLOW_THREADS
-    s = rlx_seq_forward(self->seq, h, n, cached != 0, &y, &rows);
-    Py_END_ALLOW_THREADS
-    rlx_py_sigint_end(s);
+    Py_BEGIN_ALLOW_THREADS s = rlx_seq_forward(self->seq, h, n, cached != 0, &y, &rows);
+    Py_END_ALLOW_THREADS rlx_py_sigint_end(s);
     if (s == RLX_OK) { /* copy out while the lock keeps the sequence's buffer stable */
         int64_t begin, end;
         unsigned ends;
@@ -468,10 +456,9 @@ static PyObject *seq_kv_cache(struct seq_object *self, PyObject *layer_obj)
         if (out[which] == NULL) goto done;
         rlx_status s;
         PyArrayObject *a = (PyArrayObject *)out[which];
-        Py_BEGIN_ALLOW_THREADS
-        s = rlx_kv_cache_read(kv, layer, which, 0, len, PyArray_DATA(a), (size_t)PyArray_NBYTES(a));
-        Py_END_ALLOW_THREADS
-        if (rlx_py_raise(s)) goto done;
+        Py_BEGIN_ALLOW_THREADS s =
+            rlx_kv_cache_read(kv, layer, which, 0, len, PyArray_DATA(a), (size_t)PyArray_NBYTES(a));
+        Py_END_ALLOW_THREADS if (rlx_py_raise(s)) goto done;
     }
     seq_release(self);
     return Py_BuildValue("(NN)", out[0], out[1]);
@@ -491,8 +478,7 @@ static PyObject *seq_save_state(struct seq_object *self, PyObject *unused)
     rlx_status s = rlx_seq_state_size(self->seq, &n);
     if (s == RLX_OK && (out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n)) != NULL) {
         char *buf = PyBytes_AS_STRING(out);
-        Py_BEGIN_ALLOW_THREADS
-        s = rlx_seq_save(self->seq, buf, n);
+        Py_BEGIN_ALLOW_THREADS s = rlx_seq_save(self->seq, buf, n);
         Py_END_ALLOW_THREADS
     }
     seq_release(self);
@@ -509,10 +495,8 @@ static PyObject *seq_load_state(struct seq_object *self, PyObject *arg)
         return NULL;
     }
     rlx_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = rlx_seq_load(self->seq, view.buf, (size_t)view.len);
-    Py_END_ALLOW_THREADS
-    seq_release(self);
+    Py_BEGIN_ALLOW_THREADS s = rlx_seq_load(self->seq, view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS seq_release(self);
     PyBuffer_Release(&view);
     if (rlx_py_raise(s)) return NULL;
     Py_RETURN_NONE;
@@ -535,7 +519,6 @@ static PyObject *seq_last_profile(struct seq_object *self, PyObject *unused)
     }
     return out;
 }
-
 
 static PyMethodDef seq_methods[] = {
     {"prefill", (PyCFunction)seq_prefill, METH_O, "prefill(ids)\n\nReplaces the history with ids; empties the cache."},

@@ -54,9 +54,9 @@ int rlx_py_sigbus_install(void)
 
 /* ---- SIGINT ------------------------------------------------------------------------------------ */
 
-static int depth;                  /* calls inside begin / end (GIL held for every change) */
+static int depth; /* calls inside begin / end (GIL held for every change) */
 static bool installed;
-static struct sigaction previous;  /* Python's handler while ours is in front */
+static struct sigaction previous; /* Python's handler while ours is in front */
 
 static void on_sigint(int sig)
 {

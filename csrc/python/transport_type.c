@@ -30,12 +30,11 @@
 #include "rlx/dist.h"
 
 struct transport_object {
-    PyObject_HEAD
-    struct rlx_transport *t; /* owned; NULL once closed */
-    struct rlx_py_lock lock; /* held by the one thread using `t` */
-    int rank, world;         /* kept so that they still read after close */
-    PyObject *name;          /* str: ops->name */
-    PyObject *capsule;       /* the capsule it was adopted from (keeps its provider alive), or NULL */
+    PyObject_HEAD struct rlx_transport *t; /* owned; NULL once closed */
+    struct rlx_py_lock lock;               /* held by the one thread using `t` */
+    int rank, world;                       /* kept so that they still read after close */
+    PyObject *name;                        /* str: ops->name */
+    PyObject *capsule;                     /* the capsule it was adopted from (keeps its provider alive), or NULL */
 };
 
 static void transport_dealloc(struct transport_object *self);
@@ -47,8 +46,7 @@ static void transport_dealloc(struct transport_object *self);
 /* Takes the lock and checks the transport is open; -1 with an exception otherwise. */
 static int transport_acquire(struct transport_object *self)
 {
-    if (rlx_py_lock_acquire(&self->lock, "transport") < 0)
-        return -1;
+    if (rlx_py_lock_acquire(&self->lock, "transport") < 0) return -1;
     if (self->t == NULL) {
         rlx_py_lock_release(&self->lock);
         PyErr_SetString(rlx_py_error_borrowed != NULL ? rlx_py_error_borrowed : PyExc_RuntimeError,
@@ -58,10 +56,7 @@ static int transport_acquire(struct transport_object *self)
     return 0;
 }
 
-static void transport_release(struct transport_object *self)
-{
-    rlx_py_lock_release(&self->lock);
-}
+static void transport_release(struct transport_object *self) { rlx_py_lock_release(&self->lock); }
 
 /* ---------------------------------------------------------------------------------------------
  * Construction and destruction
@@ -72,10 +67,8 @@ static PyObject *wrap(PyTypeObject *cls, struct rlx_transport *t, PyObject *caps
 {
     struct transport_object *self = (struct transport_object *)cls->tp_alloc(cls, 0);
     if (self == NULL) {
-        Py_BEGIN_ALLOW_THREADS
-        t->ops->close(t);
-        Py_END_ALLOW_THREADS
-        return NULL;
+        Py_BEGIN_ALLOW_THREADS t->ops->close(t);
+        Py_END_ALLOW_THREADS return NULL;
     }
     self->t = t;
     self->rank = t->rank;
@@ -96,8 +89,7 @@ static void transport_dealloc(struct transport_object *self)
         struct rlx_transport *t = self->t;
         self->t = NULL;
         /* Unreachable from elsewhere now; closing may wait (MPI_Finalize). */
-        Py_BEGIN_ALLOW_THREADS
-        t->ops->close(t);
+        Py_BEGIN_ALLOW_THREADS t->ops->close(t);
         Py_END_ALLOW_THREADS
     }
     Py_XDECREF(self->capsule);
@@ -116,8 +108,7 @@ struct tcp_args {
 
 static void tcp_args_free(struct tcp_args *a)
 {
-    for (int i = 0; a->addrs != NULL && i < a->world; i++)
-        PyMem_Free(a->addrs[i]);
+    for (int i = 0; a->addrs != NULL && i < a->world; i++) PyMem_Free(a->addrs[i]);
     PyMem_Free(a->addrs);
     PyMem_Free(a->token);
 }
@@ -136,8 +127,7 @@ static char *copy_str(const char *s)
 static int tcp_args_fill(struct tcp_args *a, int world, PyObject *addrs, PyObject *token)
 {
     PyObject *seq = PySequence_Fast(addrs, "addrs must be a list of \"host:port\" strings");
-    if (seq == NULL)
-        return -1;
+    if (seq == NULL) return -1;
     int rc = -1;
     if (PySequence_Fast_GET_SIZE(seq) != world) {
         PyErr_Format(PyExc_ValueError, "addrs has %zd entries for a world of %d", PySequence_Fast_GET_SIZE(seq), world);
@@ -152,12 +142,12 @@ static int tcp_args_fill(struct tcp_args *a, int world, PyObject *addrs, PyObjec
     for (int i = 0; i < world; i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
         if (!PyUnicode_Check(item)) {
-            PyErr_Format(PyExc_TypeError, "addrs[%d] must be a \"host:port\" str, got %.200s", i, Py_TYPE(item)->tp_name);
+            PyErr_Format(PyExc_TypeError, "addrs[%d] must be a \"host:port\" str, got %.200s", i,
+                         Py_TYPE(item)->tp_name);
             goto done;
         }
         const char *s = PyUnicode_AsUTF8(item);
-        if (s == NULL || (a->addrs[i] = copy_str(s)) == NULL)
-            goto done;
+        if (s == NULL || (a->addrs[i] = copy_str(s)) == NULL) goto done;
     }
     if (token != Py_None) {
         if (!PyUnicode_Check(token)) {
@@ -165,8 +155,7 @@ static int tcp_args_fill(struct tcp_args *a, int world, PyObject *addrs, PyObjec
             goto done;
         }
         const char *s = PyUnicode_AsUTF8(token);
-        if (s == NULL || (a->token = copy_str(s)) == NULL)
-            goto done;
+        if (s == NULL || (a->token = copy_str(s)) == NULL) goto done;
     }
     rc = 0;
 done:
@@ -187,8 +176,8 @@ static int timeout_ms_of(double timeout, int *out)
 
 static PyObject *transport_tcp(PyTypeObject *cls, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"rank", "world", "addrs", "listen_fd", "max_message_bytes", "timeout", "token",
-                             "allow_remote", NULL};
+    static char *kwlist[] = {"rank",    "world", "addrs",        "listen_fd", "max_message_bytes",
+                             "timeout", "token", "allow_remote", NULL};
     int rank, world, listen_fd = -1, allow_remote = 0;
     PyObject *addrs, *token = Py_None;
     Py_ssize_t max_bytes = 0;
@@ -206,23 +195,19 @@ static PyObject *transport_tcp(PyTypeObject *cls, PyObject *args, PyObject *kwar
         PyErr_Format(PyExc_ValueError, "max_message_bytes must be >= 0 (0 = 1 GiB), got %zd", max_bytes);
         goto error;
     }
-    if (timeout_ms_of(timeout, &opts.timeout_ms) < 0 || tcp_args_fill(&a, world, addrs, token) < 0)
-        goto error;
+    if (timeout_ms_of(timeout, &opts.timeout_ms) < 0 || tcp_args_fill(&a, world, addrs, token) < 0) goto error;
     opts.max_message_bytes = (size_t)max_bytes;
     opts.token = a.token;
     struct rlx_transport *t = NULL;
     rlx_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = rlx_tcp_transport_create(rank, world, (const char *const *)a.addrs, listen_fd, &opts, &t);
-    Py_END_ALLOW_THREADS
-    listen_fd = -1; /* consumed by the core, whatever the outcome */
+    Py_BEGIN_ALLOW_THREADS s =
+        rlx_tcp_transport_create(rank, world, (const char *const *)a.addrs, listen_fd, &opts, &t);
+    Py_END_ALLOW_THREADS listen_fd = -1; /* consumed by the core, whatever the outcome */
     tcp_args_free(&a);
-    if (rlx_py_raise(s))
-        return NULL;
+    if (rlx_py_raise(s)) return NULL;
     return wrap(cls, t, NULL);
 error:
-    if (listen_fd >= 0)
-        close(listen_fd);
+    if (listen_fd >= 0) close(listen_fd);
     tcp_args_free(&a);
     return NULL;
 }
@@ -242,10 +227,8 @@ static PyObject *transport_from_capsule(PyTypeObject *cls, PyObject *capsule)
         return NULL;
     }
     struct rlx_transport *t = PyCapsule_GetPointer(capsule, RLX_TRANSPORT_CAPSULE);
-    if (t == NULL)
-        return NULL;
-    if (PyCapsule_SetContext(capsule, (void *)adopted_marker) < 0)
-        return NULL;
+    if (t == NULL) return NULL;
+    if (PyCapsule_SetContext(capsule, (void *)adopted_marker) < 0) return NULL;
     return wrap(cls, t, capsule); /* from here the object owns t (wrap closes it on failure) */
 }
 
@@ -266,8 +249,7 @@ static int tag_of(long long v, uint32_t *out)
 
 static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what)
 {
-    if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) == 0)
-        return 0;
+    if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) == 0) return 0;
     /* No buffer at all: TypeError; a buffer of the wrong kind (NumPy says ValueError, others
      * BufferError): ValueError. Either way with one message saying what is needed. */
     PyObject *exc = PyErr_ExceptionMatches(PyExc_TypeError) ? PyExc_TypeError
@@ -292,21 +274,17 @@ static PyObject *transport_send(struct transport_object *self, PyObject *args, P
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iLO:send", kwlist, &dst, &tag_v, &data) || tag_of(tag_v, &tag) < 0)
         return NULL;
     Py_buffer view;
-    if (get_buffer(data, &view, 0, "send: data") < 0)
-        return NULL;
+    if (get_buffer(data, &view, 0, "send: data") < 0) return NULL;
     if (transport_acquire(self) < 0) {
         PyBuffer_Release(&view);
         return NULL;
     }
     rlx_status s;
     struct rlx_transport *t = self->t;
-    Py_BEGIN_ALLOW_THREADS
-    s = t->ops->send(t, dst, tag, view.buf, (size_t)view.len);
-    Py_END_ALLOW_THREADS
-    transport_release(self);
+    Py_BEGIN_ALLOW_THREADS s = t->ops->send(t, dst, tag, view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS transport_release(self);
     PyBuffer_Release(&view);
-    if (rlx_py_raise(s))
-        return NULL;
+    if (rlx_py_raise(s)) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -320,8 +298,7 @@ static PyObject *transport_recv(struct transport_object *self, PyObject *args, P
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iLO:recv", kwlist, &src, &tag_v, &out) || tag_of(tag_v, &tag) < 0)
         return NULL;
     Py_buffer view;
-    if (get_buffer(out, &view, 1, "recv: out") < 0)
-        return NULL;
+    if (get_buffer(out, &view, 1, "recv: out") < 0) return NULL;
     if (transport_acquire(self) < 0) {
         PyBuffer_Release(&view);
         return NULL;
@@ -329,13 +306,10 @@ static PyObject *transport_recv(struct transport_object *self, PyObject *args, P
     rlx_status s;
     size_t got = 0;
     struct rlx_transport *t = self->t;
-    Py_BEGIN_ALLOW_THREADS
-    s = t->ops->recv(t, src, tag, view.buf, (size_t)view.len, &got);
-    Py_END_ALLOW_THREADS
-    transport_release(self);
+    Py_BEGIN_ALLOW_THREADS s = t->ops->recv(t, src, tag, view.buf, (size_t)view.len, &got);
+    Py_END_ALLOW_THREADS transport_release(self);
     PyBuffer_Release(&view);
-    if (rlx_py_raise(s))
-        return NULL;
+    if (rlx_py_raise(s)) return NULL;
     return PyLong_FromSize_t(got);
 }
 
@@ -354,8 +328,7 @@ static PyObject *transport_recv_bytes(struct transport_object *self, PyObject *a
         return NULL;
     }
     PyObject *bytes = PyBytes_FromStringAndSize(NULL, max_bytes);
-    if (bytes == NULL)
-        return NULL;
+    if (bytes == NULL) return NULL;
     if (transport_acquire(self) < 0) {
         Py_DECREF(bytes);
         return NULL;
@@ -364,16 +337,13 @@ static PyObject *transport_recv_bytes(struct transport_object *self, PyObject *a
     size_t got = 0;
     struct rlx_transport *t = self->t;
     char *buf = PyBytes_AS_STRING(bytes); /* a fresh object only this thread can see */
-    Py_BEGIN_ALLOW_THREADS
-    s = t->ops->recv(t, src, tag, buf, (size_t)max_bytes, &got);
-    Py_END_ALLOW_THREADS
-    transport_release(self);
+    Py_BEGIN_ALLOW_THREADS s = t->ops->recv(t, src, tag, buf, (size_t)max_bytes, &got);
+    Py_END_ALLOW_THREADS transport_release(self);
     if (rlx_py_raise(s)) {
         Py_DECREF(bytes);
         return NULL;
     }
-    if ((Py_ssize_t)got != max_bytes && _PyBytes_Resize(&bytes, (Py_ssize_t)got) < 0)
-        return NULL;
+    if ((Py_ssize_t)got != max_bytes && _PyBytes_Resize(&bytes, (Py_ssize_t)got) < 0) return NULL;
     return bytes;
 }
 
@@ -382,60 +352,47 @@ static PyObject *transport_broadcast(struct transport_object *self, PyObject *ar
     static char *kwlist[] = {"root", "buf", NULL};
     int root;
     PyObject *buf;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iO:broadcast", kwlist, &root, &buf))
-        return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iO:broadcast", kwlist, &root, &buf)) return NULL;
     Py_buffer view;
-    if (get_buffer(buf, &view, 1, "broadcast: buf") < 0)
-        return NULL;
+    if (get_buffer(buf, &view, 1, "broadcast: buf") < 0) return NULL;
     if (transport_acquire(self) < 0) {
         PyBuffer_Release(&view);
         return NULL;
     }
     rlx_status s;
     struct rlx_transport *t = self->t;
-    Py_BEGIN_ALLOW_THREADS
-    s = t->ops->broadcast(t, root, view.buf, (size_t)view.len);
-    Py_END_ALLOW_THREADS
-    transport_release(self);
+    Py_BEGIN_ALLOW_THREADS s = t->ops->broadcast(t, root, view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS transport_release(self);
     PyBuffer_Release(&view);
-    if (rlx_py_raise(s))
-        return NULL;
+    if (rlx_py_raise(s)) return NULL;
     Py_RETURN_NONE;
 }
 
 static PyObject *transport_barrier(struct transport_object *self, PyObject *unused)
 {
     (void)unused;
-    if (transport_acquire(self) < 0)
-        return NULL;
+    if (transport_acquire(self) < 0) return NULL;
     rlx_status s;
     struct rlx_transport *t = self->t;
-    Py_BEGIN_ALLOW_THREADS
-    s = t->ops->barrier(t);
-    Py_END_ALLOW_THREADS
-    transport_release(self);
-    if (rlx_py_raise(s))
-        return NULL;
+    Py_BEGIN_ALLOW_THREADS s = t->ops->barrier(t);
+    Py_END_ALLOW_THREADS transport_release(self);
+    if (rlx_py_raise(s)) return NULL;
     Py_RETURN_NONE;
 }
 
 static PyObject *transport_close(struct transport_object *self, PyObject *unused)
 {
     (void)unused;
-    if (self->t == NULL)
-        Py_RETURN_NONE;
+    if (self->t == NULL) Py_RETURN_NONE;
     if (transport_acquire(self) < 0) {
-        if (self->t != NULL)
-            return NULL;
+        if (self->t != NULL) return NULL;
         PyErr_Clear(); /* closed by another thread meanwhile */
         Py_RETURN_NONE;
     }
     struct rlx_transport *t = self->t;
     self->t = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    t->ops->close(t);
-    Py_END_ALLOW_THREADS
-    transport_release(self);
+    Py_BEGIN_ALLOW_THREADS t->ops->close(t);
+    Py_END_ALLOW_THREADS transport_release(self);
     Py_RETURN_NONE;
 }
 
@@ -497,7 +454,8 @@ static PyMethodDef transport_methods[] = {
     {"broadcast", (PyCFunction)(void (*)(void))transport_broadcast, METH_VARARGS | METH_KEYWORDS,
      "broadcast(root: int, buf: writable buffer | np.ndarray) -> None\n\n"
      "Every rank calls it with the same root and size; afterwards every buf equals root's."},
-    {"barrier", (PyCFunction)transport_barrier, METH_NOARGS, "barrier() -> None\n\nWaits until every rank has called it."},
+    {"barrier", (PyCFunction)transport_barrier, METH_NOARGS,
+     "barrier() -> None\n\nWaits until every rank has called it."},
     {"close", (PyCFunction)transport_close, METH_NOARGS,
      "close() -> None\n\nCloses the connections (idempotent). Later calls raise rlx.Error."},
     {NULL, NULL, 0, NULL},
@@ -557,15 +515,12 @@ int rlx_py_add_transport_type(PyObject *module, struct rlx_py_state *st)
 {
     (void)st;
     PyTypeObject *type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &transport_spec, NULL);
-    if (type == NULL)
-        return -1;
+    if (type == NULL) return -1;
     int rc = PyModule_AddType(module, type);
     Py_DECREF(type); /* the module's attribute keeps it */
-    if (rc < 0)
-        return -1;
+    if (rc < 0) return -1;
     PyObject *capsule = PyCapsule_New((void *)&core_api, RLX_CORE_API_CAPSULE, NULL);
-    if (capsule == NULL)
-        return -1;
+    if (capsule == NULL) return -1;
     rc = PyModule_AddObjectRef(module, "_core_api", capsule);
     Py_DECREF(capsule);
     return rc;

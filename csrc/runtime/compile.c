@@ -165,8 +165,8 @@ int rlx_plan_output_dtype(const struct rlx_plan *p, int i)
     return (i >= 0 && i < p->g->n_outputs) ? (int)p->g->nodes[p->g->outputs[i]].dtype : -1;
 }
 
-static rlx_status find_name(const char *kind, const char *name, int count, const char *(*get)(const struct rlx_plan *, int),
-                            const struct rlx_plan *p, int *out)
+static rlx_status find_name(const char *kind, const char *name, int count,
+                            const char *(*get)(const struct rlx_plan *, int), const struct rlx_plan *p, int *out)
 {
     for (int i = 0; name && i < count; i++)
         if (strcmp(get(p, i), name) == 0) {

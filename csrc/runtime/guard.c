@@ -27,7 +27,7 @@
 #define SLOTS_PER_CHUNK 256
 
 struct slot {
-    atomic_uintptr_t begin, end;   /* [begin, end) bytes; 0, 0 when free */
+    atomic_uintptr_t begin, end; /* [begin, end) bytes; 0, 0 when free */
     _Atomic(atomic_int *) flag;
 };
 

@@ -14,48 +14,48 @@
 struct rlx_binding {
     struct rlx_buffer *buf;
     size_t offset;
-    bool owned;                        /* params: the plan allocated / wrapped buf (set_param) */
+    bool owned; /* params: the plan allocated / wrapped buf (set_param) */
 };
 
 struct rlx_plan {
-    struct rlx_graph *g;               /* compiled graph, owned */
-    struct rlx_device *dev;            /* borrowed: outlives the plan */
+    struct rlx_graph *g;    /* compiled graph, owned */
+    struct rlx_device *dev; /* borrowed: outlives the plan */
     void *be_state;
-    struct rlx_compile_opts opts;      /* opts.budget_hint points at budget_hint below */
+    struct rlx_compile_opts opts; /* opts.budget_hint points at budget_hint below */
     char budget_hint[256];
     struct rlx_liveness lv;
 
     int n_inputs, n_params, n_states;
-    int *inputs, *params, *states;     /* (n_inputs), (n_params), (n_states) node ids, in id order */
-    struct rlx_host_tensor *in_host;   /* (n_inputs) bound for the next run */
-    bool *in_set;                      /* (n_inputs) */
-    struct rlx_buffer **in_buf;        /* (n_inputs) wrapper or uploaded copy */
-    size_t *in_buf_cap;                /* (n_inputs) bytes of an owned in_buf */
-    struct rlx_binding *param;         /* (n_params); buf NULL when not bound */
-    struct rlx_binding *state;         /* (n_states) bound for the next run; buf NULL when not */
-    bool *used;                        /* (n_nodes) read by a live node or an output: unused inputs,
+    int *inputs, *params, *states;   /* (n_inputs), (n_params), (n_states) node ids, in id order */
+    struct rlx_host_tensor *in_host; /* (n_inputs) bound for the next run */
+    bool *in_set;                    /* (n_inputs) */
+    struct rlx_buffer **in_buf;      /* (n_inputs) wrapper or uploaded copy */
+    size_t *in_buf_cap;              /* (n_inputs) bytes of an owned in_buf */
+    struct rlx_binding *param;       /* (n_params); buf NULL when not bound */
+    struct rlx_binding *state;       /* (n_states) bound for the next run; buf NULL when not */
+    bool *used;                      /* (n_nodes) read by a live node or an output: unused inputs,
                                           params and states need not be bound */
-    void **out_dst;                    /* (n_outputs) host memory bound for the next run, or NULL */
-    size_t *out_dst_bytes;             /* (n_outputs) */
-    struct rlx_buffer **out_buf;       /* (n_outputs) wrapper of out_dst (devices that wrap) */
-    bool *external;                    /* (n_nodes) roots written straight into a bound output this
+    void **out_dst;                  /* (n_outputs) host memory bound for the next run, or NULL */
+    size_t *out_dst_bytes;           /* (n_outputs) */
+    struct rlx_buffer **out_buf;     /* (n_outputs) wrapper of out_dst (devices that wrap) */
+    bool *external;                  /* (n_nodes) roots written straight into a bound output this
                                           run: no arena space */
-    bool *planned_external;            /* (n_nodes) `external` of the current memory plan */
+    bool *planned_external;          /* (n_nodes) `external` of the current memory plan */
 
-    int64_t sym[RLX_MAX_SYMS];         /* values of the current / last run */
+    int64_t sym[RLX_MAX_SYMS]; /* values of the current / last run */
     bool sym_bound[RLX_MAX_SYMS];
-    bool sym_explicit[RLX_MAX_SYMS];   /* bound by rlx_plan_bind_symbol for the next run */
+    bool sym_explicit[RLX_MAX_SYMS]; /* bound by rlx_plan_bind_symbol for the next run */
 
-    bool planned;                      /* offsets valid for every binding <= planned_sym */
+    bool planned; /* offsets valid for every binding <= planned_sym */
     int64_t planned_sym[RLX_MAX_SYMS];
-    size_t *sizes, *offsets;           /* (n_nodes) bytes / arena offset of each root */
-    int *scratch;                      /* (2 * n_nodes) for rlx_memory_plan */
+    size_t *sizes, *offsets; /* (n_nodes) bytes / arena offset of each root */
+    int *scratch;            /* (2 * n_nodes) for rlx_memory_plan */
     struct rlx_buffer *arena;
     size_t arena_cap, planned_bytes, unshared_bytes;
 
-    struct rlx_tensor *values;         /* (n_nodes) placed values of the last run */
-    bool ran;                          /* values hold a successful run's results */
-    double *node_seconds;              /* (n_nodes) wall time of each node in the last run, or NULL when
+    struct rlx_tensor *values; /* (n_nodes) placed values of the last run */
+    bool ran;                  /* values hold a successful run's results */
+    double *node_seconds;      /* (n_nodes) wall time of each node in the last run, or NULL when
                                           profiling is off */
 };
 

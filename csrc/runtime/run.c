@@ -131,8 +131,10 @@ rlx_status rlx_plan_bind_state(struct rlx_plan *p, int index, struct rlx_buffer 
 
 rlx_status rlx_plan_bind_output(struct rlx_plan *p, int index, void *dst, size_t bytes)
 {
-    if (index < 0 || index >= p->g->n_outputs) return rlx_set_error(RLX_ERR_INVALID, "output index %d out of range", index);
-    if (!dst && bytes) return rlx_set_error(RLX_ERR_INVALID, "output '%s': no memory to bind", p->g->output_names[index]);
+    if (index < 0 || index >= p->g->n_outputs)
+        return rlx_set_error(RLX_ERR_INVALID, "output index %d out of range", index);
+    if (!dst && bytes)
+        return rlx_set_error(RLX_ERR_INVALID, "output '%s': no memory to bind", p->g->output_names[index]);
     p->out_dst[index] = dst;
     p->out_dst_bytes[index] = bytes;
     return RLX_OK;
@@ -235,8 +237,8 @@ static rlx_status plan_temp(const struct rlx_plan *p, const int64_t *vals, size_
     size_t n = (size_t)p->g->n_nodes;
     size_t *sizes = rlx_calloc(n, sizeof *sizes), *offsets = rlx_calloc(n, sizeof *offsets);
     int *scratch = rlx_calloc(2 * n, sizeof *scratch);
-    rlx_status s = (sizes && offsets && scratch) ? plan_into(p, vals, sizes, offsets, scratch, arena, unshared)
-                                                 : RLX_ERR_NOMEM;
+    rlx_status s =
+        (sizes && offsets && scratch) ? plan_into(p, vals, sizes, offsets, scratch, arena, unshared) : RLX_ERR_NOMEM;
     free(sizes);
     free(offsets);
     free(scratch);
@@ -255,8 +257,8 @@ static int64_t round_up_pow2(int64_t v)
  * to powers of two, so a growing sequence replans O(log n) times. */
 static rlx_status ensure_memory(struct rlx_plan *p)
 {
-    bool covered = p->planned &&
-                   memcmp(p->external, p->planned_external, sizeof *p->external * (size_t)p->g->n_nodes) == 0;
+    bool covered =
+        p->planned && memcmp(p->external, p->planned_external, sizeof *p->external * (size_t)p->g->n_nodes) == 0;
     for (int s = 0; covered && s < p->g->n_syms; s++)
         if (p->sym_bound[s] && p->sym[s] > p->planned_sym[s]) covered = false;
     if (covered) return RLX_OK;
@@ -274,8 +276,8 @@ static rlx_status ensure_memory(struct rlx_plan *p)
                              "this run needs an estimated %zu bytes (%.1f MiB) of intermediates, above the memory "
                              "budget of %zu bytes (%.1f MiB)%s%s",
                              arena, (double)arena / 1048576.0, p->opts.memory_budget,
-                             (double)p->opts.memory_budget / 1048576.0,
-                             p->opts.budget_hint[0] ? "; " : "", p->opts.budget_hint);
+                             (double)p->opts.memory_budget / 1048576.0, p->opts.budget_hint[0] ? "; " : "",
+                             p->opts.budget_hint);
     if (!p->arena || p->arena_cap < arena) {
         struct rlx_buffer *b;
         RLX_TRY(rlx_dev_alloc(p->dev, arena, &b));
@@ -414,8 +416,10 @@ static rlx_status run_checked(struct rlx_plan *p)
         for (int d = 0; !n->dead && d < n->ndim; d++)
             for (int s = 0; s < RLX_MAX_SYMS; s++)
                 if (n->shape[d].coef[s] && !p->sym_bound[s])
-                    return rlx_set_error(RLX_ERR_INVALID, "symbol %s is used by node %d but not bound by any input; "
-                                         "bind it explicitly", p->g->sym_names[s], id);
+                    return rlx_set_error(RLX_ERR_INVALID,
+                                         "symbol %s is used by node %d but not bound by any input; "
+                                         "bind it explicitly",
+                                         p->g->sym_names[s], id);
     }
     RLX_TRY(check_states(p));
     RLX_TRY(check_slices(p));

@@ -27,12 +27,12 @@ struct weight {
     int ndim;
     int64_t shape[RLX_MAX_DIMS];
     size_t bytes;
-    struct rlx_buffer *buf;     /* owned by the store: a wrapper or an upload; with parts, the table */
-    int guard;                  /* registration of the host memory used in place, or -1 */
-    int64_t n_parts;            /* > 0: a stacked weight used in place from separate parts: buf is a
+    struct rlx_buffer *buf;   /* owned by the store: a wrapper or an upload; with parts, the table */
+    int guard;                /* registration of the host memory used in place, or -1 */
+    int64_t n_parts;          /* > 0: a stacked weight used in place from separate parts: buf is a
                                    table (buf->parts pointers, not device memory) over part[] */
-    struct rlx_buffer **part;   /* (n_parts) the parts' wrappers */
-    int *part_guard;            /* (n_parts) their registrations */
+    struct rlx_buffer **part; /* (n_parts) the parts' wrappers */
+    int *part_guard;          /* (n_parts) their registrations */
 };
 
 /* A file weights were read from, as it was at load. */
@@ -43,13 +43,13 @@ struct source {
 };
 
 struct rlx_weights {
-    struct rlx_device *dev;     /* borrowed */
-    struct weight *w;           /* (n) */
+    struct rlx_device *dev; /* borrowed */
+    struct weight *w;       /* (n) */
     int n, cap;
     size_t bytes;
-    struct source *src;         /* (n_src) */
+    struct source *src; /* (n_src) */
     int n_src, cap_src;
-    atomic_int faulted;         /* a read of a weight faulted (guard.c) */
+    atomic_int faulted; /* a read of a weight faulted (guard.c) */
 };
 
 rlx_status rlx_weights_create(struct rlx_device *dev, struct rlx_weights **out)
@@ -112,8 +112,9 @@ static rlx_status check_tensor(const char *name, const struct rlx_host_tensor *t
     const struct rlx_dtype_traits *tr = rlx_dtype_traits(t->dtype);
     const int64_t bad = rlx_blocks_nonfinite(t->dtype, t->data, (int64_t)(*bytes / tr->type_size) * tr->block_size);
     if (bad >= 0)
-        return rlx_set_error(RLX_ERR_INVALID, "weight '%s' (%s): block %lld has a NaN or infinite scale (a corrupt file)",
-                             name, rlx_dtype_name(t->dtype), (long long)bad);
+        return rlx_set_error(RLX_ERR_INVALID,
+                             "weight '%s' (%s): block %lld has a NaN or infinite scale (a corrupt file)", name,
+                             rlx_dtype_name(t->dtype), (long long)bad);
     return RLX_OK;
 }
 
@@ -188,10 +189,12 @@ static rlx_status make_table(struct weight *w, size_t bytes)
     return RLX_OK;
 }
 
-rlx_status rlx_weights_set_parts(struct rlx_weights *ws, const char *name, int64_t n, const struct rlx_host_tensor *parts)
+rlx_status rlx_weights_set_parts(struct rlx_weights *ws, const char *name, int64_t n,
+                                 const struct rlx_host_tensor *parts)
 {
     RLX_TRY(check_name(name));
-    if (n < 1 || n > INT32_MAX || !parts) return rlx_set_error(RLX_ERR_INVALID, "weight '%s': needs 1 or more parts", name);
+    if (n < 1 || n > INT32_MAX || !parts)
+        return rlx_set_error(RLX_ERR_INVALID, "weight '%s': needs 1 or more parts", name);
     const struct rlx_host_tensor *p0 = &parts[0];
     if (p0->ndim < 1 || p0->ndim >= RLX_MAX_DIMS)
         return rlx_set_error(RLX_ERR_INVALID, "weight '%s': parts must have rank 1..%d", name, RLX_MAX_DIMS - 1);
@@ -208,7 +211,8 @@ rlx_status rlx_weights_set_parts(struct rlx_weights *ws, const char *name, int64
         part_bytes = b;
     }
     if (!rlx_size_mul(part_bytes, (size_t)n, &total))
-        return rlx_set_error(RLX_ERR_RANGE, "weight '%s': %lld parts of %zu bytes overflow", name, (long long)n, part_bytes);
+        return rlx_set_error(RLX_ERR_RANGE, "weight '%s': %lld parts of %zu bytes overflow", name, (long long)n,
+                             part_bytes);
     struct weight nw = {.guard = -1, .dtype = p0->dtype, .ndim = p0->ndim + 1, .bytes = total};
     strcpy(nw.name, name);
     nw.shape[0] = n;
@@ -279,7 +283,7 @@ rlx_status rlx_weights_check(const struct rlx_weights *ws)
 {
     if (atomic_load(&ws->faulted))
         return rlx_set_error(RLX_ERR_IO, "a weights file was truncated while the model used it (a read of its "
-                             "mapped pages faulted; they now read as zeros): load the model again");
+                                         "mapped pages faulted; they now read as zeros): load the model again");
     for (int i = 0; i < ws->n_src; i++) {
         const struct source *f = &ws->src[i];
         struct stat st;
@@ -290,9 +294,10 @@ rlx_status rlx_weights_check(const struct rlx_weights *ws)
         if ((uint64_t)st.st_dev != f->dev || (uint64_t)st.st_ino != f->ino) continue; /* replaced: ours intact */
         const int64_t mtime = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
         if ((int64_t)st.st_size != f->size || mtime != f->mtime_ns)
-            return rlx_set_error(RLX_ERR_IO, "weights file %s was modified in place since it was loaded (size %lld -> "
-                                 "%lld bytes): the model reads it in place, so load the model again", f->path,
-                                 (long long)f->size, (long long)st.st_size);
+            return rlx_set_error(RLX_ERR_IO,
+                                 "weights file %s was modified in place since it was loaded (size %lld -> "
+                                 "%lld bytes): the model reads it in place, so load the model again",
+                                 f->path, (long long)f->size, (long long)st.st_size);
     }
     return RLX_OK;
 }
@@ -327,9 +332,10 @@ rlx_status rlx_plan_bind_weights(struct rlx_plan *p, const struct rlx_weights *w
             for (int k = 0; !un->dead && k < un->n_in; k++) reads |= un->in[k] == p->params[i];
             if (reads && !(un->op == RLX_OP_MATMUL_ID && un->in[2] == p->params[i] && un->in[0] != p->params[i] &&
                            un->in[1] != p->params[i]))
-                return rlx_set_error(RLX_ERR_UNSUPPORTED, "weight '%s' is held as %lld parts used in place, which only "
-                                     "matmul_id reads; node %d (%s) reads it", w->name, (long long)w->n_parts, u,
-                                     rlx_op_name(un->op));
+                return rlx_set_error(RLX_ERR_UNSUPPORTED,
+                                     "weight '%s' is held as %lld parts used in place, which only "
+                                     "matmul_id reads; node %d (%s) reads it",
+                                     w->name, (long long)w->n_parts, u, rlx_op_name(un->op));
         }
     }
     for (int i = 0; i < p->n_params; i++) {

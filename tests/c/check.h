@@ -15,25 +15,27 @@
 
 static atomic_int check_passed, check_failed;
 
-static inline void check_fail(const char *file, int line, const char *msg) {
+static inline void check_fail(const char *file, int line, const char *msg)
+{
     char buf[1024];
     snprintf(buf, sizeof buf, "FAIL %s:%d: %s [%s]\n", file, line, msg, rlx_last_error());
     fputs(buf, stdout);
     atomic_fetch_add(&check_failed, 1);
 }
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            atomic_fetch_add(&check_passed, 1);                                                    \
-        } else {                                                                                   \
-            char check_msg_[768];                                                                  \
-            snprintf(check_msg_, sizeof check_msg_, __VA_ARGS__);                                  \
-            check_fail(__FILE__, __LINE__, check_msg_);                                            \
-        }                                                                                          \
+#define CHECK(cond, ...)                                                                                               \
+    do {                                                                                                               \
+        if (cond) {                                                                                                    \
+            atomic_fetch_add(&check_passed, 1);                                                                        \
+        } else {                                                                                                       \
+            char check_msg_[768];                                                                                      \
+            snprintf(check_msg_, sizeof check_msg_, __VA_ARGS__);                                                      \
+            check_fail(__FILE__, __LINE__, check_msg_);                                                                \
+        }                                                                                                              \
     } while (0)
 
-static inline int check_summary(void) {
+static inline int check_summary(void)
+{
     printf("%d passed, %d failed\n", atomic_load(&check_passed), atomic_load(&check_failed));
     return atomic_load(&check_failed) != 0;
 }

@@ -100,7 +100,8 @@ static void test_bound_outputs(struct rlx_plan *p, const char *device, bool fuse
     CHECK(rlx_plan_read_output(p, 0, again, bytes) == RLX_OK && memcmp(again, y, bytes) == 0, "read after bound run");
     const size_t bound_arena = rlx_plan_unshared_bytes(p);
     if (strcmp(device, "cpu") == 0)
-        CHECK(bound_arena < arena, "cpu fuse=%d: bound outputs take no arena space (%zu < %zu)", fuse, bound_arena, arena);
+        CHECK(bound_arena < arena, "cpu fuse=%d: bound outputs take no arena space (%zu < %zu)", fuse, bound_arena,
+              arena);
     else
         CHECK(bound_arena == arena, "%s: arena unchanged (%zu == %zu)", device, bound_arena, arena);
     memset(by, 0, bytes);
@@ -260,7 +261,8 @@ static void test_weight_store(void)
           "store the weights");
     rlx_device_stats(ref, &st1);
     const uint64_t wbytes = sizeof wg + sizeof wu + sizeof wd + sizeof w;
-    CHECK(st1.upload_bytes - st0.upload_bytes == wbytes && rlx_weights_bytes(ws) == wbytes && rlx_weights_count(ws) == 4,
+    CHECK(st1.upload_bytes - st0.upload_bytes == wbytes && rlx_weights_bytes(ws) == wbytes &&
+              rlx_weights_count(ws) == 4,
           "each weight uploaded once (%llu bytes)", (unsigned long long)(st1.upload_bytes - st0.upload_bytes));
     struct rlx_graph *g = block_graph();
     struct rlx_plan *p[3] = {NULL, NULL, NULL};
@@ -361,12 +363,14 @@ static void test_state(struct rlx_device *dev)
     rlx_graph_create(&g);
     struct rlx_dim seq = rlx_dim_sym(RLX_SYM_SEQ), past = rlx_dim_sym(RLX_SYM_PAST);
     struct rlx_dim rows = rlx_dim_add(&past, &seq);
-    struct rlx_dim qs[3] = {seq, rlx_dim_const(H), rlx_dim_const(HD)}, cs[3] = {rows, rlx_dim_const(H), rlx_dim_const(HD)};
+    struct rlx_dim qs[3] = {seq, rlx_dim_const(H), rlx_dim_const(HD)},
+                   cs[3] = {rows, rlx_dim_const(H), rlx_dim_const(HD)};
     struct rlx_dim ps[1] = {seq};
     int q, pos, kc, vc, kw, vw, a;
     rlx_graph_input(g, "q", RLX_F32, 3, qs, &q);
     rlx_graph_input(g, "pos", RLX_I32, 1, ps, &pos);
-    CHECK(rlx_graph_state(g, "kc", RLX_F16, 3, cs, &kc) == RLX_OK && rlx_graph_state(g, "vc", RLX_F16, 3, cs, &vc) == RLX_OK,
+    CHECK(rlx_graph_state(g, "kc", RLX_F16, 3, cs, &kc) == RLX_OK &&
+              rlx_graph_state(g, "vc", RLX_F16, 3, cs, &vc) == RLX_OK,
           "states");
     CHECK(rlx_graph_cache_write(g, q, q, pos, &kw) == RLX_ERR_INVALID, "cache_write into a non-state refused");
     CHECK(rlx_graph_cache_write(g, kc, q, pos, &kw) == RLX_OK && rlx_graph_cache_write(g, vc, q, pos, &vw) == RLX_OK,
@@ -388,7 +392,8 @@ static void test_state(struct rlx_device *dev)
     int iq, ipos, ik, iv;
     rlx_plan_input_index(p, "q", &iq);
     rlx_plan_input_index(p, "pos", &ipos);
-    CHECK(rlx_plan_state_of_node(p, kc, &ik) == RLX_OK && rlx_plan_state_of_node(p, vc, &iv) == RLX_OK, "state indices");
+    CHECK(rlx_plan_state_of_node(p, kc, &ik) == RLX_OK && rlx_plan_state_of_node(p, vc, &iv) == RLX_OK,
+          "state indices");
     /* q = k = v = rows of one-hot-ish values at positions 0..4, in two runs (3 then 2 rows) */
     float all[5 * HD];
     for (int i = 0; i < 5 * HD; i++) all[i] = (float)(i % 7) * 0.25f;
@@ -397,11 +402,13 @@ static void test_state(struct rlx_device *dev)
     for (int r = 0; r < 2; r++) {
         int32_t pv[3];
         for (int i = 0; i < lens[r]; i++) pv[i] = starts[r] + i;
-        struct rlx_host_tensor tq = {.data = all + starts[r] * HD, .dtype = RLX_F32, .ndim = 3, .shape = {lens[r], H, HD}};
+        struct rlx_host_tensor tq = {
+            .data = all + starts[r] * HD, .dtype = RLX_F32, .ndim = 3, .shape = {lens[r], H, HD}};
         struct rlx_host_tensor tp = {.data = pv, .dtype = RLX_I32, .ndim = 1, .shape = {lens[r]}};
         CHECK(rlx_plan_set_input(p, iq, &tq) == RLX_OK && rlx_plan_set_input(p, ipos, &tp) == RLX_OK &&
-                  rlx_plan_bind_symbol(p, RLX_SYM_PAST, starts[r]) == RLX_OK && rlx_plan_bind_state(p, ik, kb, 0) == RLX_OK &&
-                  rlx_plan_bind_state(p, iv, vb, 0) == RLX_OK && rlx_plan_run(p) == RLX_OK,
+                  rlx_plan_bind_symbol(p, RLX_SYM_PAST, starts[r]) == RLX_OK &&
+                  rlx_plan_bind_state(p, ik, kb, 0) == RLX_OK && rlx_plan_bind_state(p, iv, vb, 0) == RLX_OK &&
+                  rlx_plan_run(p) == RLX_OK,
               "run %d", r);
         rlx_plan_read_output(p, 0, out + starts[r] * HD, sizeof(float) * (size_t)(lens[r] * HD));
     }

@@ -25,8 +25,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define TOL 1e-4
-#define GUARD 16
+#define TOL      1e-4
+#define GUARD    16
 #define SENTINEL 1234.5f
 
 static int n_pass, n_fail;
@@ -35,7 +35,8 @@ static const struct rlx_kernels *CPU = &rlx_cpu_kernels, *REF = &rlx_ref_kernels
 static void result(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int under_valgrind(void);
 
-static void result(int ok, const char *fmt, ...) {
+static void result(int ok, const char *fmt, ...)
+{
     if (ok) {
         n_pass++;
         return;
@@ -55,7 +56,8 @@ static void result(int ok, const char *fmt, ...) {
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
-static uint32_t rng_u32(void) {
+static uint32_t rng_u32(void)
+{
     rng_state ^= rng_state << 13;
     rng_state ^= rng_state >> 7;
     rng_state ^= rng_state << 17;
@@ -63,60 +65,57 @@ static uint32_t rng_u32(void) {
 }
 
 /* uniform in [lo, hi) */
-static float rng_f(float lo, float hi) {
-    return lo + (hi - lo) * (float)(rng_u32() & 0xFFFFFF) / (float)0x1000000;
-}
+static float rng_f(float lo, float hi) { return lo + (hi - lo) * (float)(rng_u32() & 0xFFFFFF) / (float)0x1000000; }
 
 /* n floats followed by GUARD sentinels; the caller frees. */
-static float *buf(int64_t n) {
+static float *buf(int64_t n)
+{
     float *p = malloc((size_t)(n + GUARD) * sizeof(float));
     if (!p) {
         fprintf(stderr, "out of memory\n");
         exit(2);
     }
-    for (int64_t i = 0; i < n; i++)
-        p[i] = NAN;
-    for (int i = 0; i < GUARD; i++)
-        p[n + i] = SENTINEL;
+    for (int64_t i = 0; i < n; i++) p[i] = NAN;
+    for (int i = 0; i < GUARD; i++) p[n + i] = SENTINEL;
     return p;
 }
 
-static float *rand_buf(int64_t n, float lo, float hi) {
+static float *rand_buf(int64_t n, float lo, float hi)
+{
     float *p = buf(n);
-    for (int64_t i = 0; i < n; i++)
-        p[i] = rng_f(lo, hi);
+    for (int64_t i = 0; i < n; i++) p[i] = rng_f(lo, hi);
     return p;
 }
 
-static int guard_ok(const float *p, int64_t n) {
+static int guard_ok(const float *p, int64_t n)
+{
     for (int i = 0; i < GUARD; i++)
-        if (p[n + i] != SENTINEL)
-            return 0;
+        if (p[n + i] != SENTINEL) return 0;
     return 1;
 }
 
 /* Normalized max error of got vs want (n), or INFINITY on a NaN/inf mismatch or broken guard. */
-static double nerr(const float *got, const float *want, int64_t n) {
+static double nerr(const float *got, const float *want, int64_t n)
+{
     double maxd = 0.0, maxr = 0.0;
     for (int64_t i = 0; i < n; i++) {
         if (isnan(got[i]) || isnan(want[i]) || isinf(got[i]) || isinf(want[i])) {
-            if (!(got[i] == want[i]))
-                return INFINITY;
+            if (!(got[i] == want[i])) return INFINITY;
             continue;
         }
         double d = fabs((double)got[i] - (double)want[i]);
         maxd = d > maxd ? d : maxd;
         maxr = fabs(want[i]) > maxr ? fabs(want[i]) : maxr;
     }
-    if (!guard_ok(got, n) || !guard_ok(want, n))
-        return INFINITY;
+    if (!guard_ok(got, n) || !guard_ok(want, n)) return INFINITY;
     return maxr > 0.0 ? maxd / maxr : maxd;
 }
 
 static void compare(const float *got, const float *want, int64_t n, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-static void compare(const float *got, const float *want, int64_t n, const char *fmt, ...) {
+static void compare(const float *got, const float *want, int64_t n, const char *fmt, ...)
+{
     char what[256];
     va_list ap;
     va_start(ap, fmt);
@@ -130,7 +129,8 @@ static void compare(const float *got, const float *want, int64_t n, const char *
  * Kernel parity: cpu vs ref
  * ------------------------------------------------------------------------------------------- */
 
-static void test_matmul(void) {
+static void test_matmul(void)
+{
     const int64_t Ms[] = {1, 3, 17, 64}, Ks[] = {5, 64, 77}, Ns[] = {1, 7, 130};
     for (int mi = 0; mi < 4; mi++)
         for (int ki = 0; ki < 3; ki++)
@@ -141,8 +141,8 @@ static void test_matmul(void) {
                     float *o1 = buf(M * N), *o2 = buf(M * N);
                     CPU->matmul_f32(o1, a, b, M, K, N, tb);
                     REF->matmul_f32(o2, a, b, M, K, N, tb);
-                    compare(o1, o2, M * N, "matmul M=%lld K=%lld N=%lld trans_b=%d", (long long)M,
-                            (long long)K, (long long)N, tb);
+                    compare(o1, o2, M * N, "matmul M=%lld K=%lld N=%lld trans_b=%d", (long long)M, (long long)K,
+                            (long long)N, tb);
                     free(a), free(b), free(o1), free(o2);
                 }
 }
@@ -150,7 +150,8 @@ static void test_matmul(void) {
 /* n random 16-bit weights of dtype: bf16 the top half of a uniform [-1, 1) float, f16 a random
  * sign and mantissa with exponent 2^-4 .. 2^0; with specials, every 7th value is a subnormal,
  * zero, -0, an infinity or the largest finite f16 / a large bf16. */
-static uint16_t *lowp_buf(int64_t n, int dtype, int specials) {
+static uint16_t *lowp_buf(int64_t n, int dtype, int specials)
+{
     uint16_t *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
     for (int64_t i = 0; i < n; i++) {
         if (dtype == RLX_BF16) {
@@ -171,18 +172,16 @@ static uint16_t *lowp_buf(int64_t n, int dtype, int specials) {
 }
 
 /* Normalized error bound for a K-long f32 dot product against the double-accumulated oracle. */
-static double dot_tol(int64_t K) {
-    return 1e-5 + 1.2e-7 * (double)K;
-}
+static double dot_tol(int64_t K) { return 1e-5 + 1.2e-7 * (double)K; }
 
-static void lowp_case(int dtype, int64_t M, int64_t K, int64_t N) {
+static void lowp_case(int dtype, int64_t M, int64_t K, int64_t N)
+{
     const char *dn = dtype == RLX_BF16 ? "bf16" : "f16";
     float *a = rand_buf(M * K, -1, 1), *o1 = buf(M * N), *o2 = buf(M * N);
     uint16_t *b = lowp_buf(N * K, dtype, 0);
     const int64_t ns = (int64_t)CPU->matmul_lowp_scratch(M, K, N);
     float *scratch = buf(ns);
-    for (int64_t i = 0; i < ns; i++)
-        scratch[i] = 3.0e38f;
+    for (int64_t i = 0; i < ns; i++) scratch[i] = 3.0e38f;
     float *rs = buf((int64_t)REF->matmul_lowp_scratch(M, K, N));
     CPU->matmul_lowp(o1, a, b, dtype, M, K, N, scratch);
     REF->matmul_lowp(o2, a, b, dtype, M, K, N, rs);
@@ -194,46 +193,45 @@ static void lowp_case(int dtype, int64_t M, int64_t K, int64_t N) {
     free(a), free(b), free(o1), free(o2), free(scratch), free(rs);
 }
 
-static void test_matmul_lowp(void) {
+static void test_matmul_lowp(void)
+{
     const int64_t Ms[] = {1, 2, 3, 4, 5, 17, 64}, Ks[] = {1, 5, 16, 33, 77, 300}, Ns[] = {1, 7, 130};
     for (int dt = 0; dt < 2; dt++) {
         const int dtype = dt ? RLX_F16 : RLX_BF16;
         for (int mi = 0; mi < 7; mi++)
             for (int ki = 0; ki < 6; ki++)
-                for (int ni = 0; ni < 3; ni++)
-                    lowp_case(dtype, Ms[mi], Ks[ki], Ns[ni]);
+                for (int ni = 0; ni < 3; ni++) lowp_case(dtype, Ms[mi], Ks[ki], Ns[ni]);
         lowp_case(dtype, 1, 1000, 701); /* the matvec split over threads */
         lowp_case(dtype, 3, 1031, 333);
         lowp_case(dtype, 5, 4100, 500); /* three panels, the last one short */
     }
 }
 
-static const char *isa_name(int isa) {
+static const char *isa_name(int isa)
+{
     return isa == RLX_CPU_ISA_AVX512_BF16 ? "avx512bf16"
-           : isa == RLX_CPU_ISA_AVX512  ? "avx512"
-           : isa == RLX_CPU_ISA_AVX2    ? "avx2"
-                                        : "scalar";
+           : isa == RLX_CPU_ISA_AVX512    ? "avx512"
+           : isa == RLX_CPU_ISA_AVX2      ? "avx2"
+                                          : "scalar";
 }
 
 /* Normalized error of got vs want where want may hold NaN / inf: NaN exactly where want has
  * NaN, the same infinity where want has one, the finite rest within the normalized bound. */
-static double nerr_special(const float *got, const float *want, int64_t n) {
+static double nerr_special(const float *got, const float *want, int64_t n)
+{
     double maxd = 0.0, maxr = 0.0;
     for (int64_t i = 0; i < n; i++) {
         if (isnan(want[i]) || isnan(got[i])) {
-            if (!(isnan(want[i]) && isnan(got[i])))
-                return INFINITY;
+            if (!(isnan(want[i]) && isnan(got[i]))) return INFINITY;
         } else if (isinf(want[i]) || isinf(got[i])) {
-            if (got[i] != want[i])
-                return INFINITY;
+            if (got[i] != want[i]) return INFINITY;
         } else {
             const double d = fabs((double)got[i] - (double)want[i]);
             maxd = d > maxd ? d : maxd;
             maxr = fabs(want[i]) > maxr ? fabs(want[i]) : maxr;
         }
     }
-    if (!guard_ok(got, n) || !guard_ok(want, n))
-        return INFINITY;
+    if (!guard_ok(got, n) || !guard_ok(want, n)) return INFINITY;
     return maxr > 0.0 ? maxd / maxr : maxd;
 }
 
@@ -242,25 +240,26 @@ static double nerr_special(const float *got, const float *want, int64_t n) {
  * the first 6 rows alone (two matvec passes), each row alone (the matvec). VDPBF16PS (the GEMM
  * and the matvec where the machine has AVX512_BF16) counts subnormals as zero: there a
  * subnormal may come out as a zero of its sign. */
-static void lowp_rounding_case(void) {
+static void lowp_rounding_case(void)
+{
     const uint32_t bits[20] = {
-        0x3f808000, /* 1 + 2^-8: tie, to even -> 1 */
-        0x3f818000, /* 1 + 3 2^-8: tie, to even -> 1 + 2^-6 */
-        0x3f7f8000, /* 1 - 2^-9: tie between 1 - 2^-8 and 1, to even -> 1 */
-        0x3f808001, /* just past the tie -> 1 + 2^-7 */
-        0xbf818000, /* negative tie */
-        0x7f7fffff, /* FLT_MAX -> inf */
-        0xff7fffff, /* -FLT_MAX -> -inf */
-        0x7f7f0000, /* the largest bf16 */
-        0x7f7f7fff, /* below the midpoint to 2^128: stays the largest bf16 */
-        0x7f7f8000, /* the midpoint, tie, to even -> inf */
+        0x3f808000,             /* 1 + 2^-8: tie, to even -> 1 */
+        0x3f818000,             /* 1 + 3 2^-8: tie, to even -> 1 + 2^-6 */
+        0x3f7f8000,             /* 1 - 2^-9: tie between 1 - 2^-8 and 1, to even -> 1 */
+        0x3f808001,             /* just past the tie -> 1 + 2^-7 */
+        0xbf818000,             /* negative tie */
+        0x7f7fffff,             /* FLT_MAX -> inf */
+        0xff7fffff,             /* -FLT_MAX -> -inf */
+        0x7f7f0000,             /* the largest bf16 */
+        0x7f7f7fff,             /* below the midpoint to 2^128: stays the largest bf16 */
+        0x7f7f8000,             /* the midpoint, tie, to even -> inf */
         0x7f800000, 0xff800000, /* +-inf */
         0x7fc00000, 0xffc00001, /* NaN */
-        0x7f800001, /* NaN with only a low mantissa bit: must not become inf */
+        0x7f800001,             /* NaN with only a low mantissa bit: must not become inf */
         0x00000000, 0x80000000, /* +-0 */
-        0x00018000, /* f32 subnormal, tie -> bf16 subnormal 0x0002 */
-        0x00008000, /* f32 subnormal tie -> 0 */
-        0x3eaaaaab, /* 1/3 */
+        0x00018000,             /* f32 subnormal, tie -> bf16 subnormal 0x0002 */
+        0x00008000,             /* f32 subnormal tie -> 0 */
+        0x3eaaaaab,             /* 1/3 */
     };
     float a[20], w1[20], w2[6], w3[20];
     memcpy(a, bits, sizeof a);
@@ -280,13 +279,16 @@ static void lowp_rounding_case(void) {
         const float want = ref[i];
         const float g[3] = {w1[i], i < 6 ? w2[i] : want, w3[i]};
         for (int p = 0; p < 3; p++) {
-            const int same = (isnan(want) && isnan(g[p])) ||
-                             (g[p] == want && signbit(g[p]) == signbit(want)) ||
+            const int same = (isnan(want) && isnan(g[p])) || (g[p] == want && signbit(g[p]) == signbit(want)) ||
                              (daz && fabsf(want) < 0x1p-126f && g[p] == 0.0f && signbit(g[p]) == signbit(want));
             uint32_t gb, wb;
             memcpy(&gb, &g[p], 4), memcpy(&wb, &want, 4);
             result(same, "matmul_lowp bf16 rounding of 0x%08x [isa=%s, %s]: got 0x%08x, ref 0x%08x", bits[i],
-                   isa_name(rlx_cpu_isa()), p == 0 ? "M=20" : p == 1 ? "M=6" : "M=1", gb, wb);
+                   isa_name(rlx_cpu_isa()),
+                   p == 0   ? "M=20"
+                   : p == 1 ? "M=6"
+                            : "M=1",
+                   gb, wb);
         }
     }
     free(ref), free(got), free(rs), free(sc);
@@ -294,13 +296,14 @@ static void lowp_rounding_case(void) {
 
 /* NaN / inf / values that round to inf in `a`, in a product with K crossing the GEMM's k block:
  * the rows that hold them come out NaN / inf exactly as the oracle's. */
-static void lowp_special_case(int64_t M, int64_t K, int64_t N) {
+static void lowp_special_case(int64_t M, int64_t K, int64_t N)
+{
     float *a = rand_buf(M * K, -1, 1), *o1 = buf(M * N), *o2 = buf(M * N);
     uint16_t *b = lowp_buf(N * K, RLX_BF16, 0);
     a[1 * K + 3] = NAN;
     a[2 * K + K - 1] = INFINITY;
-    a[3 * K + K / 2] = -3.4e38f;  /* rounds to -inf */
-    a[(M - 1) * K] = 3.38e38f;    /* rounds to the largest bf16: finite */
+    a[3 * K + K / 2] = -3.4e38f; /* rounds to -inf */
+    a[(M - 1) * K] = 3.38e38f;   /* rounds to the largest bf16: finite */
     float *sc = buf((int64_t)CPU->matmul_lowp_scratch(M, K, N)), *rs = buf((int64_t)REF->matmul_lowp_scratch(M, K, N));
     CPU->matmul_lowp(o1, a, b, RLX_BF16, M, K, N, sc);
     REF->matmul_lowp(o2, a, b, RLX_BF16, M, K, N, rs);
@@ -312,7 +315,8 @@ static void lowp_special_case(int64_t M, int64_t K, int64_t N) {
 
 /* rlx_cpu_pack_bf16 gives the top halves of rlx_cpu_round_bf16_1, bit for bit: ties, NaNs,
  * values rounding to inf, subnormals, random values, a tail shorter than a vector. */
-static void pack_bf16_case(void) {
+static void pack_bf16_case(void)
+{
     const uint32_t special[] = {0x3f808000, 0x3f818000, 0x7f7fffff, 0xff7f8000, 0x7f800001, 0xffc00001,
                                 0x7f800000, 0x00018000, 0x80008000, 0x00000000, 0x80000000};
     enum { n = 37 };
@@ -329,8 +333,7 @@ static void pack_bf16_case(void) {
         const float r = rlx_cpu_round_bf16_1(src[i]);
         uint32_t u;
         memcpy(&u, &r, 4);
-        if (got[i] != (uint16_t)(u >> 16))
-            bad = i;
+        if (got[i] != (uint16_t)(u >> 16)) bad = i;
     }
     result(bad < 0 && got[n] == 0xabcd, "pack_bf16 [isa=%s]: element %d differs from round_bf16_1",
            isa_name(rlx_cpu_isa()), bad);
@@ -340,7 +343,8 @@ static void pack_bf16_case(void) {
  * sizes that cross the GEMM's blocks (8-row microkernel, 32-column panels, 128-column blocks,
  * k blocks of 512, odd K) and the matvec-passes / GEMM boundary (M = 6 / 7). Under valgrind (no AVX-512:
  * AVX2 and scalar) a smaller set. */
-static void test_matmul_lowp_isas(void) {
+static void test_matmul_lowp_isas(void)
+{
     const int vg = under_valgrind(), native = rlx_cpu_isa();
     const int64_t Ms[] = {5, 7, 16, 17, 64, 130}, Ks[] = {1, 3, 16, 1000, 1001}, Ns[] = {1, 31, 33, 300};
     for (int isa = native; isa >= RLX_CPU_ISA_SCALAR; isa--) {
@@ -353,8 +357,7 @@ static void test_matmul_lowp_isas(void) {
                 for (int ki = 0; ki < 5; ki++)
                     for (int ni = 0; ni < 4; ni++) {
                         const int64_t M = Ms[mi], K = Ks[ki], N = Ns[ni];
-                        if (vg && (dt || M * K * N > 100000 || mi == 2 || mi == 3 || ni == 1))
-                            continue;
+                        if (vg && (dt || M * K * N > 100000 || mi == 2 || mi == 3 || ni == 1)) continue;
                         lowp_case(dtype, M, K, N);
                     }
         }
@@ -369,7 +372,8 @@ static void test_matmul_lowp_isas(void) {
 
 /* The f32 matvec path (trans_b, M <= 4): each output is its row's dot product, the same whatever
  * the other rows of a; compared with the oracle with the K-scaled bound. */
-static void test_matvec_f32(void) {
+static void test_matvec_f32(void)
+{
     const int64_t Ks[] = {1, 15, 16, 17, 100, 1031}, Ns[] = {1, 5, 37, 700};
     for (int64_t M = 1; M <= 4; M++)
         for (int ki = 0; ki < 6; ki++)
@@ -390,7 +394,8 @@ static void test_matvec_f32(void) {
             }
 }
 
-static void test_embedding_lowp(void) {
+static void test_embedding_lowp(void)
+{
     const int64_t V = 50, ds[] = {1, 7, 16, 33, 130}, ns[] = {1, 3, 17, 3000};
     for (int dt = 0; dt < 2; dt++)
         for (int di = 0; di < 5; di++)
@@ -400,25 +405,24 @@ static void test_embedding_lowp(void) {
                 uint16_t *table = lowp_buf(V * d, dtype, 1);
                 float *o1 = buf(n * d), *o2 = buf(n * d);
                 int32_t *ids = malloc((size_t)n * sizeof *ids);
-                for (int64_t i = 0; i < n; i++)
-                    ids[i] = (int32_t)(rng_u32() % V);
+                for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)(rng_u32() % V);
                 CPU->embedding_lowp(o1, table, dtype, ids, n, d);
                 REF->embedding_lowp(o2, table, dtype, ids, n, d);
                 result(memcmp(o1, o2, (size_t)(n * d + GUARD) * sizeof(float)) == 0,
-                       "embedding_lowp %s n=%lld d=%lld [threads=%d]: not bit-exact", dt ? "f16" : "bf16",
-                       (long long)n, (long long)d, rlx_pool_threads());
+                       "embedding_lowp %s n=%lld d=%lld [threads=%d]: not bit-exact", dt ? "f16" : "bf16", (long long)n,
+                       (long long)d, rlx_pool_threads());
                 free(table), free(o1), free(o2), free(ids);
             }
 }
 
 /* Decode products give the same bits at 1, 2 and 3 threads (rows never change hands mid-sum). */
-static void test_matvec_threads_bitwise(void) {
+static void test_matvec_threads_bitwise(void)
+{
     const int64_t M = 2, K = 1031, N = 2001;
     float *a = rand_buf(M * K, -1, 1), *bf = rand_buf(N * K, -1, 1), *want[3], *got = buf(M * N);
     uint16_t *bl = lowp_buf(N * K, RLX_BF16, 0);
     float *scratch = buf((int64_t)CPU->matmul_lowp_scratch(M, K, N));
-    for (int w = 0; w < 3; w++)
-        want[w] = buf(M * N);
+    for (int w = 0; w < 3; w++) want[w] = buf(M * N);
     const int counts[] = {1, 2, 3};
     for (int ti = 0; ti < 3; ti++) {
         rlx_set_num_threads(counts[ti]);
@@ -434,10 +438,8 @@ static void test_matvec_threads_bitwise(void) {
         }
     }
     free(a), free(bf), free(bl), free(got), free(scratch);
-    for (int w = 0; w < 3; w++)
-        free(want[w]);
-    if (rlx_cpu_isa() != RLX_CPU_ISA_AVX512_BF16)
-        return;
+    for (int w = 0; w < 3; w++) free(want[w]);
+    if (rlx_cpu_isa() != RLX_CPU_ISA_AVX512_BF16) return;
     /* the AVX-512 BF16 GEMM: each out element one fixed sequence whatever the thread count */
     const int64_t GM = 37, GK = 1001, GN = 700;
     float *ga = rand_buf(GM * GK, -1, 1), *g1 = buf(GM * GN), *g2 = buf(GM * GN);
@@ -455,7 +457,8 @@ static void test_matvec_threads_bitwise(void) {
 }
 
 /* Distance in units in the last place between two finite floats of the same sign. */
-static int64_t ulp_diff(float a, float b) {
+static int64_t ulp_diff(float a, float b)
+{
     int32_t ia, ib;
     memcpy(&ia, &a, 4);
     memcpy(&ib, &b, 4);
@@ -464,25 +467,24 @@ static int64_t ulp_diff(float a, float b) {
 
 /* The cpu table's vector exp: within 2 ulp of the correctly rounded expf on [-87.3, 88.3], and
  * its documented edges. */
-static void test_exp16(void) {
+static void test_exp16(void)
+{
     int64_t worst = 0;
     float worst_x = 0.0f;
     for (int i = 0; i < 200000; i += 16) {
         rlx_cpu_v16 v, x;
-        for (int l = 0; l < 16; l++)
-            x[l] = -87.3f + (87.3f + 88.3f) * (float)(i + l) / 200000.0f;
+        for (int l = 0; l < 16; l++) x[l] = -87.3f + (87.3f + 88.3f) * (float)(i + l) / 200000.0f;
         x[0] = i == 0 ? 0.0f : x[0];
         v = x;
         rlx_cpu_exp16(&v);
         for (int l = 0; l < 16; l++) {
             const int64_t d = ulp_diff(v[l], (float)exp((double)x[l]));
-            if (d > worst)
-                worst = d, worst_x = x[l];
+            if (d > worst) worst = d, worst_x = x[l];
         }
     }
     result(worst <= 2, "exp16: %lld ulp at x = %.9g", (long long)worst, worst_x);
-    rlx_cpu_v16 v = {-INFINITY, INFINITY, NAN, 89.0f, -88.0f, 0.0f, 1.0f, -1.0f,
-                     -NAN, 88.3762626647949f, -87.3365478515625f, 88.37627f};
+    rlx_cpu_v16 v = {-INFINITY,         INFINITY,           NAN,      89.0f, -88.0f, 0.0f, 1.0f, -1.0f, -NAN,
+                     88.3762626647949f, -87.3365478515625f, 88.37627f};
     rlx_cpu_exp16(&v);
     result(isnan(v[8]) && isfinite(v[9]) && v[9] >= 0x1p127f && v[10] > 0x1.fp-127f && v[10] < 0x1.01p-126f &&
                v[11] == INFINITY,
@@ -493,15 +495,15 @@ static void test_exp16(void) {
            "exp16 edges: %g %g %g %g %g %g %.9g %.9g", v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
 }
 
-static void test_embedding(void) {
+static void test_embedding(void)
+{
     const int64_t V = 50, ds[] = {1, 7, 130}, ns[] = {1, 3, 17, 3000};
     for (int di = 0; di < 3; di++)
         for (int ni = 0; ni < 4; ni++) {
             int64_t d = ds[di], n = ns[ni];
             float *table = rand_buf(V * d, -1, 1), *o1 = buf(n * d), *o2 = buf(n * d);
             int32_t *ids = malloc((size_t)n * sizeof *ids);
-            for (int64_t i = 0; i < n; i++)
-                ids[i] = (int32_t)(rng_u32() % V);
+            for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)(rng_u32() % V);
             CPU->embedding_f32(o1, table, ids, n, d);
             REF->embedding_f32(o2, table, ids, n, d);
             compare(o1, o2, n * d, "embedding n=%lld d=%lld", (long long)n, (long long)d);
@@ -509,7 +511,8 @@ static void test_embedding(void) {
         }
 }
 
-static void test_norms(void) {
+static void test_norms(void)
+{
     const int64_t rows_[] = {1, 3, 17, 5000}, ds[] = {5, 64, 77, 130};
     for (int ri = 0; ri < 4; ri++)
         for (int di = 0; di < 4; di++) {
@@ -535,40 +538,39 @@ static void test_norms(void) {
         }
 }
 
-static void test_rope(void) {
+static void test_rope(void)
+{
     const int64_t ss[] = {1, 3, 17, 200}, hs[] = {1, 4, 8}, ds[] = {8, 64, 130};
     for (int il = 0; il < 2; il++) /* rotate-half, then interleaved pairs */
-    for (int si = 0; si < 4; si++)
-        for (int hi = 0; hi < 3; hi++)
-            for (int di = 0; di < 3; di++) {
-                int64_t s = ss[si], h = hs[hi], d = ds[di], n = s * h * d;
-                float *x = rand_buf(n, -1, 1), *o1 = buf(n), *o2 = buf(n), *inv = buf(d / 2);
-                int32_t *pos = malloc((size_t)s * sizeof *pos);
-                for (int64_t i = 0; i < d / 2; i++)
-                    inv[i] = powf(10000.0f, -2.0f * (float)i / (float)d);
-                for (int64_t t = 0; t < s; t++)
-                    pos[t] = t == 0 ? 0 : (int32_t)(rng_u32() % 40000);
-                CPU->rope_f32(o1, x, pos, inv, s, h, d, il);
-                REF->rope_f32(o2, x, pos, inv, s, h, d, il);
-                compare(o1, o2, n, "rope s=%lld h=%lld d=%lld interleaved=%d", (long long)s, (long long)h,
-                        (long long)d, il);
-                /* in place */
-                memcpy(o1, x, (size_t)n * sizeof(float));
-                CPU->rope_f32(o1, o1, pos, inv, s, h, d, il);
-                compare(o1, o2, n, "rope in-place s=%lld h=%lld d=%lld interleaved=%d", (long long)s, (long long)h,
-                        (long long)d, il);
-                free(x), free(o1), free(o2), free(inv), free(pos);
-            }
+        for (int si = 0; si < 4; si++)
+            for (int hi = 0; hi < 3; hi++)
+                for (int di = 0; di < 3; di++) {
+                    int64_t s = ss[si], h = hs[hi], d = ds[di], n = s * h * d;
+                    float *x = rand_buf(n, -1, 1), *o1 = buf(n), *o2 = buf(n), *inv = buf(d / 2);
+                    int32_t *pos = malloc((size_t)s * sizeof *pos);
+                    for (int64_t i = 0; i < d / 2; i++) inv[i] = powf(10000.0f, -2.0f * (float)i / (float)d);
+                    for (int64_t t = 0; t < s; t++) pos[t] = t == 0 ? 0 : (int32_t)(rng_u32() % 40000);
+                    CPU->rope_f32(o1, x, pos, inv, s, h, d, il);
+                    REF->rope_f32(o2, x, pos, inv, s, h, d, il);
+                    compare(o1, o2, n, "rope s=%lld h=%lld d=%lld interleaved=%d", (long long)s, (long long)h,
+                            (long long)d, il);
+                    /* in place */
+                    memcpy(o1, x, (size_t)n * sizeof(float));
+                    CPU->rope_f32(o1, o1, pos, inv, s, h, d, il);
+                    compare(o1, o2, n, "rope in-place s=%lld h=%lld d=%lld interleaved=%d", (long long)s, (long long)h,
+                            (long long)d, il);
+                    free(x), free(o1), free(o2), free(inv), free(pos);
+                }
 }
 
-static void test_softmax(void) {
+static void test_softmax(void)
+{
     const int64_t rows_[] = {1, 3, 17, 300}, ns[] = {1, 7, 130};
     for (int ri = 0; ri < 4; ri++)
         for (int ni = 0; ni < 3; ni++) {
             int64_t rows = rows_[ri], n = ns[ni];
             float *x = rand_buf(rows * n, -20, 20), *o1 = buf(rows * n), *o2 = buf(rows * n);
-            if (n > 1)
-                x[0] = -INFINITY; /* a masked logit */
+            if (n > 1) x[0] = -INFINITY; /* a masked logit */
             CPU->softmax_f32(o1, x, rows, n);
             REF->softmax_f32(o2, x, rows, n);
             compare(o1, o2, rows * n, "softmax rows=%lld n=%lld", (long long)rows, (long long)n);
@@ -576,7 +578,8 @@ static void test_softmax(void) {
         }
 }
 
-static void test_pointwise(void) {
+static void test_pointwise(void)
+{
     const int64_t ns[] = {1, 7, 130, 100003};
     for (int ni = 0; ni < 4; ni++) {
         int64_t n = ns[ni];
@@ -589,8 +592,9 @@ static void test_pointwise(void) {
         compare(o1, o2, n, "silu_mul n=%lld", (long long)n);
         free(a), free(b), free(o1), free(o2);
     }
-    const int64_t shapes[][2] = {{1, 1},     {7, 1},         {7, 7},           {390, 130}, {85, 5},
-                                 {100000, 1}, {270000, 270000}, {131 * 2003, 131}, {77 * 999, 77}, {300007, 1}};
+    const int64_t shapes[][2] = {{1, 1},         {7, 1},      {7, 7},           {390, 130},
+                                 {85, 5},        {100000, 1}, {270000, 270000}, {131 * 2003, 131},
+                                 {77 * 999, 77}, {300007, 1}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int64_t n = shapes[si][0], nb = shapes[si][1];
         float *a = rand_buf(n, -2, 2), *b = rand_buf(nb, -2, 2), *o1 = buf(n), *o2 = buf(n);
@@ -606,19 +610,19 @@ static void test_pointwise(void) {
 
 /* Whether the program runs under valgrind (its preload library is in LD_PRELOAD): big shapes are
  * skipped there. */
-static int under_valgrind(void) {
+static int under_valgrind(void)
+{
     const char *p = getenv("LD_PRELOAD");
     return p && strstr(p, "vgpreload") != NULL;
 }
 
 /* K / V of T rows in kv_dtype: f32 values, or the same values rounded to f16 / bf16 halves. */
-static void *kv_buf(int64_t n, int kv_dtype) {
+static void *kv_buf(int64_t n, int kv_dtype)
+{
     float *f = rand_buf(n, -1, 1);
-    if (kv_dtype == RLX_F32)
-        return f;
+    if (kv_dtype == RLX_F32) return f;
     uint16_t *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
-    for (int64_t i = 0; i < n; i++)
-        h[i] = kv_dtype == RLX_F16 ? rlx_f32_to_f16(f[i]) : rlx_f32_to_bf16(f[i]);
+    for (int64_t i = 0; i < n; i++) h[i] = kv_dtype == RLX_F16 ? rlx_f32_to_f16(f[i]) : rlx_f32_to_bf16(f[i]);
     free(f);
     return h;
 }
@@ -627,14 +631,19 @@ static void *kv_buf(int64_t n, int kv_dtype) {
  * S > 1 its row 0 is all -inf. The u8 mask drops ~20% of keys; its last row is all zero. Keys
  * and values: T = P + S rows (the queries are the last S positions). */
 static void attention_case_dt(int64_t S, int64_t P, int64_t Hq, int64_t Hkv, int64_t D, int causal, int64_t window,
-                              int masks, int kv_dtype) {
+                              int masks, int kv_dtype)
+{
     const int64_t T = P + S;
     struct rlx_attn_args a = {
         .q = rand_buf(S * Hq * D, -1, 1),
         .k = kv_buf(T * Hkv * D, kv_dtype),
         .v = kv_buf(T * Hkv * D, kv_dtype),
         .kv_dtype = kv_dtype,
-        .S = S, .T = T, .Hq = Hq, .Hkv = Hkv, .D = D,
+        .S = S,
+        .T = T,
+        .Hq = Hq,
+        .Hkv = Hkv,
+        .D = D,
         .scale = 1.0f / sqrtf((float)D) * 2.0f,
         .causal = causal,
         .window = window,
@@ -644,21 +653,17 @@ static void attention_case_dt(int64_t S, int64_t P, int64_t Hq, int64_t Hkv, int
     int64_t zero_row = -1; /* a row that must come out all zero */
     if (masks & 1) {
         mf = buf(S * T);
-        for (int64_t i = 0; i < S * T; i++)
-            mf[i] = rng_u32() % 10 == 0 ? -INFINITY : rng_f(-2, 0);
+        for (int64_t i = 0; i < S * T; i++) mf[i] = rng_u32() % 10 == 0 ? -INFINITY : rng_f(-2, 0);
         if (S > 1) {
-            for (int64_t j = 0; j < T; j++)
-                mf[j] = -INFINITY;
+            for (int64_t j = 0; j < T; j++) mf[j] = -INFINITY;
             zero_row = 0;
         }
         a.mask_f32 = mf;
     }
     if (masks & 2) {
         mu = malloc((size_t)(S * T));
-        for (int64_t i = 0; i < S * T; i++)
-            mu[i] = rng_u32() % 5 != 0;
-        for (int64_t j = 0; j < T; j++)
-            mu[(S - 1) * T + j] = 0;
+        for (int64_t i = 0; i < S * T; i++) mu[i] = rng_u32() % 5 != 0;
+        for (int64_t j = 0; j < T; j++) mu[(S - 1) * T + j] = 0;
         zero_row = S - 1;
         a.mask_u8 = mu;
     }
@@ -676,26 +681,28 @@ static void attention_case_dt(int64_t S, int64_t P, int64_t Hq, int64_t Hkv, int
     CPU->attention(&a);
     int scratch_ok = guard_ok(scratch, (int64_t)sc_cpu > (int64_t)sc_ref ? (int64_t)sc_cpu : (int64_t)sc_ref);
     compare(o1, o2, n, "attention S=%lld P=%lld Hq=%lld Hkv=%lld D=%lld causal=%d window=%lld masks=%d kv=%s",
-            (long long)S, (long long)P, (long long)Hq, (long long)Hkv, (long long)D, causal,
-            (long long)window, masks, rlx_dtype_name((enum rlx_dtype)kv_dtype));
+            (long long)S, (long long)P, (long long)Hq, (long long)Hkv, (long long)D, causal, (long long)window, masks,
+            rlx_dtype_name((enum rlx_dtype)kv_dtype));
     result(scratch_ok, "attention S=%lld P=%lld: wrote past its scratch", (long long)S, (long long)P);
     if (zero_row >= 0) {
         int zeros = 1;
         for (int64_t e = 0; e < Hq * D; e++)
             zeros &= o1[zero_row * Hq * D + e] == 0.0f && o2[zero_row * Hq * D + e] == 0.0f;
-        result(zeros, "attention S=%lld P=%lld masks=%d: fully masked row %lld not zero", (long long)S,
-               (long long)P, masks, (long long)zero_row);
+        result(zeros, "attention S=%lld P=%lld masks=%d: fully masked row %lld not zero", (long long)S, (long long)P,
+               masks, (long long)zero_row);
     }
     free((void *)a.q), free((void *)a.k), free((void *)a.v);
     free(mf), free(mu), free(scratch), free(o1), free(o2);
 }
 
 static void attention_case(int64_t S, int64_t P, int64_t Hq, int64_t Hkv, int64_t D, int causal, int64_t window,
-                           int masks) {
+                           int masks)
+{
     attention_case_dt(S, P, Hq, Hkv, D, causal, window, masks, RLX_F32);
 }
 
-static void test_attention(void) {
+static void test_attention(void)
+{
     const int64_t Ss[] = {1, 4, 9}, Ps[] = {0, 3, 16}, Hs[][2] = {{4, 4}, {4, 2}, {8, 2}}, Ds[] = {8, 16};
     for (int si = 0; si < 3; si++)
         for (int pi = 0; pi < 3; pi++)
@@ -704,8 +711,7 @@ static void test_attention(void) {
                     for (int causal = 0; causal < 2; causal++)
                         for (int64_t window = 0; window <= 3; window += 3)
                             for (int masks = 0; masks < 4; masks++)
-                                attention_case(Ss[si], Ps[pi], Hs[hi][0], Hs[hi][1], Ds[di], causal, window,
-                                               masks);
+                                attention_case(Ss[si], Ps[pi], Hs[hi][0], Hs[hi][1], Ds[di], causal, window, masks);
     /* f16 / bf16 K and V on every path: decode split, per pair, blocked sgemm */
     for (int dt = 0; dt < 2; dt++) {
         const int kd = dt ? RLX_BF16 : RLX_F16;
@@ -725,7 +731,7 @@ static void test_attention(void) {
         attention_case(64, 64, 8, 2, 16, 1, 20, masks);
         attention_case(1, 300, 8, 2, 64, 1, 0, masks);
         attention_case(33, 0, 6, 3, 40, 0, 0, masks);
-        attention_case(3, 1500, 8, 2, 64, 1, 0, masks); /* long rows: tasks overlap in time */
+        attention_case(3, 1500, 8, 2, 64, 1, 0, masks);  /* long rows: tasks overlap in time */
         attention_case(1, 1500, 16, 8, 40, 1, 0, masks); /* decode: keys split over tasks */
         attention_case(1, 1000, 6, 2, 33, 1, 700, masks);
         attention_case(1, 700, 4, 4, 16, 0, 0, masks);
@@ -733,13 +739,13 @@ static void test_attention(void) {
     /* the blocked sgemm path (S >= 8): query blocks crossing block boundaries, a past, GQA,
      * window, masks with fully masked rows */
     const int64_t Sg[] = {17, 64, 130}, Pg[] = {0, 5, 100}, Hg[][3] = {{16, 8, 8}, {4, 1, 16}};
-    const int cfg[][3] = {{1, 0, 0}, {1, 20, 0}, {0, 0, 3}, {1, 0, 1}, {1, 0, 2}, {0, 7, 2}}; /* causal, window, masks */
+    const int cfg[][3] = {{1, 0, 0}, {1, 20, 0}, {0, 0, 3},
+                          {1, 0, 1}, {1, 0, 2},  {0, 7, 2}}; /* causal, window, masks */
     for (int si = 0; si < 3; si++)
         for (int pi = 0; pi < 3; pi++)
             for (int hi = 0; hi < 2; hi++)
                 for (int ci = 0; ci < 6; ci++)
-                    attention_case(Sg[si], Pg[pi], Hg[hi][0], Hg[hi][1], Hg[hi][2], cfg[ci][0], cfg[ci][1],
-                                   cfg[ci][2]);
+                    attention_case(Sg[si], Pg[pi], Hg[hi][0], Hg[hi][1], Hg[hi][2], cfg[ci][0], cfg[ci][1], cfg[ci][2]);
     /* T long enough that the sgemm path takes fewer rows per block */
     attention_case(40, 20000, 2, 1, 4, 1, 0, 0);
     attention_case(40, 20000, 2, 1, 4, 1, 30, 2);
@@ -759,7 +765,8 @@ static void test_attention(void) {
  * (64 keys, ~128 columns) and the decode chunks (64 keys, four at a time, tails), groups of 1 to
  * 8 query heads per kv head (odd ones too), pasts up to 3000 positions, causal or not, windows,
  * both masks, f32 / f16 / bf16 K and V. Under valgrind (AVX2 and scalar) a smaller set. */
-static void test_attention_vector_paths(void) {
+static void test_attention_vector_paths(void)
+{
     const int vg = under_valgrind(), native = rlx_cpu_isa();
     const int64_t Hs[][2] = {{4, 4}, {6, 3}, {6, 2}, {8, 2}, {12, 3}, {8, 1}};
     const int64_t Ds[] = {16, 32, 48};
@@ -769,8 +776,7 @@ static void test_attention_vector_paths(void) {
         for (int hi = 0; hi < 6; hi++)
             for (int di = 0; di < 3; di++)
                 for (int si = 0; si < 9; si++) {
-                    if (vg && (hi + di + si) % 3)
-                        continue;
+                    if (vg && (hi + di + si) % 3) continue;
                     const int dt = (hi + si) % 3 == 0 ? RLX_F32 : (hi + si) % 3 == 1 ? RLX_F16 : RLX_BF16;
                     attention_case_dt(SP[si][0], SP[si][1], Hs[hi][0], Hs[hi][1], Ds[di], 1, 0, 0, dt);
                     attention_case_dt(SP[si][0], SP[si][1], Hs[hi][0], Hs[hi][1], Ds[di], (si & 1), si % 4 ? 0 : 40,
@@ -796,7 +802,8 @@ static void test_attention_vector_paths(void) {
 /* convert_f32: the cpu table's narrowing (vcvtps2ph / the bf16 pack, scalar tails) gives the ref
  * table's bits (rounding computed in double) for random values, every exponent range, ties,
  * subnormals, overflow, infinities and NaNs; f32 is a copy. */
-static void test_convert(void) {
+static void test_convert(void)
+{
     enum { N = 4099 };
     float *src = buf(N);
     for (int i = 0; i < N; i++) {
@@ -805,9 +812,9 @@ static void test_convert(void) {
         memcpy(&f, &u, 4);
         src[i] = i % 3 == 0 ? f : rng_f(-70000, 70000) * powf(2.0f, (float)(i % 60) - 40.0f);
     }
-    const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65519.0f, 65520.0f, 65536.0f,
-                              5.96e-8f, 2.98e-8f, 2.9802322e-8f, 6.1e-5f, 1.0f + 0x1p-11f, 1.0f + 0x1p-8f,
-                              3.3895314e38f, 1e-40f};
+    const float specials[] = {0.0f,     -0.0f,           INFINITY,       -INFINITY,     NAN,      65504.0f,
+                              65519.0f, 65520.0f,        65536.0f,       5.96e-8f,      2.98e-8f, 2.9802322e-8f,
+                              6.1e-5f,  1.0f + 0x1p-11f, 1.0f + 0x1p-8f, 3.3895314e38f, 1e-40f};
     memcpy(src, specials, sizeof specials);
     uint16_t *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
     for (int dt = 0; dt < 2; dt++) {
@@ -819,10 +826,10 @@ static void test_convert(void) {
             REF->convert_f32(b, kd, src, N);
             int same = 1, first = -1;
             for (int i = 0; i < N; i++) {
-                const int nan_a = (a[i] & 0x7fff) > (dt ? 0x7f80 : 0x7c00), nan_b = (b[i] & 0x7fff) > (dt ? 0x7f80 : 0x7c00);
+                const int nan_a = (a[i] & 0x7fff) > (dt ? 0x7f80 : 0x7c00),
+                          nan_b = (b[i] & 0x7fff) > (dt ? 0x7f80 : 0x7c00);
                 const int ok = a[i] == b[i] || (nan_a && nan_b);
-                if (!ok && first < 0)
-                    first = i;
+                if (!ok && first < 0) first = i;
                 same &= ok;
             }
             result(same, "convert_f32 %s [isa=%d]: first mismatch at %d (%g: 0x%04x vs 0x%04x)", dt ? "bf16" : "f16",
@@ -835,7 +842,8 @@ static void test_convert(void) {
     free(src), free(a), free(b), free(c);
 }
 
-static void test_kernels(void) {
+static void test_kernels(void)
+{
     test_matmul();
     test_matmul_lowp();
     test_matvec_f32();
@@ -854,14 +862,15 @@ static void test_kernels(void) {
  * The oracle against hand-computed values
  * ------------------------------------------------------------------------------------------- */
 
-static int close_to(const float *got, const float *want, int n) {
+static int close_to(const float *got, const float *want, int n)
+{
     for (int i = 0; i < n; i++)
-        if (!(fabsf(got[i] - want[i]) <= 1e-6f * (1.0f + fabsf(want[i]))))
-            return 0;
+        if (!(fabsf(got[i] - want[i]) <= 1e-6f * (1.0f + fabsf(want[i])))) return 0;
     return 1;
 }
 
-static void test_ref_by_hand(void) {
+static void test_ref_by_hand(void)
+{
     float out[8];
     {
         const float a[] = {1, 2, 3, 4, 5, 6}, b[] = {1, 0, 0, 1, 1, 1}; /* a (2,3), b (3,2) */
@@ -916,8 +925,17 @@ static void test_ref_by_hand(void) {
         /* one query (position 1), two keys: scores 0 and ln 3 -> weights 1/4, 3/4 */
         const float q[] = {1, 0}, k[] = {0, 0, logf(3.0f), 0}, v[] = {4, 8, 0, 4}, want[] = {1, 5};
         float scratch[2];
-        struct rlx_attn_args a = {.out = out, .q = q, .k = k, .v = v, .kv_dtype = RLX_F32,
-                                  .S = 1, .T = 2, .Hq = 1, .Hkv = 1, .D = 2, .scale = 1.0f,
+        struct rlx_attn_args a = {.out = out,
+                                  .q = q,
+                                  .k = k,
+                                  .v = v,
+                                  .kv_dtype = RLX_F32,
+                                  .S = 1,
+                                  .T = 2,
+                                  .Hq = 1,
+                                  .Hkv = 1,
+                                  .D = 2,
+                                  .scale = 1.0f,
                                   .scratch = scratch};
         REF->attention(&a);
         result(close_to(out, want, 2), "ref attention by hand");
@@ -942,10 +960,10 @@ struct cover {
     int nest;
 };
 
-static void cover_fn(void *p, int64_t begin, int64_t end) {
+static void cover_fn(void *p, int64_t begin, int64_t end)
+{
     struct cover *c = p;
-    for (int64_t i = begin; i < end; i++)
-        atomic_fetch_add(&c->hits[i], 1);
+    for (int64_t i = begin; i < end; i++) atomic_fetch_add(&c->hits[i], 1);
     atomic_fetch_add(&c->chunks, 1);
     long long len = end - begin, cur = atomic_load(&c->min_chunk);
     while (len < cur && !atomic_compare_exchange_weak(&c->min_chunk, &cur, len))
@@ -955,15 +973,14 @@ static void cover_fn(void *p, int64_t begin, int64_t end) {
         inner->min_chunk = 1 << 30;
         rlx_parallel_for(37, 1, cover_fn, inner);
         int ok = atomic_load(&inner->chunks) == 1;
-        for (int i = 0; i < 37; i++)
-            ok &= atomic_load(&inner->hits[i]) == 1;
-        if (ok)
-            atomic_fetch_add(&c->nested_ok, 1);
+        for (int i = 0; i < 37; i++) ok &= atomic_load(&inner->hits[i]) == 1;
+        if (ok) atomic_fetch_add(&c->nested_ok, 1);
         free(inner);
     }
 }
 
-static void test_pool_cover(int nest) {
+static void test_pool_cover(int nest)
+{
     const int64_t ns[] = {1, 2, 3, 7, 100, 1000}, grains[] = {0, 1, 3, 50};
     for (int ni = 0; ni < 6; ni++)
         for (int gi = 0; gi < 4; gi++) {
@@ -973,15 +990,13 @@ static void test_pool_cover(int nest) {
             c->nest = nest;
             rlx_parallel_for(n, grain, cover_fn, c);
             int once = 1;
-            for (int64_t i = 0; i < n; i++)
-                once &= atomic_load(&c->hits[i]) == 1;
+            for (int64_t i = 0; i < n; i++) once &= atomic_load(&c->hits[i]) == 1;
             int chunks = atomic_load(&c->chunks);
             long long minc = atomic_load(&c->min_chunk);
             result(once, "pool n=%lld grain=%lld nest=%d: an index not run exactly once", (long long)n,
                    (long long)grain, nest);
-            result(chunks >= 1 && chunks <= rlx_pool_threads(),
-                   "pool n=%lld grain=%lld: %d chunks for %d threads", (long long)n, (long long)grain, chunks,
-                   rlx_pool_threads());
+            result(chunks >= 1 && chunks <= rlx_pool_threads(), "pool n=%lld grain=%lld: %d chunks for %d threads",
+                   (long long)n, (long long)grain, chunks, rlx_pool_threads());
             result(minc >= (g < n ? g : n), "pool n=%lld grain=%lld: a chunk of %lld items", (long long)n,
                    (long long)grain, minc);
             result(!nest || atomic_load(&c->nested_ok) == chunks,
@@ -995,11 +1010,11 @@ struct sum_ctx {
     atomic_llong total;
 };
 
-static void sum_fn(void *p, int64_t begin, int64_t end) {
+static void sum_fn(void *p, int64_t begin, int64_t end)
+{
     struct sum_ctx *c = p;
     long long s = 0;
-    for (int64_t i = begin; i < end; i++)
-        s += c->x[i];
+    for (int64_t i = begin; i < end; i++) s += c->x[i];
     atomic_fetch_add(&c->total, s);
 }
 
@@ -1007,7 +1022,8 @@ static void sum_fn(void *p, int64_t begin, int64_t end) {
 
 static int32_t sum_data[SUM_N];
 
-static void *concurrent_main(void *arg) {
+static void *concurrent_main(void *arg)
+{
     int *ok = arg;
     *ok = 1;
     for (int r = 0; r < 300; r++) {
@@ -1018,20 +1034,19 @@ static void *concurrent_main(void *arg) {
     return NULL;
 }
 
-static void test_pool_concurrent(void) {
-    for (int i = 0; i < SUM_N; i++)
-        sum_data[i] = i;
+static void test_pool_concurrent(void)
+{
+    for (int i = 0; i < SUM_N; i++) sum_data[i] = i;
     pthread_t th[3];
     int ok[3];
-    for (int i = 0; i < 3; i++)
-        pthread_create(&th[i], NULL, concurrent_main, &ok[i]);
-    for (int i = 0; i < 3; i++)
-        pthread_join(th[i], NULL);
+    for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, concurrent_main, &ok[i]);
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
     result(ok[0] && ok[1] && ok[2], "pool: concurrent callers got a wrong sum");
 }
 
 /* A fork() child of a process whose pool has workers gets a working pool of its own. */
-static __attribute__((unused)) void test_pool_fork(void) {
+static __attribute__((unused)) void test_pool_fork(void)
+{
     pid_t pid = fork();
     if (pid == 0) {
         alarm(60);
@@ -1046,11 +1061,11 @@ static __attribute__((unused)) void test_pool_fork(void) {
     }
     int st = 0;
     int waited = pid > 0 && waitpid(pid, &st, 0) == pid;
-    result(waited && WIFEXITED(st) && WEXITSTATUS(st) == 0, "pool: region in a fork() child failed (status %d)",
-           st);
+    result(waited && WIFEXITED(st) && WEXITSTATUS(st) == 0, "pool: region in a fork() child failed (status %d)", st);
 }
 
-static void test_pool(void) {
+static void test_pool(void)
+{
     test_pool_cover(0);
     test_pool_cover(1);
     test_pool_concurrent();
@@ -1063,7 +1078,8 @@ static void test_pool(void) {
  * main
  * ------------------------------------------------------------------------------------------- */
 
-int main(void) {
+int main(void)
+{
     test_ref_by_hand();
     test_exp16();
     long online = sysconf(_SC_NPROCESSORS_ONLN);

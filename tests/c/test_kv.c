@@ -15,16 +15,19 @@
 #include "check.h"
 
 /* The value stored at (layer, which, position, column). */
-static float val(int64_t layer, int which, int64_t pos, int64_t col) {
+static float val(int64_t layer, int which, int64_t pos, int64_t col)
+{
     return (float)(layer * 100000 + which * 50000 + pos * 100 + col);
 }
 
-static void test_create(struct rlx_device *dev) {
+static void test_create(struct rlx_device *dev)
+{
     struct rlx_kv_cache *kv = (struct rlx_kv_cache *)&check_passed; /* must stay untouched on error */
     struct rlx_kv_cache *const sentinel = kv;
     CHECK(rlx_kv_cache_create(dev, 0, 8, 16, RLX_F32, &kv) == RLX_ERR_INVALID && kv == sentinel, "n_layers 0 rejected");
     CHECK(rlx_kv_cache_create(dev, 2, 0, 16, RLX_F32, &kv) == RLX_ERR_INVALID && kv == sentinel, "row 0 rejected");
-    CHECK(rlx_kv_cache_create(dev, 2, 8, -1, RLX_F32, &kv) == RLX_ERR_INVALID && kv == sentinel, "capacity -1 rejected");
+    CHECK(rlx_kv_cache_create(dev, 2, 8, -1, RLX_F32, &kv) == RLX_ERR_INVALID && kv == sentinel,
+          "capacity -1 rejected");
     CHECK(rlx_kv_cache_create(dev, 2, 8, 16, RLX_I32, &kv) == RLX_ERR_INVALID && kv == sentinel, "i32 rejected");
     CHECK(rlx_kv_cache_create(dev, 2, INT64_MAX / 2, 4, RLX_F32, &kv) == RLX_ERR_RANGE && kv == sentinel,
           "capacity * row overflow rejected");
@@ -36,12 +39,12 @@ static void test_create(struct rlx_device *dev) {
     CHECK(rlx_kv_cache_len(NULL) == 0 && rlx_kv_cache_buffer(NULL, 0, 0) == NULL, "NULL cache accessors");
 }
 
-static void test_use(struct rlx_device *dev) {
+static void test_use(struct rlx_device *dev)
+{
     const int64_t layers = 3, row = 8, max = 600;
     struct rlx_kv_cache *kv = NULL;
     CHECK(rlx_kv_cache_create(dev, layers, row, max, RLX_F32, &kv) == RLX_OK && kv, "create");
-    if (!kv)
-        return;
+    if (!kv) return;
     CHECK(rlx_kv_cache_len(kv) == 0 && rlx_kv_cache_capacity(kv) == 0 && rlx_kv_cache_max_capacity(kv) == max &&
               rlx_kv_cache_row(kv) == row && rlx_kv_cache_layers(kv) == layers && rlx_kv_cache_bytes(kv) == 0 &&
               rlx_kv_cache_buffer(kv, 0, 0) == NULL,
@@ -76,7 +79,8 @@ static void test_use(struct rlx_device *dev) {
           "growth copies the 200 filled rows on the device (%llu bytes)",
           (unsigned long long)(after.copy_bytes - before.copy_bytes));
     CHECK(rlx_kv_cache_reserve(kv, 599) == RLX_OK && rlx_kv_cache_capacity(kv) == 600, "growth stops at the maximum");
-    CHECK(rlx_kv_cache_reserve(kv, 601) == RLX_ERR_RANGE && rlx_kv_cache_capacity(kv) == 600, "past the maximum refused");
+    CHECK(rlx_kv_cache_reserve(kv, 601) == RLX_ERR_RANGE && rlx_kv_cache_capacity(kv) == 600,
+          "past the maximum refused");
     int same = 1;
     for (int64_t l = 0; l < layers; l++)
         for (int which = 0; which < 2; which++) {
@@ -111,7 +115,8 @@ static void test_use(struct rlx_device *dev) {
     rlx_kv_cache_free(kv);
 }
 
-static void test_dtypes(struct rlx_device *dev) {
+static void test_dtypes(struct rlx_device *dev)
+{
     const enum rlx_dtype dts[3] = {RLX_F32, RLX_F16, RLX_BF16};
     size_t bytes[3];
     for (int i = 0; i < 3; i++) {
@@ -129,13 +134,13 @@ static void test_dtypes(struct rlx_device *dev) {
     CHECK(st.allocated_bytes == 0, "every cache buffer freed (%zu bytes left)", st.allocated_bytes);
 }
 
-int main(void) {
+int main(void)
+{
     const char *names[] = {"cpu", "ref"};
     for (int i = 0; i < 2; i++) {
         struct rlx_device *dev = NULL;
         CHECK(rlx_device_open(names[i], &dev) == RLX_OK, "open %s", names[i]);
-        if (!dev)
-            continue;
+        if (!dev) continue;
         test_create(dev);
         test_use(dev);
         test_dtypes(dev);

@@ -84,10 +84,18 @@ static int32_t argmax(const float *x, int64_t n)
     return best;
 }
 
-static const struct rlx_model_config tiny = {
-    .vocab_size = 37, .hidden_size = 16, .intermediate_size = 24, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
-    .head_dim = 6, .max_position_embeddings = 16, .rms_norm_eps = 1e-6f, .attention_bias = true, .qk_norm = true,
-    .layer_window = {0, 3}};
+static const struct rlx_model_config tiny = {.vocab_size = 37,
+                                             .hidden_size = 16,
+                                             .intermediate_size = 24,
+                                             .n_layers = 2,
+                                             .n_heads = 4,
+                                             .n_kv_heads = 2,
+                                             .head_dim = 6,
+                                             .max_position_embeddings = 16,
+                                             .rms_norm_eps = 1e-6f,
+                                             .attention_bias = true,
+                                             .qk_norm = true,
+                                             .layer_window = {0, 3}};
 
 static void test_cached_equals_naive(struct rlx_device *dev, enum rlx_plan_policy policy, enum rlx_dtype kv_dtype)
 {
@@ -198,10 +206,12 @@ static void test_sequences(struct rlx_device *dev)
         CHECK(rlx_seq_logits_cached(a, &lg) == RLX_OK, "a step");
         rlx_device_stats(dev, &s3);
         if (i >= 2) { /* decode steps of a: the same bytes each, whatever its past */
-            const int64_t up = (int64_t)(s3.upload_bytes - s2.upload_bytes), down = (int64_t)(s3.download_bytes - s2.download_bytes);
+            const int64_t up = (int64_t)(s3.upload_bytes - s2.upload_bytes),
+                          down = (int64_t)(s3.download_bytes - s2.download_bytes);
             if (step_up < 0) step_up = up, step_down = down;
-            CHECK(up == step_up && down == step_down, "%s: decode step %d moves %lld up / %lld down (first: %lld / %lld)",
-                  device, i, (long long)up, (long long)down, (long long)step_up, (long long)step_down);
+            CHECK(up == step_up && down == step_down,
+                  "%s: decode step %d moves %lld up / %lld down (first: %lld / %lld)", device, i, (long long)up,
+                  (long long)down, (long long)step_up, (long long)step_down);
         }
         t = argmax(lg, 37);
         rlx_seq_append(a, &t, 1);
@@ -212,8 +222,10 @@ static void test_sequences(struct rlx_device *dev)
     }
     CHECK(same, "%s: b interleaved with a gives its tokens alone", device);
     if (own_memory)
-        CHECK(step_up == 8 && step_down == 37 * 4, "ref: a decode step uploads the token and its position (%lld bytes) "
-              "and downloads the logits (%lld bytes)", (long long)step_up, (long long)step_down);
+        CHECK(step_up == 8 && step_down == 37 * 4,
+              "ref: a decode step uploads the token and its position (%lld bytes) "
+              "and downloads the logits (%lld bytes)",
+              (long long)step_up, (long long)step_down);
     rlx_device_stats(dev, &s2);
     if (own_memory)
         CHECK(s2.upload_bytes - s1.upload_bytes < 4096, "ref: no weight uploaded again for any plan or sequence");
@@ -238,7 +250,8 @@ static void test_sequences(struct rlx_device *dev)
     CHECK(rlx_seq_len(r) == rlx_seq_len(a) && rlx_seq_logits_cached(r, &lr) == RLX_OK &&
               memcmp(keep, lr, sizeof keep) == 0,
           "loaded state: same next logits");
-    CHECK(rlx_seq_load(r, state, n - 1) == RLX_ERR_INVALID && rlx_seq_len(r) == rlx_seq_len(a), "truncated state refused, "
+    CHECK(rlx_seq_load(r, state, n - 1) == RLX_ERR_INVALID && rlx_seq_len(r) == rlx_seq_len(a),
+          "truncated state refused, "
           "sequence unchanged");
     state[0] ^= 1;
     CHECK(rlx_seq_load(r, state, n) == RLX_ERR_INVALID, "bad magic refused");
@@ -279,9 +292,17 @@ static void test_sequences(struct rlx_device *dev)
 static void test_blocks(struct rlx_device *dev)
 {
     const char *device = rlx_device_name(dev);
-    struct rlx_model_config c = {.vocab_size = 29, .hidden_size = 16, .intermediate_size = 20, .n_layers = 3,
-                                 .n_heads = 4, .n_kv_heads = 2, .head_dim = 4, .max_position_embeddings = 16,
-                                 .rms_norm_eps = 1e-6f, .qk_norm = true, .layer_window = {0, 2, 0}};
+    struct rlx_model_config c = {.vocab_size = 29,
+                                 .hidden_size = 16,
+                                 .intermediate_size = 20,
+                                 .n_layers = 3,
+                                 .n_heads = 4,
+                                 .n_kv_heads = 2,
+                                 .head_dim = 4,
+                                 .max_position_embeddings = 16,
+                                 .rms_norm_eps = 1e-6f,
+                                 .qk_norm = true,
+                                 .layer_window = {0, 2, 0}};
     struct rlx_model *mw, *mf, *ml;
     CHECK(rlx_model_create(&c, dev, 0, 3, RLX_BLOCK_EMBED | RLX_BLOCK_HEAD, &mw) == RLX_OK, "whole");
     CHECK(rlx_model_create(&c, dev, 0, 2, RLX_BLOCK_EMBED, &mf) == RLX_OK, "first");
@@ -325,7 +346,7 @@ static void test_blocks(struct rlx_device *dev)
  * turns inside the model; the pool and the plan cache are shared) give the tokens each gives
  * alone. Run under ThreadSanitizer by tools/run_c_tests.sh --tsan. */
 #define N_THREADS 4
-#define N_STEPS 8
+#define N_STEPS   8
 struct seq_job {
     struct rlx_model *m;
     int32_t prompt[3];
@@ -379,9 +400,16 @@ static void test_threads(struct rlx_device *dev)
 
 static void test_missing_weight(struct rlx_device *cpu)
 {
-    struct rlx_model_config c = {.vocab_size = 11, .hidden_size = 8, .intermediate_size = 8, .n_layers = 1,
-                                 .n_heads = 2, .n_kv_heads = 1, .head_dim = 4, .max_position_embeddings = 8,
-                                 .rms_norm_eps = 1e-5f, .tie_word_embeddings = true};
+    struct rlx_model_config c = {.vocab_size = 11,
+                                 .hidden_size = 8,
+                                 .intermediate_size = 8,
+                                 .n_layers = 1,
+                                 .n_heads = 2,
+                                 .n_kv_heads = 1,
+                                 .head_dim = 4,
+                                 .max_position_embeddings = 8,
+                                 .rms_norm_eps = 1e-5f,
+                                 .tie_word_embeddings = true};
     struct rlx_model *m;
     struct rlx_seq *g;
     CHECK(rlx_model_create(&c, cpu, 0, 1, RLX_BLOCK_EMBED | RLX_BLOCK_HEAD, &m) == RLX_OK, "create");
@@ -428,7 +456,9 @@ static void moe_load(struct rlx_model *m, const struct rlx_model_config *c, floa
     for (int p = 0; p < 3; p++) {
         struct rlx_host_tensor parts[MOE_E];
         for (int e = 0; e < MOE_E; e++)
-            parts[e] = (struct rlx_host_tensor){.data = experts + (p * MOE_E + e) * F * H, .dtype = RLX_F32, .ndim = 2,
+            parts[e] = (struct rlx_host_tensor){.data = experts + (p * MOE_E + e) * F * H,
+                                                .dtype = RLX_F32,
+                                                .ndim = 2,
                                                 .shape = {p == 2 ? H : F, p == 2 ? F : H}};
         char n[RLX_NAME_MAX];
         snprintf(n, sizeof n, "model.layers.0.mlp.experts.%s.weight", proj[p]);
@@ -480,20 +510,23 @@ static void test_moe(struct rlx_device **devs)
             if (d == 0 && p == 0) { /* refusals: by status and name, the model still usable after */
                 struct rlx_host_tensor parts[MOE_E + 1];
                 for (int e = 0; e <= MOE_E; e++)
-                    parts[e] = (struct rlx_host_tensor){.data = experts, .dtype = RLX_F32, .ndim = 2,
-                                                        .shape = {MOE_F, c.hidden_size}};
+                    parts[e] = (struct rlx_host_tensor){
+                        .data = experts, .dtype = RLX_F32, .ndim = 2, .shape = {MOE_F, c.hidden_size}};
                 const char *gate = "model.layers.0.mlp.experts.gate_proj.weight";
                 CHECK(rlx_model_set_weight_parts(m, gate, MOE_E + 1, parts) == RLX_ERR_SHAPE &&
-                          strstr(rlx_last_error(), "takes 6 parts"), "a part too many: %s", rlx_last_error());
+                          strstr(rlx_last_error(), "takes 6 parts"),
+                      "a part too many: %s", rlx_last_error());
                 parts[3].shape[1] = c.hidden_size - 1;
                 CHECK(rlx_model_set_weight_parts(m, gate, MOE_E, parts) == RLX_ERR_SHAPE &&
-                          strstr(rlx_last_error(), "experts.3.gate_proj.weight"), "a mis-shaped part named: %s",
-                      rlx_last_error());
+                          strstr(rlx_last_error(), "experts.3.gate_proj.weight"),
+                      "a mis-shaped part named: %s", rlx_last_error());
                 parts[3].shape[1] = c.hidden_size, parts[4].dtype = RLX_F16;
                 CHECK(rlx_model_set_weight_parts(m, gate, MOE_E, parts) == RLX_ERR_DTYPE &&
-                          strstr(rlx_last_error(), "share a dtype"), "mixed dtypes: %s", rlx_last_error());
+                          strstr(rlx_last_error(), "share a dtype"),
+                      "mixed dtypes: %s", rlx_last_error());
                 CHECK(rlx_model_set_weight_parts(m, "model.layers.1.mlp.gate_proj.weight", MOE_E, parts) ==
-                          RLX_ERR_INVALID && strstr(rlx_last_error(), "not stacked experts"),
+                              RLX_ERR_INVALID &&
+                          strstr(rlx_last_error(), "not stacked experts"),
                       "parts of a dense matrix: %s", rlx_last_error());
                 CHECK(rlx_model_set_weight(m, "model.layers.0.mlp.gate_proj.weight", &parts[0]) == RLX_ERR_INVALID,
                       "a sparse layer reads no dense MLP");

@@ -42,14 +42,15 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define GUARD 16
+#define GUARD    16
 #define SENTINEL 1234.5f
 
 static int n_pass, n_fail;
 static const struct rlx_kernels *CPU = &rlx_cpu_kernels, *REF = &rlx_ref_kernels;
 
 static void result(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void result(int ok, const char *fmt, ...) {
+static void result(int ok, const char *fmt, ...)
+{
     if (ok) {
         n_pass++;
         return;
@@ -63,7 +64,8 @@ static void result(int ok, const char *fmt, ...) {
     va_end(ap);
 }
 
-static int under_valgrind(void) {
+static int under_valgrind(void)
+{
     const char *p = getenv("LD_PRELOAD");
     return p && strstr(p, "vgpreload") != NULL;
 }
@@ -74,35 +76,33 @@ static int under_valgrind(void) {
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 
-static uint32_t rng_u32(void) {
+static uint32_t rng_u32(void)
+{
     rng_state ^= rng_state << 13;
     rng_state ^= rng_state >> 7;
     rng_state ^= rng_state << 17;
     return (uint32_t)(rng_state >> 16);
 }
 
-static float rng_f(float lo, float hi) {
-    return lo + (hi - lo) * (float)(rng_u32() & 0xFFFFFF) / (float)0x1000000;
-}
+static float rng_f(float lo, float hi) { return lo + (hi - lo) * (float)(rng_u32() & 0xFFFFFF) / (float)0x1000000; }
 
 /* n floats followed by GUARD sentinels */
-static float *buf(int64_t n) {
+static float *buf(int64_t n)
+{
     float *p = malloc((size_t)(n + GUARD) * sizeof(float));
     if (!p) {
         fprintf(stderr, "out of memory\n");
         exit(2);
     }
-    for (int64_t i = 0; i < n; i++)
-        p[i] = NAN;
-    for (int i = 0; i < GUARD; i++)
-        p[n + i] = SENTINEL;
+    for (int64_t i = 0; i < n; i++) p[i] = NAN;
+    for (int i = 0; i < GUARD; i++) p[n + i] = SENTINEL;
     return p;
 }
 
-static int guard_ok(const float *p, int64_t n) {
+static int guard_ok(const float *p, int64_t n)
+{
     for (int i = 0; i < GUARD; i++)
-        if (p[n + i] != SENTINEL)
-            return 0;
+        if (p[n + i] != SENTINEL) return 0;
     return 1;
 }
 
@@ -113,7 +113,8 @@ struct tail {
     void *p;
 };
 
-static struct tail tail_alloc(size_t bytes) {
+static struct tail tail_alloc(size_t bytes)
+{
     const size_t page = (size_t)sysconf(_SC_PAGESIZE), data = (bytes + page - 1) / page * page;
     struct tail t = {.len = data + page};
     t.base = mmap(NULL, t.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -126,9 +127,7 @@ static struct tail tail_alloc(size_t bytes) {
     return t;
 }
 
-static void tail_free(struct tail t) {
-    munmap(t.base, t.len);
-}
+static void tail_free(struct tail t) { munmap(t.base, t.len); }
 
 /* ---------------------------------------------------------------------------------------------
  * Block types
@@ -138,17 +137,17 @@ static const int TYPES[] = {RLX_Q8_0, RLX_Q4_0, RLX_Q4_1, RLX_Q5_0, RLX_Q5_1,
                             RLX_Q2_K, RLX_Q3_K, RLX_Q4_K, RLX_Q5_K, RLX_Q6_K};
 #define NTYPES ((int)(sizeof TYPES / sizeof TYPES[0]))
 
-static const struct rlx_dtype_traits *tr(int wt) {
-    return rlx_dtype_traits((enum rlx_dtype)wt);
-}
+static const struct rlx_dtype_traits *tr(int wt) { return rlx_dtype_traits((enum rlx_dtype)wt); }
 
 /* byte offsets of a block's f16 scale and of its f16 minimum (-1: none) */
-static void scale_pos(int wt, int *dpos, int *mpos) {
+static void scale_pos(int wt, int *dpos, int *mpos)
+{
     *dpos = wt == RLX_Q2_K ? 80 : wt == RLX_Q3_K ? 108 : wt == RLX_Q6_K ? 208 : 0;
     *mpos = wt == RLX_Q4_1 || wt == RLX_Q5_1 || wt == RLX_Q4_K || wt == RLX_Q5_K ? 2 : wt == RLX_Q2_K ? 82 : -1;
 }
 
-static void put_f16(uint8_t *p, float x) {
+static void put_f16(uint8_t *p, float x)
+{
     const uint16_t h = rlx_f32_to_f16(x);
     memcpy(p, &h, 2);
 }
@@ -158,19 +157,17 @@ static void quant_bytes(int wt, int *q0, int *q1);
 /* n blocks of random bytes; valid: the f16 scales replaced by finite values of magnitude 2^-7 .. 2^-4
  * (random sign; minimums likewise); valid == 2: and every quantised byte of a block one repeated
  * value (0x88 in Q4_0 is all values 8: W = 0 while the offset terms are not) */
-static void rand_blocks(uint8_t *w, int wt, int64_t nblocks, int valid) {
+static void rand_blocks(uint8_t *w, int wt, int64_t nblocks, int valid)
+{
     const size_t tb = tr(wt)->type_size;
-    for (size_t i = 0; i < (size_t)nblocks * tb; i++)
-        w[i] = (uint8_t)rng_u32();
-    if (!valid)
-        return;
+    for (size_t i = 0; i < (size_t)nblocks * tb; i++) w[i] = (uint8_t)rng_u32();
+    if (!valid) return;
     int dpos, mpos, q0, q1;
     scale_pos(wt, &dpos, &mpos);
     quant_bytes(wt, &q0, &q1);
     for (int64_t b = 0; b < nblocks; b++) {
         uint8_t *p = w + (size_t)b * tb;
-        if (valid == 2)
-            memset(p + q0, b % 3 == 0 ? 0x88 : (int)(rng_u32() & 0xff), (size_t)(q1 - q0));
+        if (valid == 2) memset(p + q0, b % 3 == 0 ? 0x88 : (int)(rng_u32() & 0xff), (size_t)(q1 - q0));
         put_f16(p + dpos, (rng_u32() & 1 ? -1.0f : 1.0f) * ldexpf(rng_f(1, 2), -7 + (int)(rng_u32() % 3)));
         if (mpos >= 0)
             put_f16(p + mpos, (rng_u32() & 1 ? -1.0f : 1.0f) * ldexpf(rng_f(1, 2), -7 + (int)(rng_u32() % 3)));
@@ -178,7 +175,8 @@ static void rand_blocks(uint8_t *w, int wt, int64_t nblocks, int valid) {
 }
 
 /* the bytes [*q0, *q1) of a block holding its quantised values (fifth / high bits included) */
-static void quant_bytes(int wt, int *q0, int *q1) {
+static void quant_bytes(int wt, int *q0, int *q1)
+{
     switch (wt) {
     case RLX_Q8_0: *q0 = 2, *q1 = 34; break;
     case RLX_Q4_0: *q0 = 2, *q1 = 18; break;
@@ -197,7 +195,8 @@ static void quant_bytes(int wt, int *q0, int *q1) {
  * would have with its quantised value zero (the type's offset or minimum: to_f32 of the block with
  * its quantised bytes zeroed), i.e. the part of W that scales the quantised value plus the part
  * that does not, each at full size: what the kernels' f32 rounding is relative to. */
-static void dequant(float *W, float *mag, const uint8_t *w, int wt, int64_t rows, int64_t K) {
+static void dequant(float *W, float *mag, const uint8_t *w, int wt, int64_t rows, int64_t K)
+{
     const size_t tb = tr(wt)->type_size, rb = (size_t)(K / tr(wt)->block_size) * tb;
     int q0, q1;
     quant_bytes(wt, &q0, &q1);
@@ -206,11 +205,9 @@ static void dequant(float *W, float *mag, const uint8_t *w, int wt, int64_t rows
     for (int64_t r = 0; r < rows; r++) {
         tr(wt)->to_f32(W + r * K, w + (size_t)r * rb, K);
         memcpy(tmp, w + (size_t)r * rb, rb);
-        for (size_t b = 0; b < rb / tb; b++)
-            memset(tmp + b * tb + q0, 0, (size_t)(q1 - q0));
+        for (size_t b = 0; b < rb / tb; b++) memset(tmp + b * tb + q0, 0, (size_t)(q1 - q0));
         tr(wt)->to_f32(wz, tmp, K);
-        for (int64_t k = 0; k < K; k++)
-            mag[r * K + k] = fabsf(W[r * K + k] - wz[k]) + fabsf(wz[k]);
+        for (int64_t k = 0; k < K; k++) mag[r * K + k] = fabsf(W[r * K + k] - wz[k]) + fabsf(wz[k]);
     }
     free(tmp), free(wz);
 }
@@ -222,11 +219,11 @@ static void dequant(float *W, float *mag, const uint8_t *w, int wt, int64_t rows
 /* a (M, K): uniform [-1, 1) times a per-row magnitude 10^(m % 3 - 1); with edges, row 1 has a zero
  * block and a block of tiny values (2^-110), row 2 a block of values near 1e20 ... not more (sums
  * stay finite), and (when naninf) row 3 a NaN and row 4 an infinity */
-static void rand_act(float *a, int64_t M, int64_t K, int64_t bs, int edges, int naninf) {
+static void rand_act(float *a, int64_t M, int64_t K, int64_t bs, int edges, int naninf)
+{
     for (int64_t m = 0; m < M; m++) {
         const float s = m % 3 == 0 ? 0.1f : m % 3 == 1 ? 1.0f : 10.0f;
-        for (int64_t k = 0; k < K; k++)
-            a[m * K + k] = s * rng_f(-1, 1);
+        for (int64_t k = 0; k < K; k++) a[m * K + k] = s * rng_f(-1, 1);
     }
     if (edges && M > 2 && K >= 2 * bs) {
         for (int64_t k = 0; k < bs; k++) {
@@ -241,24 +238,23 @@ static void rand_act(float *a, int64_t M, int64_t K, int64_t bs, int edges, int 
     }
 }
 
-static const char *isa_name(int isa) {
+static const char *isa_name(int isa)
+{
     return isa == RLX_CPU_ISA_AVX512_BF16 ? "avx512bf16"
-           : isa == RLX_CPU_ISA_AVX512  ? "avx512"
-           : isa == RLX_CPU_ISA_AVX2    ? "avx2"
-                                        : "scalar";
+           : isa == RLX_CPU_ISA_AVX512    ? "avx512"
+           : isa == RLX_CPU_ISA_AVX2      ? "avx2"
+                                          : "scalar";
 }
 
-static const char *path_name(void) {
-    return rlx_cpu_avx512_vnni() ? "vnni" : isa_name(rlx_cpu_isa());
-}
+static const char *path_name(void) { return rlx_cpu_avx512_vnni() ? "vnni" : isa_name(rlx_cpu_isa()); }
 
 /* cpu (M, N) at the current thread count into o (guarded), scratch guarded; returns 0 if the
  * scratch guard broke */
-static int run_cpu(float *o, const float *a, const void *w, int wt, int64_t M, int64_t K, int64_t N) {
+static int run_cpu(float *o, const float *a, const void *w, int wt, int64_t M, int64_t K, int64_t N)
+{
     const int64_t ns = (int64_t)CPU->matmul_quant_scratch(wt, M, K, N);
     float *scratch = buf(ns);
-    for (int64_t i = 0; i < ns; i++)
-        scratch[i] = 3.0e38f;
+    for (int64_t i = 0; i < ns; i++) scratch[i] = 3.0e38f;
     CPU->matmul_quant(o, a, w, wt, M, K, N, scratch);
     const int ok = guard_ok(scratch, ns);
     free(scratch);
@@ -266,7 +262,8 @@ static int run_cpu(float *o, const float *a, const void *w, int wt, int64_t M, i
 }
 
 /* One product: cpu at 1 and 2 threads (bitwise equal) against ref within the bound. */
-static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int edges, int naninf) {
+static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int edges, int naninf)
+{
     const int64_t bs = tr(wt)->block_size, nb = K / bs;
     const size_t rb = (size_t)nb * tr(wt)->type_size;
     const char *tn = tr(wt)->name;
@@ -286,8 +283,8 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
     rlx_set_num_threads(threads);
     result(g1 && g2, "matmul_quant %s M=%lld K=%lld N=%lld [%s]: wrote past its scratch", tn, (long long)M,
            (long long)K, (long long)N, path_name());
-    result(guard_ok(o1, M * N) && guard_ok(o2, M * N), "matmul_quant %s M=%lld K=%lld N=%lld [%s]: wrote past out",
-           tn, (long long)M, (long long)K, (long long)N, path_name());
+    result(guard_ok(o1, M * N) && guard_ok(o2, M * N), "matmul_quant %s M=%lld K=%lld N=%lld [%s]: wrote past out", tn,
+           (long long)M, (long long)K, (long long)N, path_name());
     /* every path but the scalar prefill (sgemm: OpenBLAS's own split of the work) */
     if (rlx_cpu_isa() >= RLX_CPU_ISA_AVX2 || M <= 4)
         result(memcmp(o1, o2, (size_t)(M * N) * sizeof(float)) == 0,
@@ -321,8 +318,7 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
             const double r = want[m * N + n], g = o1[m * N + n];
             if (!isfinite(r)) {
                 nonfinite++;
-                if (isfinite(g))
-                    bad = m * N + n;
+                if (isfinite(g)) bad = m * N + n;
                 continue;
             }
             double bound = 0x1p-23 * fabs(r);
@@ -343,8 +339,8 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
         result(nonfinite >= 2 * N, "matmul_quant %s: the NaN / inf rows of a gave %lld non-finite outputs", tn,
                (long long)nonfinite);
     if (getenv("RLX_TEST_VERBOSE"))
-        printf("%s M=%lld K=%lld N=%lld [%s]: worst error / bound %.3f\n", tn, (long long)M, (long long)K,
-               (long long)N, path_name(), worst);
+        printf("%s M=%lld K=%lld N=%lld [%s]: worst error / bound %.3f\n", tn, (long long)M, (long long)K, (long long)N,
+               path_name(), worst);
     free(W), free(mag), free(sw), free(sm), free(amax);
     free(o1), free(o2), free(want), free(rs);
     tail_free(tw), tail_free(ta);
@@ -353,7 +349,8 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
 /* Identity weights (row j: the value 1 at element j, else 0; Q8_0: d = 1, q = e_j; Q4_K: d = 1,
  * group scales 1, minimums 0, q = e_j): out[m][j] = RN(q_mj * d_mb) exactly, from the documented
  * rule, on every path: one nonzero integer product, scaled once, all else exact zeros. */
-static void identity_case(int wt, int64_t M) {
+static void identity_case(int wt, int64_t M)
+{
     const int64_t bs = wt == RLX_Q8_0 ? 32 : 256, K = wt == RLX_Q8_0 ? 96 : 256, N = K, nb = K / bs;
     const size_t tb = tr(wt)->type_size, rb = (size_t)nb * tb;
     uint8_t *w = calloc((size_t)N, rb);
@@ -362,13 +359,11 @@ static void identity_case(int wt, int64_t M) {
             uint8_t *p = w + (size_t)j * rb + (size_t)b * tb;
             if (wt == RLX_Q8_0) {
                 put_f16(p, 1.0f);
-                if (j / bs == b)
-                    p[2 + j % bs] = 1;
+                if (j / bs == b) p[2 + j % bs] = 1;
             } else { /* Q4_K: d = 1, dmin = 0, every group scale 1 and minimum 0, the value 1 at j */
                 put_f16(p, 1.0f);
                 put_f16(p + 2, 0.0f);
-                for (int g = 0; g < 4; g++)
-                    p[4 + g] = 1, p[12 + g] = 1;
+                for (int g = 0; g < 4; g++) p[4 + g] = 1, p[12 + g] = 1;
                 const int g = (int)j / 32, l = (int)j % 32;
                 p[16 + 32 * (g / 2) + l] = (uint8_t)(g % 2 ? 0x10 : 0x01);
             }
@@ -381,8 +376,7 @@ static void identity_case(int wt, int64_t M) {
         for (int64_t b = 0; b < nb; b++) {
             const float *x = a + m * K + b * bs;
             float A = 0;
-            for (int64_t i = 0; i < bs; i++)
-                A = fabsf(x[i]) > A ? fabsf(x[i]) : A;
+            for (int64_t i = 0; i < bs; i++) A = fabsf(x[i]) > A ? fabsf(x[i]) : A;
             const float id = A < 0x1p-96f ? 0.0f : 127.0f / A, d = A < 0x1p-96f ? 0.0f : A / 127.0f;
             for (int64_t i = 0; i < bs; i++) {
                 const float q = nearbyintf(x[i] * id), want = q * d;
@@ -396,23 +390,23 @@ static void identity_case(int wt, int64_t M) {
 }
 
 /* M = 0 and N = 0: out untouched */
-static void empty_cases(int wt) {
+static void empty_cases(int wt)
+{
     const int64_t K = tr(wt)->block_size * 2;
     uint8_t w[2 * 210 * 3];
     rand_blocks(w, wt, 6, 1);
     float a[512 * 3], o[8] = {7, 7, 7, 7, 7, 7, 7, 7}, scratch[4096];
-    for (int i = 0; i < 512 * 3; i++)
-        a[i] = rng_f(-1, 1);
+    for (int i = 0; i < 512 * 3; i++) a[i] = rng_f(-1, 1);
     const size_t s0 = CPU->matmul_quant_scratch(wt, 0, K, 3), s1 = CPU->matmul_quant_scratch(wt, 3, K, 0);
     CPU->matmul_quant(o, a, w, wt, 0, K, 3, scratch);
     CPU->matmul_quant(o, a, w, wt, 3, K, 0, scratch);
     int ok = s0 <= 4096 && s1 <= 4096;
-    for (int i = 0; i < 8; i++)
-        ok = ok && o[i] == 7;
+    for (int i = 0; i < 8; i++) ok = ok && o[i] == 7;
     result(ok, "matmul_quant %s with M = 0 or N = 0 wrote out", tr(wt)->name);
 }
 
-static void test_matmul_quant(void) {
+static void test_matmul_quant(void)
+{
     const int vg = under_valgrind();
     const int64_t Ms[] = {1, 2, 3, 4, 5, 7, 8, 16, 33, 130};
     for (int ti = 0; ti < NTYPES; ti++) {
@@ -423,24 +417,21 @@ static void test_matmul_quant(void) {
             for (int ki = 0; ki < 2; ki++)
                 for (int ni = 0; ni < 2; ni++) {
                     const int64_t M = Ms[mi], K = Ks[ki], N = Ns[ni];
-                    if (vg && (M * K * N > 100000 || (M > 8 && ni == 1)) && !(ki == 0 && ni == 0))
-                        continue;
+                    if (vg && (M * K * N > 100000 || (M > 8 && ni == 1)) && !(ki == 0 && ni == 0)) continue;
                     quant_case(wt, M, K, N, 1, mi == 4 || mi == 8, 0);
                 }
         quant_case(wt, 8, bs == 32 ? 160 : 512, 33, 0, 0, 0); /* random bytes: NaN / inf scales */
         quant_case(wt, 5, bs == 32 ? 160 : 512, 33, 2, 0, 0); /* repeated quantised bytes */
         quant_case(wt, 20, bs == 32 ? 160 : 512, 33, 2, 0, 0);
-        quant_case(wt, 7, bs == 32 ? 160 : 512, 9, 1, 1, 1);  /* NaN / inf in a */
-        if (!vg)
-            quant_case(wt, 33, 3072, 129, 1, 1, 0);
+        quant_case(wt, 7, bs == 32 ? 160 : 512, 9, 1, 1, 1); /* NaN / inf in a */
+        if (!vg) quant_case(wt, 33, 3072, 129, 1, 1, 0);
         /* the decode split over threads: enough rows for several pieces */
         quant_case(wt, 2, bs == 32 ? 320 : 768, vg ? 1201 : 6001, 1, 0, 0);
         empty_cases(wt);
     }
     for (int mi = 0; mi < 10; mi++) {
         identity_case(RLX_Q8_0, Ms[mi]);
-        if (!vg || Ms[mi] < 40)
-            identity_case(RLX_Q4_K, Ms[mi]);
+        if (!vg || Ms[mi] < 40) identity_case(RLX_Q4_K, Ms[mi]);
     }
 }
 
@@ -448,7 +439,8 @@ static void test_matmul_quant(void) {
  * embedding_quant
  * ------------------------------------------------------------------------------------------- */
 
-static void test_embedding_quant(void) {
+static void test_embedding_quant(void)
+{
     const int64_t V = 40, ns[] = {1, 5, 300};
     for (int ti = 0; ti < NTYPES; ti++) {
         const int wt = TYPES[ti];
@@ -459,8 +451,7 @@ static void test_embedding_quant(void) {
                 struct tail tt = tail_alloc((size_t)(V * nb) * tr(wt)->type_size);
                 rand_blocks(tt.p, wt, V * nb, ni != 1);
                 int32_t *ids = malloc((size_t)n * sizeof *ids);
-                for (int64_t i = 0; i < n; i++)
-                    ids[i] = (int32_t)(rng_u32() % V);
+                for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)(rng_u32() % V);
                 ids[0] = (int32_t)(V - 1);
                 float *o1 = buf(n * d), *o2 = buf(n * d);
                 CPU->embedding_quant(o1, tt.p, wt, ids, n, d);
@@ -474,7 +465,8 @@ static void test_embedding_quant(void) {
     }
 }
 
-int main(void) {
+int main(void)
+{
     const int native = rlx_cpu_isa();
     for (int isa = native; isa >= RLX_CPU_ISA_SCALAR; isa--) {
         if (isa == RLX_CPU_ISA_AVX512_BF16 && native == RLX_CPU_ISA_AVX512_BF16)

@@ -32,8 +32,12 @@ static double bound(enum rlx_dtype dt)
     case RLX_BF16: return 8e-3;
     case RLX_Q8_0: return 1.0 / 127;
     case RLX_Q6_K: return 0.05;
-    case RLX_Q5_0: case RLX_Q5_1: case RLX_Q5_K: return 0.1;
-    case RLX_Q4_0: case RLX_Q4_1: case RLX_Q4_K: return 0.2;
+    case RLX_Q5_0:
+    case RLX_Q5_1:
+    case RLX_Q5_K: return 0.1;
+    case RLX_Q4_0:
+    case RLX_Q4_1:
+    case RLX_Q4_K: return 0.2;
     case RLX_Q3_K: return 0.4;
     default: return 0.8; /* Q2_K */
     }

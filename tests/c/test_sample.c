@@ -19,48 +19,52 @@ static float scratch[MAXV];
 static int32_t idx_buf[MAXV];
 
 /* One draw; returns the token or -1000 + status on error. */
-static int32_t draw(const float *logits, int64_t v, const struct rlx_sample_opts *o,
-                    const int32_t *hist, int64_t n_hist, uint64_t i) {
+static int32_t draw(const float *logits, int64_t v, const struct rlx_sample_opts *o, const int32_t *hist,
+                    int64_t n_hist, uint64_t i)
+{
     int32_t tok = -1;
     rlx_status s = rlx_sample(logits, v, o, hist, n_hist, i, scratch, idx_buf, &tok);
     return s == RLX_OK ? tok : -1000 + s;
 }
 
 /* counts[t] = times token t came out of n draws at indices 0..n-1; returns false on any error. */
-static bool histogram(const float *logits, int64_t v, const struct rlx_sample_opts *o, int n, int *counts) {
+static bool histogram(const float *logits, int64_t v, const struct rlx_sample_opts *o, int n, int *counts)
+{
     memset(counts, 0, sizeof(int) * (size_t)v);
     for (int i = 0; i < n; i++) {
         int32_t t = draw(logits, v, o, NULL, 0, (uint64_t)i);
-        if (t < 0 || t >= v)
-            return false;
+        if (t < 0 || t >= v) return false;
         counts[t]++;
     }
     return true;
 }
 
 /* logits[i] = log(p[i]) */
-static void log_probs(float *logits, const double *p, int v) {
-    for (int i = 0; i < v; i++)
-        logits[i] = (float)log(p[i]);
+static void log_probs(float *logits, const double *p, int v)
+{
+    for (int i = 0; i < v; i++) logits[i] = (float)log(p[i]);
 }
 
 /* A small deterministic stream of pseudo-random logits for property checks. */
-static void random_logits(float *l, int v, uint64_t salt) {
-    for (int i = 0; i < v; i++)
-        l[i] = (float)(rlx_rng_uniform(salt, (uint64_t)i) * 8.0 - 4.0);
+static void random_logits(float *l, int v, uint64_t salt)
+{
+    for (int i = 0; i < v; i++) l[i] = (float)(rlx_rng_uniform(salt, (uint64_t)i) * 8.0 - 4.0);
 }
 
-static struct rlx_sample_opts sampling(float t) {
+static struct rlx_sample_opts sampling(float t)
+{
     struct rlx_sample_opts o = rlx_sample_opts_greedy();
     o.temperature = t;
     o.seed = 1234;
     return o;
 }
 
-static void test_greedy(void) {
+static void test_greedy(void)
+{
     struct rlx_sample_opts g = rlx_sample_opts_greedy();
     CHECK(g.temperature == 0 && g.top_k == 0 && g.top_p == 1 && g.min_p == 0 && g.repetition_penalty == 1 &&
-              g.seed == 0, "rlx_sample_opts_greedy defaults");
+              g.seed == 0,
+          "rlx_sample_opts_greedy defaults");
     float l[6] = {0.5f, 2.0f, -1.0f, 1.9f, 0.0f, -3.0f};
     CHECK(draw(l, 6, &g, NULL, 0, 0) == 1, "greedy argmax");
     float tie[5] = {1.0f, 3.0f, 2.0f, 3.0f, 3.0f};
@@ -85,10 +89,12 @@ static void test_greedy(void) {
     int counts[4];
     struct rlx_sample_opts t1 = sampling(1.0f);
     CHECK(histogram(pinf, 4, &t1, 400, counts) && counts[0] == 0 && counts[2] == 0 && counts[1] > 100 &&
-              counts[3] > 100, "+inf logits share the mass: %d %d %d %d", counts[0], counts[1], counts[2], counts[3]);
+              counts[3] > 100,
+          "+inf logits share the mass: %d %d %d %d", counts[0], counts[1], counts[2], counts[3]);
 }
 
-static void test_rng(void) {
+static void test_rng(void)
+{
     CHECK(rlx_rng_uniform(7, 42) == rlx_rng_uniform(7, 42), "rng is a pure function");
     CHECK(rlx_rng_uniform(7, 42) != rlx_rng_uniform(8, 42), "rng depends on the seed");
     CHECK(rlx_rng_uniform(7, 42) != rlx_rng_uniform(7, 43), "rng depends on the index");
@@ -108,16 +114,15 @@ static void test_rng(void) {
     CHECK(lo < 0.001 && hi > 0.999, "rng covers [0, 1): min %g max %g", lo, hi);
     CHECK(low_half > 4800 && low_half < 5200, "rng halves %d", low_half);
     int deciles[10] = {0};
-    for (uint64_t i = 0; i < 10000; i++)
-        deciles[(int)(rlx_rng_uniform(3, i) * 10)]++;
+    for (uint64_t i = 0; i < 10000; i++) deciles[(int)(rlx_rng_uniform(3, i) * 10)]++;
     int ok = 1;
-    for (int d = 0; d < 10; d++)
-        ok &= deciles[d] > 880 && deciles[d] < 1120;
+    for (int d = 0; d < 10; d++) ok &= deciles[d] > 880 && deciles[d] < 1120;
     CHECK(ok, "rng deciles roughly uniform");
     CHECK(rlx_sample_scratch_floats(1000) >= 1000, "scratch for 1000");
 }
 
-static void test_top_k(void) {
+static void test_top_k(void)
+{
     float l[40];
     int mismatches = 0;
     for (uint64_t trial = 0; trial < 200; trial++) {
@@ -133,8 +138,7 @@ static void test_top_k(void) {
     /* top_k = 5 of 40: only the 5 largest ever appear (and all of them do with a high temperature). */
     random_logits(l, 40, 777);
     int order[40];
-    for (int i = 0; i < 40; i++)
-        order[i] = i;
+    for (int i = 0; i < 40; i++) order[i] = i;
     for (int i = 0; i < 40; i++) /* selection sort, descending */
         for (int j = i + 1; j < 40; j++)
             if (l[order[j]] > l[order[i]]) {
@@ -143,8 +147,7 @@ static void test_top_k(void) {
                 order[j] = t;
             }
     bool top5[40] = {false};
-    for (int i = 0; i < 5; i++)
-        top5[order[i]] = true;
+    for (int i = 0; i < 5; i++) top5[order[i]] = true;
     struct rlx_sample_opts o = sampling(5.0f);
     o.top_k = 5;
     int counts[40];
@@ -169,16 +172,17 @@ static void test_top_k(void) {
 }
 
 /* Draws n tokens and checks that exactly the tokens in `want` (a bitmask over 5) appear. */
-static void expect_set(const float *l, const struct rlx_sample_opts *o, unsigned want, const char *what) {
+static void expect_set(const float *l, const struct rlx_sample_opts *o, unsigned want, const char *what)
+{
     int counts[5];
     bool ok = histogram(l, 5, o, 3000, counts);
     unsigned got = 0;
-    for (int i = 0; i < 5; i++)
-        got |= counts[i] > 0 ? 1u << i : 0;
+    for (int i = 0; i < 5; i++) got |= counts[i] > 0 ? 1u << i : 0;
     CHECK(ok && got == want, "%s: kept set 0x%x, want 0x%x", what, got, want);
 }
 
-static void test_top_p_min_p(void) {
+static void test_top_p_min_p(void)
+{
     /* probabilities in descending order: id1 .40, id3 .30, id4 .15, id0 .10, id2 .05 */
     const double p[5] = {0.10, 0.40, 0.05, 0.30, 0.15};
     float l[5];
@@ -225,12 +229,12 @@ static void test_top_p_min_p(void) {
     o.top_p = 1.0f;
     ok = histogram(l, 5, &o, 20000, counts);
     int close = ok;
-    for (int i = 0; i < 5; i++)
-        close &= fabs(counts[i] / 20000.0 - p[i]) < 0.015;
+    for (int i = 0; i < 5; i++) close &= fabs(counts[i] / 20000.0 - p[i]) < 0.015;
     CHECK(close, "plain softmax frequencies");
 }
 
-static void test_penalty(void) {
+static void test_penalty(void)
+{
     struct rlx_sample_opts g = rlx_sample_opts_greedy();
     float l[4] = {2.0f, 1.5f, -1.0f, -1.2f};
     int32_t h[3] = {0, 0, 0};
@@ -258,14 +262,14 @@ static void test_penalty(void) {
     CHECK(t == 0, "penalty overflow stays finite, got %d", t);
 }
 
-static void test_temperature(void) {
+static void test_temperature(void)
+{
     float l[5] = {0.0f, 1.0f, 2.0f, 3.0f, 4.0f};
     int counts[5];
     struct rlx_sample_opts o = sampling(1000.0f);
     bool ok = histogram(l, 5, &o, 5000, counts);
     int spread = ok;
-    for (int i = 0; i < 5; i++)
-        spread &= counts[i] > 850 && counts[i] < 1150;
+    for (int i = 0; i < 5; i++) spread &= counts[i] > 850 && counts[i] < 1150;
     CHECK(spread, "high temperature ~uniform: %d %d %d %d %d", counts[0], counts[1], counts[2], counts[3], counts[4]);
     o = sampling(0.01f);
     ok = histogram(l, 5, &o, 2000, counts);
@@ -275,7 +279,8 @@ static void test_temperature(void) {
     CHECK(ok && counts[4] == 200, "tiny temperature does not overflow (%d)", counts[4]);
 }
 
-static void test_chunking(void) {
+static void test_chunking(void)
+{
     float l[40];
     random_logits(l, 40, 31337);
     struct rlx_sample_opts o = sampling(1.3f);
@@ -283,37 +288,33 @@ static void test_chunking(void) {
     o.top_p = 0.95f;
     o.seed = 2024;
     int32_t one_pass[100];
-    for (int i = 0; i < 100; i++)
-        one_pass[i] = draw(l, 40, &o, NULL, 0, (uint64_t)i);
+    for (int i = 0; i < 100; i++) one_pass[i] = draw(l, 40, &o, NULL, 0, (uint64_t)i);
     int same = 1;
     /* in reverse, and in chunks of 7 interleaved with unrelated draws */
-    for (int i = 99; i >= 0; i--)
-        same &= draw(l, 40, &o, NULL, 0, (uint64_t)i) == one_pass[i];
+    for (int i = 99; i >= 0; i--) same &= draw(l, 40, &o, NULL, 0, (uint64_t)i) == one_pass[i];
     for (int c = 0; c < 100; c += 7) {
         struct rlx_sample_opts other = o;
         other.seed = 5;
         draw(l, 40, &other, NULL, 0, (uint64_t)c);
-        for (int i = c; i < c + 7 && i < 100; i++)
-            same &= draw(l, 40, &o, NULL, 0, (uint64_t)i) == one_pass[i];
+        for (int i = c; i < c + 7 && i < 100; i++) same &= draw(l, 40, &o, NULL, 0, (uint64_t)i) == one_pass[i];
     }
     CHECK(same, "token i depends only on (seed, i, logits)");
     int differ = 0;
     struct rlx_sample_opts o2 = o;
     o2.seed = 2025;
-    for (int i = 0; i < 100; i++)
-        differ += draw(l, 40, &o2, NULL, 0, (uint64_t)i) != one_pass[i];
+    for (int i = 0; i < 100; i++) differ += draw(l, 40, &o2, NULL, 0, (uint64_t)i) != one_pass[i];
     CHECK(differ > 20, "another seed gives other tokens (%d differ)", differ);
 }
 
-static void test_errors(void) {
+static void test_errors(void)
+{
     struct rlx_sample_opts good = sampling(1.0f);
     CHECK(rlx_sample_opts_check(&good) == RLX_OK, "good options accepted");
     struct {
         const char *field;
         struct rlx_sample_opts o;
     } bad[10];
-    for (int i = 0; i < 10; i++)
-        bad[i].o = good;
+    for (int i = 0; i < 10; i++) bad[i].o = good;
     bad[0].field = "temperature", bad[0].o.temperature = -0.5f;
     bad[1].field = "temperature", bad[1].o.temperature = NAN;
     bad[2].field = "top_k", bad[2].o.top_k = -1;
@@ -360,7 +361,8 @@ static void test_errors(void) {
     CHECK(s == RLX_ERR_INVALID, "NULL options rejected (%d)", s);
 }
 
-int main(void) {
+int main(void)
+{
     test_greedy();
     test_rng();
     test_top_k();

@@ -60,11 +60,9 @@ static double now_s(void)
 static int count_fds(void)
 {
     DIR *d = opendir("/proc/self/fd");
-    if (d == NULL)
-        return -1;
+    if (d == NULL) return -1;
     int n = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL;)
-        n += e->d_name[0] != '.';
+    for (struct dirent *e; (e = readdir(d)) != NULL;) n += e->d_name[0] != '.';
     closedir(d);
     return n;
 }
@@ -99,12 +97,10 @@ static size_t log_used;
 static void log_cb(enum rlx_log_level level, const char *msg, void *user)
 {
     (void)user;
-    if (level != RLX_LOG_WARN)
-        return;
+    if (level != RLX_LOG_WARN) return;
     pthread_mutex_lock(&log_mu);
     int n = snprintf(log_text + log_used, sizeof log_text - log_used, "%s\n", msg);
-    if (n > 0)
-        log_used = log_used + (size_t)n < sizeof log_text ? log_used + (size_t)n : sizeof log_text - 1;
+    if (n > 0) log_used = log_used + (size_t)n < sizeof log_text ? log_used + (size_t)n : sizeof log_text - 1;
     pthread_mutex_unlock(&log_mu);
 }
 
@@ -164,8 +160,7 @@ static void *rank_main(void *p)
     if (s == RLX_OK) {
         int header_ok = t != NULL && t->rank == a->rank && t->world == w->n && strcmp(t->ops->name, "tcp") == 0;
         CHECK(header_ok, "rank %d: transport header (rank, world, name)", a->rank);
-        if (header_ok && w->body != NULL)
-            w->body(w, a->rank, t);
+        if (header_ok && w->body != NULL) w->body(w, a->rank, t);
         t->ops->close(t);
     }
     return NULL;
@@ -183,8 +178,7 @@ static void run_world(struct world *w, int n, int timeout_ms, body_fn body, void
         w->addrs[r] = w->addr_buf[r];
         w->opts[r] = (struct rlx_tcp_opts){.timeout_ms = timeout_ms, .token = "secret"};
     }
-    if (tweak != NULL)
-        tweak(w);
+    if (tweak != NULL) tweak(w);
     pthread_t th[MAXW];
     struct rank_arg args[MAXW];
     for (int r = 0; r < n; r++) {
@@ -194,8 +188,7 @@ static void run_world(struct world *w, int n, int timeout_ms, body_fn body, void
             exit(2);
         }
     }
-    for (int r = 0; r < n; r++)
-        pthread_join(th[r], NULL);
+    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
 }
 
 static void check_created(struct world *w, const char *what)
@@ -213,7 +206,10 @@ enum { NMSG = 4 };
 
 static size_t msg_len(int src, int dst, int k) { return k == 0 ? 0 : (size_t)(8 + 37 * k + 5 * src + dst); }
 static uint32_t msg_tag(int src, int dst, int k) { return (uint32_t)(1000 * src + 10 * dst + k); }
-static unsigned char msg_byte(int src, int dst, int k, size_t i) { return (unsigned char)(src * 31 + dst * 7 + k * 13 + i); }
+static unsigned char msg_byte(int src, int dst, int k, size_t i)
+{
+    return (unsigned char)(src * 31 + dst * 7 + k * 13 + i);
+}
 
 /* Every rank sends NMSG tagged messages to every other rank, then receives every other rank's in
  * order; then a 256 KiB message 0 -> 1 -> 0; then argument errors. */
@@ -223,8 +219,7 @@ static void body_p2p(struct world *w, int me, struct rlx_transport *t)
     for (int dst = 0; dst < w->n; dst++) {
         for (int k = 0; k < NMSG && dst != me; k++) {
             size_t len = msg_len(me, dst, k);
-            for (size_t i = 0; i < len; i++)
-                buf[i] = msg_byte(me, dst, k, i);
+            for (size_t i = 0; i < len; i++) buf[i] = msg_byte(me, dst, k, i);
             CHECK(t->ops->send(t, dst, msg_tag(me, dst, k), len ? buf : NULL, len) == RLX_OK, "send %d->%d #%d", me,
                   dst, k);
         }
@@ -237,8 +232,7 @@ static void body_p2p(struct world *w, int me, struct rlx_transport *t)
                   me, k);
             CHECK(got == len, "recv %d->%d #%d: got %zu bytes, expected %zu", src, me, k, got, len);
             int ok = 1;
-            for (size_t i = 0; i < len && i < got; i++)
-                ok &= buf[i] == msg_byte(src, me, k, i);
+            for (size_t i = 0; i < len && i < got; i++) ok &= buf[i] == msg_byte(src, me, k, i);
             CHECK(ok, "recv %d->%d #%d: payload differs", src, me, k);
         }
     }
@@ -250,8 +244,7 @@ static void body_p2p(struct world *w, int me, struct rlx_transport *t)
         int peer = 1 - me;
         size_t got = 0;
         if (me == 0) {
-            for (size_t i = 0; i < BIG; i++)
-                big[i] = (unsigned char)(i * 2654435761u >> 13);
+            for (size_t i = 0; i < BIG; i++) big[i] = (unsigned char)(i * 2654435761u >> 13);
             CHECK(t->ops->send(t, peer, 77, big, BIG) == RLX_OK, "big send");
             memset(big, 0, BIG);
             CHECK(t->ops->recv(t, peer, 78, big, BIG, &got) == RLX_OK && got == BIG, "big echo recv");
@@ -261,8 +254,7 @@ static void body_p2p(struct world *w, int me, struct rlx_transport *t)
             CHECK(t->ops->send(t, peer, 78, big, BIG) == RLX_OK, "big echo send");
         }
         int ok = 1;
-        for (size_t i = 0; i < BIG; i++)
-            ok &= big[i] == (unsigned char)(i * 2654435761u >> 13);
+        for (size_t i = 0; i < BIG; i++) ok &= big[i] == (unsigned char)(i * 2654435761u >> 13);
         CHECK(ok, "rank %d: big payload differs", me);
         free(big);
     }
@@ -290,8 +282,7 @@ static void body_errors(struct world *w, int me, struct rlx_transport *t)
     unsigned char buf[128];
     size_t got;
     if (me == 0) {
-        for (int i = 0; i < 128; i++)
-            buf[i] = (unsigned char)i;
+        for (int i = 0; i < 128; i++) buf[i] = (unsigned char)i;
         CHECK(t->ops->send(t, 1, 1, buf, 64) == RLX_OK, "send A");
         CHECK(t->ops->send(t, 1, 2, buf + 1, 8) == RLX_OK, "send B");
         CHECK(t->ops->send(t, 1, 3, buf + 2, 16) == RLX_OK, "send C");
@@ -311,8 +302,7 @@ static void body_errors(struct world *w, int me, struct rlx_transport *t)
     s = t->ops->recv(t, 0, 3, buf, sizeof buf, &got);
     CHECK(s == RLX_OK && got == 16, "message C after the errors: %s, %zu bytes", rlx_status_name(s), got);
     int ok = 1;
-    for (int i = 0; i < 16; i++)
-        ok &= buf[i] == (unsigned char)(i + 2);
+    for (int i = 0; i < 16; i++) ok &= buf[i] == (unsigned char)(i + 2);
     CHECK(ok, "message C payload");
     s = t->ops->recv(t, 0, 4, buf, 4, &got); /* cap exactly the size */
     CHECK(s == RLX_OK && got == 4 && buf[0] == 3 && buf[3] == 6, "message D with an exact buffer");
@@ -324,18 +314,15 @@ static void body_collectives(struct world *w, int me, struct rlx_transport *t)
 {
     for (int root = 0; root < w->n; root++) {
         int32_t v[25];
-        for (int i = 0; i < 25; i++)
-            v[i] = me == root ? root * 1000 + i : -1 - me;
+        for (int i = 0; i < 25; i++) v[i] = me == root ? root * 1000 + i : -1 - me;
         CHECK(t->ops->broadcast(t, root, v, sizeof v) == RLX_OK, "broadcast root %d on rank %d", root, me);
         int ok = 1;
-        for (int i = 0; i < 25; i++)
-            ok &= v[i] == root * 1000 + i;
+        for (int i = 0; i < 25; i++) ok &= v[i] == root * 1000 + i;
         CHECK(ok, "broadcast root %d: rank %d has the root's data", root, me);
     }
     CHECK(t->ops->broadcast(t, w->n - 1, NULL, 0) == RLX_OK, "0-byte broadcast");
     for (int round = 0; round < 4; round++) {
-        if (me == round % w->n)
-            usleep(50000); /* one rank is late: the others must wait for it */
+        if (me == round % w->n) usleep(50000); /* one rank is late: the others must wait for it */
         w->arrived[round]++;
         CHECK(t->ops->barrier(t) == RLX_OK, "barrier %d on rank %d", round, me);
         CHECK(w->arrived[round] == w->n, "barrier %d released rank %d after %d of %d arrived", round, me,
@@ -352,8 +339,7 @@ static void body_collectives(struct world *w, int me, struct rlx_transport *t)
 static void body_peer_closes(struct world *w, int me, struct rlx_transport *t)
 {
     (void)w;
-    if (me == 1)
-        return; /* rank_main closes it */
+    if (me == 1) return; /* rank_main closes it */
     char buf[8];
     size_t got;
     double t0 = now_s();
@@ -376,8 +362,7 @@ static void body_silent(struct world *w, int me, struct rlx_transport *t)
     char buf[8];
     size_t got;
     if (me == 1) {
-        while (w->flag == 0)
-            usleep(5000);
+        while (w->flag == 0) usleep(5000);
         CHECK(t->ops->send(t, 0, 8, "late", 4) == RLX_OK, "late send");
         w->flag = 2;
         return;
@@ -390,12 +375,10 @@ static void body_silent(struct world *w, int me, struct rlx_transport *t)
           "timeout message names the peer");
     CHECK(dt >= 0.25 && dt < 3.0, "recv from a silent peer took %.3f s, timeout 0.3 s", dt);
     w->flag = 1;
-    while (w->flag != 2)
-        usleep(5000);
+    while (w->flag != 2) usleep(5000);
     /* A timeout before the first byte of a frame leaves the connection usable. */
     s = t->ops->recv(t, 1, 8, buf, sizeof buf, &got);
-    CHECK(s == RLX_OK && got == 4 && memcmp(buf, "late", 4) == 0, "message after a timeout: %s",
-          rlx_status_name(s));
+    CHECK(s == RLX_OK && got == 4 && memcmp(buf, "late", 4) == 0, "message after a timeout: %s", rlx_status_name(s));
 }
 
 static void tweak_token_mismatch(struct world *w)
@@ -415,8 +398,7 @@ static void tweak_token_null_empty(struct world *w)
 }
 static void tweak_no_token(struct world *w)
 {
-    for (int r = 0; r < w->n; r++)
-        w->opts[r].token = NULL;
+    for (int r = 0; r < w->n; r++) w->opts[r].token = NULL;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -494,8 +476,7 @@ static int read_full(int fd, void *p, size_t n)
     size_t done = 0;
     while (done < n) {
         ssize_t r = recv(fd, (char *)p + done, n - done, 0);
-        if (r <= 0)
-            return 0;
+        if (r <= 0) return 0;
         done += (size_t)r;
     }
     return 1;
@@ -507,8 +488,7 @@ static size_t read_to_eof(int fd, unsigned char *p, size_t cap)
     size_t done = 0;
     while (done < cap) {
         ssize_t r = recv(fd, p + done, cap - done, 0);
-        if (r <= 0)
-            break;
+        if (r <= 0) break;
         done += (size_t)r;
     }
     return done;
@@ -518,21 +498,17 @@ static size_t read_to_eof(int fd, unsigned char *p, size_t cap)
 static int raw_handshake(struct raw *r)
 {
     raw_hello(r->hc, RLX_TCP_PROTOCOL_VERSION, r->token != NULL, 1, 2);
-    if (!write_full(r->fd, r->hc, MSG) || !read_full(r->fd, r->ha, MSG))
-        return 0;
+    if (!write_full(r->fd, r->hc, MSG) || !read_full(r->fd, r->ha, MSG)) return 0;
     unsigned char want[HEADB];
     head(want, RLX_WIRE_HELLO_MAGIC, RLX_TCP_PROTOCOL_VERSION, r->token ? RLX_WIRE_FLAG_TOKEN : 0, 0, 2);
-    if (memcmp(r->ha, want, HEADB) != 0)
-        return 0;
+    if (memcmp(r->ha, want, HEADB) != 0) return 0;
     r->send_seq = r->recv_seq = 0;
     transcript(r->token, RLX_WIRE_LABEL_KEY_C2A, r->hc, r->ha, r->send_key);
     transcript(r->token, RLX_WIRE_LABEL_KEY_A2C, r->hc, r->ha, r->recv_key);
-    if (r->token == NULL)
-        return 1;
+    if (r->token == NULL) return 1;
     unsigned char p[MSG], pa[MSG], expect[MSG];
     raw_proof(p, r->token, RLX_WIRE_LABEL_PROOF_C, 1, r->hc, r->ha);
-    if (!write_full(r->fd, p, MSG) || !read_full(r->fd, pa, MSG))
-        return 0;
+    if (!write_full(r->fd, p, MSG) || !read_full(r->fd, pa, MSG)) return 0;
     head(expect, RLX_WIRE_PROOF_MAGIC, RLX_TCP_PROTOCOL_VERSION, 0, 0, 2);
     transcript(r->token, RLX_WIRE_LABEL_PROOF_A, r->hc, r->ha, expect + HEADB);
     return memcmp(pa, expect, MSG) == 0;
@@ -615,8 +591,8 @@ static void test_token(void)
     for (int r = 0; r < 2; r++)
         CHECK(w.created[r] == RLX_ERR_IO, "token mismatch: rank %d create returned %s", r,
               rlx_status_name(w.created[r]));
-    CHECK(strstr(w.create_err[1], "refused rank 1's proof of the token") != NULL, "rank 1 says its proof was refused: %s",
-          w.create_err[1]);
+    CHECK(strstr(w.create_err[1], "refused rank 1's proof of the token") != NULL,
+          "rank 1 says its proof was refused: %s", w.create_err[1]);
     CHECK(w.create_s[1] < 5.0, "rank 1 learned of the mismatch at once (%.2f s)", w.create_s[1]);
     CHECK(strstr(w.create_err[0], "still waiting for rank 1") != NULL &&
               strstr(w.create_err[0], "wrong proof of the token") != NULL,
@@ -685,7 +661,8 @@ static void test_fake_peer(void)
     CHECK(s == RLX_OK, "create against a hand-made rank 1: %s", rlx_status_name(s));
     unsigned char want[HEADB];
     head(want, RLX_WIRE_HELLO_MAGIC, RLX_TCP_PROTOCOL_VERSION, 0, 0, 2);
-    CHECK(read_full(r.fd, r.ha, MSG) && memcmp(r.ha, want, HEADB) == 0, "rank 0's HELLO: magic, version, flags, rank, world");
+    CHECK(read_full(r.fd, r.ha, MSG) && memcmp(r.ha, want, HEADB) == 0,
+          "rank 0's HELLO: magic, version, flags, rank, world");
     CHECK(memcmp(r.ha + HEADB, r.hc + HEADB, 32) != 0, "rank 0's nonce is its own");
     if (s == RLX_OK) {
         /* Without a token frames carry a MAC too, under keys from the public RLX_WIRE_KEY_NO_TOKEN. */
@@ -708,15 +685,15 @@ static void test_fake_peer(void)
         unsigned int len = 0;
         HMAC(EVP_sha256(), r.recv_key, 32, macd, sizeof macd, mac, &len);
         CHECK(memcmp(in + 18, mac, 32) == 0, "without a token: frame MAC = HMAC(K_a2c from the public key, seq 0 || "
-              "header || payload)");
+                                             "header || payload)");
         CHECK(t->ops->send(t, 1, 6, buf, 101) == RLX_ERR_RANGE, "send above max_message_bytes");
         /* Oversized frame: refused without reading the payload, connection dropped. */
         rlx_wire_frame_encode(frame, 6, 1000);
         CHECK(write_full(r.fd, frame, 16), "oversized frame header written");
         double t0 = now_s();
         s = t->ops->recv(t, 1, 6, buf, sizeof buf, &got);
-        CHECK(s == RLX_ERR_IO && strstr(rlx_last_error(), "max_message_bytes") != NULL,
-              "oversized frame refused: %s", rlx_status_name(s));
+        CHECK(s == RLX_ERR_IO && strstr(rlx_last_error(), "max_message_bytes") != NULL, "oversized frame refused: %s",
+              rlx_status_name(s));
         CHECK(now_s() - t0 < 2.0, "oversized frame refused at once");
         s = t->ops->recv(t, 1, 6, buf, sizeof buf, &got);
         CHECK(s == RLX_ERR_IO, "recv after the drop: %s", rlx_status_name(s));
@@ -726,7 +703,8 @@ static void test_fake_peer(void)
 
     /* A foreign protocol, another world size, another version: each refused (the last two with an
      * answer that says why), logged, and rank 0 goes on waiting until its timeout. */
-    const char *expect[3] = {"not an rlx rank", "runs with world size 3, expected 2", "sent protocol version 9, expected 3"};
+    const char *expect[3] = {"not an rlx rank", "runs with world size 3, expected 2",
+                             "sent protocol version 9, expected 3"};
     for (int variant = 0; variant < 3; variant++) {
         log_reset();
         l0 = make_listener(a0);
@@ -741,7 +719,8 @@ static void test_fake_peer(void)
         t = NULL;
         s = rlx_tcp_transport_create(0, 2, addrs, l0, &o2, &t);
         CHECK(s == RLX_ERR_IO && t == NULL, "bad HELLO %d: set-up times out: %s", variant, rlx_status_name(s));
-        CHECK(strstr(rlx_last_error(), expect[variant]) != NULL && strstr(rlx_last_error(), "rank 1 to connect") != NULL,
+        CHECK(strstr(rlx_last_error(), expect[variant]) != NULL &&
+                  strstr(rlx_last_error(), "rank 1 to connect") != NULL,
               "bad HELLO %d: the timeout names the missing rank and the refusal", variant);
         CHECK(log_has(expect[variant]), "bad HELLO %d logged", variant);
         unsigned char reply[64];
@@ -807,15 +786,18 @@ static void test_replay(void)
     CHECK(write_full(fd, captured, sizeof captured), "replayed HELLO and proof written");
     size_t n = read_to_eof(fd, reply, sizeof reply);
     head(want, RLX_WIRE_REFUSE_MAGIC, RLX_TCP_PROTOCOL_VERSION, RLX_WIRE_REFUSE_PROOF, 0, 2);
-    CHECK(n == MSG + HEADB && memcmp(reply + MSG, want, HEADB) == 0, "the replay gets HELLO_A then REFUSE(proof) (%zu bytes)", n);
+    CHECK(n == MSG + HEADB && memcmp(reply + MSG, want, HEADB) == 0,
+          "the replay gets HELLO_A then REFUSE(proof) (%zu bytes)", n);
     close(fd);
     struct rlx_transport *t1 = NULL;
     const char *addrs[2] = {a0, a1};
     struct rlx_tcp_opts o1 = {.timeout_ms = 10000, .token = token};
     rlx_status s = rlx_tcp_transport_create(1, 2, addrs, l1, &o1, &t1);
     pthread_join(o2.th, NULL);
-    CHECK(s == RLX_OK && o2.s == RLX_OK, "the real rank 1 gets in after the replay: %s / %s", rlx_status_name(s), o2.err);
-    CHECK(log_has("wrong proof of the token (a different RLX_DIST_TOKEN, or a replayed handshake)"), "the replay is logged");
+    CHECK(s == RLX_OK && o2.s == RLX_OK, "the real rank 1 gets in after the replay: %s / %s", rlx_status_name(s),
+          o2.err);
+    CHECK(log_has("wrong proof of the token (a different RLX_DIST_TOKEN, or a replayed handshake)"),
+          "the replay is logged");
     if (s == RLX_OK && o2.s == RLX_OK) {
         size_t got = 0;
         char in[8];
@@ -823,10 +805,8 @@ static void test_replay(void)
                   o2.t->ops->recv(o2.t, 1, 1, in, sizeof in, &got) == RLX_OK && got == 4 && memcmp(in, "real", 4) == 0,
               "the mesh carries the real rank 1's message");
     }
-    if (t1 != NULL)
-        t1->ops->close(t1);
-    if (o2.t != NULL)
-        o2.t->ops->close(o2.t);
+    if (t1 != NULL) t1->ops->close(t1);
+    if (o2.t != NULL) o2.t->ops->close(o2.t);
 }
 
 /* A guessed token: everything rank 0 sends before refusing is its HELLO (public fields and a
@@ -853,7 +833,8 @@ static void test_wrong_token_reveals_nothing(void)
         head(want, RLX_WIRE_HELLO_MAGIC, RLX_TCP_PROTOCOL_VERSION, RLX_WIRE_FLAG_TOKEN, 0, 2);
         CHECK(memcmp(received, want, HEADB) == 0, "rank 0's HELLO head");
         head(want, RLX_WIRE_REFUSE_MAGIC, RLX_TCP_PROTOCOL_VERSION, RLX_WIRE_REFUSE_PROOF, 0, 2);
-        CHECK(n == MSG + HEADB && memcmp(received + MSG, want, HEADB) == 0, "then REFUSE(proof) and EOF (%zu bytes)", n);
+        CHECK(n == MSG + HEADB && memcmp(received + MSG, want, HEADB) == 0, "then REFUSE(proof) and EOF (%zu bytes)",
+              n);
         const char *labels[4] = {RLX_WIRE_LABEL_PROOF_C, RLX_WIRE_LABEL_PROOF_A, RLX_WIRE_LABEL_KEY_C2A,
                                  RLX_WIRE_LABEL_KEY_A2C};
         int clean = memmem(received, n, token, strlen(token)) == NULL;
@@ -882,8 +863,7 @@ static void *mirror_main(void *p)
 {
     struct mirror *m = p;
     int fd = accept(m->lfd, NULL, NULL);
-    if (fd < 0)
-        return NULL;
+    if (fd < 0) return NULL;
     unsigned char hc[MSG], buf[MSG];
     if (read_full(fd, hc, MSG)) {
         if (m->what == 0) {
@@ -1010,8 +990,7 @@ static void test_collective_sizes(void)
     n[1] = raw_frame(&r, frames[1], RLX_WIRE_TAG_BROADCAST, "12345678", 8);
     n[2] = raw_frame(&r, frames[2], RLX_WIRE_TAG_BROADCAST, "12", 2);
     n[3] = raw_frame(&r, frames[3], 7, "in step", 7);
-    for (int i = 0; i < 4; i++)
-        CHECK(write_full(r.fd, frames[i], n[i]), "frame %d written", i);
+    for (int i = 0; i < 4; i++) CHECK(write_full(r.fd, frames[i], n[i]), "frame %d written", i);
     rlx_status s = o.t->ops->barrier(o.t);
     CHECK(s == RLX_ERR_IO && strstr(rlx_last_error(), "8 bytes") != NULL,
           "a barrier message with 8 bytes of payload: %s", rlx_status_name(s));
@@ -1080,10 +1059,12 @@ static void test_fd_entry_points(void)
     if (a.s == RLX_OK && c.s == RLX_OK) {
         char buf[16];
         size_t got = 0;
-        CHECK(c.t->ops->send(c.t, 0, 3, "up", 2) == RLX_OK && a.t->ops->recv(a.t, 1, 3, buf, sizeof buf, &got) == RLX_OK &&
-                  got == 2 && memcmp(buf, "up", 2) == 0, "rank 1 -> rank 0");
-        CHECK(a.t->ops->send(a.t, 1, 4, "down", 4) == RLX_OK && c.t->ops->recv(c.t, 0, 4, buf, sizeof buf, &got) == RLX_OK &&
-                  got == 4 && memcmp(buf, "down", 4) == 0, "rank 0 -> rank 1");
+        CHECK(c.t->ops->send(c.t, 0, 3, "up", 2) == RLX_OK &&
+                  a.t->ops->recv(a.t, 1, 3, buf, sizeof buf, &got) == RLX_OK && got == 2 && memcmp(buf, "up", 2) == 0,
+              "rank 1 -> rank 0");
+        CHECK(a.t->ops->send(a.t, 1, 4, "down", 4) == RLX_OK &&
+                  c.t->ops->recv(c.t, 0, 4, buf, sizeof buf, &got) == RLX_OK && got == 4 && memcmp(buf, "down", 4) == 0,
+              "rank 0 -> rank 1");
         uint64_t in = 9, out = 9;
         CHECK(rlx_tcp_link_info(a.t, 1, &in, &out) == 1 && in == 1 && out == 1, "rank 0's counters %d %d", (int)in,
               (int)out);
@@ -1126,8 +1107,7 @@ static void *trickle_main(void *p)
     memset(frame + 16, 'x', 64);
     for (size_t i = 0; i < sizeof frame && !tr->stop; i++) {
         usleep(100000);
-        if (send(tr->fd, frame + i, 1, MSG_NOSIGNAL) != 1)
-            break;
+        if (send(tr->fd, frame + i, 1, MSG_NOSIGNAL) != 1) break;
     }
     return NULL;
 }
@@ -1220,8 +1200,7 @@ static void *wrong_proof_main(void *p)
 static int stray(const char *addr)
 {
     int fd = connect_to(addr);
-    if (n_strays < MAX_STRAYS)
-        stray_fd[n_strays++] = fd;
+    if (n_strays < MAX_STRAYS) stray_fd[n_strays++] = fd;
     return fd;
 }
 
@@ -1233,19 +1212,19 @@ static void tweak_strays(struct world *w)
     for (int r = 0; r < w->n - 1; r++) {
         const char *a = w->addr_buf[r];
         unsigned char m[MSG];
-        close(connect_to(a));                                                   /* a port scanner */
-        write_full(stray(a), "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27);          /* another protocol */
-        stray(a);                                                               /* silence */
+        close(connect_to(a));                                          /* a port scanner */
+        write_full(stray(a), "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27); /* another protocol */
+        stray(a);                                                      /* silence */
         raw_hello(m, 9, token, 2, 3);
-        write_full(stray(a), m, MSG);                                           /* another version */
+        write_full(stray(a), m, MSG); /* another version */
         raw_hello(m, RLX_TCP_PROTOCOL_VERSION, token, 2, 4);
-        write_full(stray(a), m, MSG);                                           /* another world */
+        write_full(stray(a), m, MSG); /* another world */
         raw_hello(m, RLX_TCP_PROTOCOL_VERSION, !token, 2, 3);
-        write_full(stray(a), m, MSG);                                           /* token on one side */
-        write_full(stray(a), m, 20);                                            /* cut short */
+        write_full(stray(a), m, MSG); /* token on one side */
+        write_full(stray(a), m, 20);  /* cut short */
         if (token) {
             raw_hello(m, RLX_TCP_PROTOCOL_VERSION, 1, 2, 3);
-            write_full(stray(a), m, MSG);                                       /* never proves */
+            write_full(stray(a), m, MSG); /* never proves */
             pthread_create(&stray_th[n_stray_th++], NULL, wrong_proof_main, (void *)(intptr_t)stray(a));
         }
     }
@@ -1269,12 +1248,9 @@ static void test_strays(int token)
     CHECK(log_has("not an rlx rank") && log_has("sent protocol version 9, expected 3") &&
               log_has("runs with world size 4, expected 3") && log_has("token"),
           "the refusals reached the log callback");
-    for (int i = 0; i < n_stray_th; i++)
-        pthread_join(stray_th[i], NULL);
-    if (token)
-        CHECK(log_has("wrong proof of the token"), "the wrong proof was logged");
-    for (int i = 0; i < n_strays; i++)
-        close(stray_fd[i]);
+    for (int i = 0; i < n_stray_th; i++) pthread_join(stray_th[i], NULL);
+    if (token) CHECK(log_has("wrong proof of the token"), "the wrong proof was logged");
+    for (int i = 0; i < n_strays; i++) close(stray_fd[i]);
 }
 
 static void test_loopback_check(void)
@@ -1282,8 +1258,8 @@ static void test_loopback_check(void)
     struct {
         const char *ip;
         int loopback;
-    } cases[] = {{"127.0.0.1", 1}, {"127.1.2.3", 1}, {"10.0.0.1", 0}, {"192.0.2.2", 0}, {"0.0.0.0", 0},
-                 {"::1", 1}, {"::ffff:127.0.0.1", 1}, {"::ffff:10.0.0.1", 0}, {"fe80::1", 0}, {"::", 0},
+    } cases[] = {{"127.0.0.1", 1}, {"127.1.2.3", 1},        {"10.0.0.1", 0},        {"192.0.2.2", 0}, {"0.0.0.0", 0},
+                 {"::1", 1},       {"::ffff:127.0.0.1", 1}, {"::ffff:10.0.0.1", 0}, {"fe80::1", 0},   {"::", 0},
                  {"::2", 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct sockaddr_storage ss;
@@ -1313,12 +1289,10 @@ static void test_loopback_check(void)
 static int non_loopback_ipv4(struct in_addr *out)
 {
     struct ifaddrs *ifs = NULL;
-    if (getifaddrs(&ifs) != 0)
-        return 0;
+    if (getifaddrs(&ifs) != 0) return 0;
     int found = 0;
     for (struct ifaddrs *i = ifs; i != NULL && !found; i = i->ifa_next) {
-        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET)
-            continue;
+        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET) continue;
         struct sockaddr_in a;
         memcpy(&a, i->ifa_addr, sizeof a);
         if ((ntohl(a.sin_addr.s_addr) >> 24) != 127) {
@@ -1369,8 +1343,8 @@ static void test_no_token_loopback_only(void)
         struct sockaddr_in from = {.sin_family = AF_INET, .sin_addr = ip}, to = from;
         to.sin_port = htons((uint16_t)atoi(strrchr(a0, ':') + 1));
         unsigned char hc[MSG], reply[64], want[HEADB];
-        int connected = bind(fd, (struct sockaddr *)&from, sizeof from) == 0 &&
-                        connect(fd, (struct sockaddr *)&to, sizeof to) == 0;
+        int connected =
+            bind(fd, (struct sockaddr *)&from, sizeof from) == 0 && connect(fd, (struct sockaddr *)&to, sizeof to) == 0;
         CHECK(connected, "connected from this host's non-loopback address");
         raw_hello(hc, RLX_TCP_PROTOCOL_VERSION, 0, 1, 2);
         CHECK(write_full(fd, hc, MSG), "HELLO from a non-loopback address");
@@ -1384,8 +1358,7 @@ static void test_no_token_loopback_only(void)
             pthread_join(so.th, NULL);
             CHECK(s == RLX_OK && so.s == RLX_OK, "the loopback rank 1 still gets in: %s", so.err);
             CHECK(log_has("is not on loopback"), "the remote peer was logged");
-            if (t1 != NULL)
-                t1->ops->close(t1);
+            if (t1 != NULL) t1->ops->close(t1);
         } else {
             head(want, RLX_WIRE_HELLO_MAGIC, RLX_TCP_PROTOCOL_VERSION, 0, 0, 2);
             CHECK(read_full(fd, reply, MSG) && memcmp(reply, want, HEADB) == 0, "allow_remote: answered with HELLO");
@@ -1393,8 +1366,7 @@ static void test_no_token_loopback_only(void)
             CHECK(so.s == RLX_OK, "allow_remote: the remote rank 1 is accepted: %s", so.err);
             close(l1);
         }
-        if (so.t != NULL)
-            so.t->ops->close(so.t);
+        if (so.t != NULL) so.t->ops->close(so.t);
         close(fd);
     }
 }

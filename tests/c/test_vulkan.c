@@ -53,7 +53,8 @@ static struct rlx_graph *build(int *kc)
     rlx_graph_op(g, RLX_OP_RESHAPE, 1, (int[]){x}, &rs, &x);
     rlx_graph_op(g, RLX_OP_ROPE, 3, (int[]){x, pos, inv}, NULL, &x);
     int cw, a;
-    rlx_graph_state(g, "k", RLX_F16, 3, (struct rlx_dim[]){rlx_dim_const(T), rlx_dim_const(HEADS), rlx_dim_const(HD)}, kc);
+    rlx_graph_state(g, "k", RLX_F16, 3, (struct rlx_dim[]){rlx_dim_const(T), rlx_dim_const(HEADS), rlx_dim_const(HD)},
+                    kc);
     rlx_graph_cache_write(g, *kc, x, pos, &cw);
     rlx_graph_op(g, RLX_OP_ATTENTION, 3, (int[]){x, cw, cw}, &(struct rlx_attrs){.scale = 0.25f, .causal = 1}, &a);
     struct rlx_attrs r2 = {.ndim = 2, .shape = {rlx_dim_const(S), rlx_dim_const(N)}};
@@ -91,7 +92,8 @@ static int make(struct rlx_device *dev, struct net *n)
          rlx_plan_set_param(n->p, i0, &tt) == RLX_OK && rlx_plan_set_param(n->p, i1, &tn) == RLX_OK &&
          rlx_plan_set_param(n->p, i2, &tw) == RLX_OK && rlx_plan_set_param(n->p, i3, &ti) == RLX_OK &&
          rlx_plan_input_index(n->p, "ids", &n->ids) == RLX_OK && rlx_plan_input_index(n->p, "pos", &n->pos) == RLX_OK &&
-         rlx_kv_cache_create(dev, 1, HEADS * HD, T, RLX_F16, &n->kv) == RLX_OK && rlx_kv_cache_reserve(n->kv, T) == RLX_OK;
+         rlx_kv_cache_create(dev, 1, HEADS * HD, T, RLX_F16, &n->kv) == RLX_OK &&
+         rlx_kv_cache_reserve(n->kv, T) == RLX_OK;
     return ok;
 }
 
@@ -131,7 +133,7 @@ static void test_device(const char *name, const float *want)
     CHECK(err < 1e-4, "%s: equals ref (max |diff| %g)", name, err);
 
     CHECK(run(&n, bad, got) == RLX_ERR_RANGE && strstr(rlx_last_error(), "(cache_write): position 6 of row 3 is "
-                                                                      "outside the state's 6 rows"),
+                                                                         "outside the state's 6 rows"),
           "%s: a position outside the state refused, naming it", name);
     rlx_interrupt();
     CHECK(run(&n, pos, got) == RLX_ERR_INTERRUPTED, "%s: an interrupted run stops before it is submitted", name);

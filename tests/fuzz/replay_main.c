@@ -31,8 +31,7 @@ int main(int argc, char **argv)
             n += got;
             if (n == cap) {
                 uint8_t *grown = realloc(data, cap *= 2);
-                if (grown == NULL)
-                    free(data);
+                if (grown == NULL) free(data);
                 data = grown;
             }
         }

@@ -159,8 +159,7 @@ static unsigned nonce_calls;
 
 static void nonce_bytes(unsigned call, unsigned char *out, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        out[i] = (unsigned char)(0x5A ^ (call * 131u + (unsigned)i * 17u));
+    for (size_t i = 0; i < n; i++) out[i] = (unsigned char)(0x5A ^ (call * 131u + (unsigned)i * 17u));
 }
 
 rlx_status rlx_crypto_random(void *out, size_t n)
@@ -178,8 +177,7 @@ static void hmac4(const void *key, size_t key_len, const void *a, size_t an, con
                   size_t cn, const void *d, size_t dn, unsigned char out[MACB])
 {
     static unsigned char buf[8 + 16 + 65536 + 256]; /* the largest: a frame's seq, header, payload */
-    if (an + bn + cn + dn > sizeof buf)
-        finding("harness: %zu bytes to MAC", an + bn + cn + dn);
+    if (an + bn + cn + dn > sizeof buf) finding("harness: %zu bytes to MAC", an + bn + cn + dn);
     memcpy(buf, a, an);
     memcpy(buf + an, b, bn);
     memcpy(buf + an + bn, c, cn);
@@ -238,36 +236,34 @@ static unsigned char arena[ARENA_BYTES];
 static size_t arena_used;
 
 struct peer {
-    int fd;                            /* the peer's end */
-    int rlx_accepts;                   /* the transport is the acceptor */
-    int rlx_rank, rank, world;         /* the transport's rank, the peer's (as a correct peer claims it) */
-    int rlx_token;                     /* the transport has TOKEN */
-    const char *token;                 /* the peer's: TOKEN, OTHER_TOKEN or NULL */
-    unsigned char rlx_hello[MSG];      /* the transport's HELLO (predicted) */
-    unsigned char hello[MSG];          /* the peer's last whole HELLO */
-    unsigned char send_key[MACB];      /* frame keys under the peer's view of the transcript */
+    int fd;                       /* the peer's end */
+    int rlx_accepts;              /* the transport is the acceptor */
+    int rlx_rank, rank, world;    /* the transport's rank, the peer's (as a correct peer claims it) */
+    int rlx_token;                /* the transport has TOKEN */
+    const char *token;            /* the peer's: TOKEN, OTHER_TOKEN or NULL */
+    unsigned char rlx_hello[MSG]; /* the transport's HELLO (predicted) */
+    unsigned char hello[MSG];     /* the peer's last whole HELLO */
+    unsigned char send_key[MACB]; /* frame keys under the peer's view of the transcript */
     unsigned char recv_key[MACB];
-    struct sent_frame *frames;         /* every FRAME op, in order (index = its sequence number): frame_log */
+    struct sent_frame *frames; /* every FRAME op, in order (index = its sequence number): frame_log */
     size_t nframes;
-    unsigned char stream[2 * MSG];     /* the first 96 bytes written */
+    unsigned char stream[2 * MSG]; /* the first 96 bytes written */
     size_t written;
-    int shut, full;                    /* shut down; a write would have blocked (the rest dropped) */
-    int deaf;                          /* stopped reading: the transport's sends fail */
-    int clean;                         /* everything so far is a correct handshake + correct frames */
-    size_t clean_frames;               /* frames in that clean stretch */
+    int shut, full;      /* shut down; a write would have blocked (the rest dropped) */
+    int deaf;            /* stopped reading: the transport's sends fail */
+    int clean;           /* everything so far is a correct handshake + correct frames */
+    size_t clean_frames; /* frames in that clean stretch */
 };
 
 static void peer_write(struct peer *p, const void *data, size_t n)
 {
-    if (n == 0)
-        return;
+    if (n == 0) return;
     if (p->shut || p->full) {
         p->clean = 0;
         return;
     }
     const unsigned char *b = data;
-    for (size_t i = 0; i < n && p->written + i < sizeof p->stream; i++)
-        p->stream[p->written + i] = b[i];
+    for (size_t i = 0; i < n && p->written + i < sizeof p->stream; i++) p->stream[p->written + i] = b[i];
     size_t done = 0;
     while (done < n) {
         ssize_t s = send(p->fd, b + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -275,8 +271,7 @@ static void peer_write(struct peer *p, const void *data, size_t n)
             done += (size_t)s;
             continue;
         }
-        if (s < 0 && errno == EINTR)
-            continue;
+        if (s < 0 && errno == EINTR) continue;
         p->full = 1; /* the socket buffer is full: the rest of the script is dropped */
         p->clean = 0;
         break;
@@ -358,8 +353,7 @@ static void op_refuse(struct peer *p, struct input *in, uint8_t flags)
 static void op_auto(struct peer *p)
 {
     op_hello(p, NULL, 0);
-    if (p->token != NULL)
-        op_proof(p, NULL, 0);
+    if (p->token != NULL) op_proof(p, NULL, 0);
 }
 
 static void op_frame(struct peer *p, struct input *in, uint8_t flags)
@@ -375,8 +369,7 @@ static void op_frame(struct peer *p, struct input *in, uint8_t flags)
     unsigned char *wire = arena + arena_used, *payload = wire + 16;
     uint64_t seq = p->nframes;
     if (flags & 1) {
-        for (size_t j = 0; j < want; j++)
-            payload[j] = (unsigned char)(seq * 31 + j * 7 + 1);
+        for (size_t j = 0; j < want; j++) payload[j] = (unsigned char)(seq * 31 + j * 7 + 1);
         len = want;
     } else {
         len = take(in, payload, want);
@@ -403,14 +396,11 @@ static void op_frame(struct peer *p, struct input *in, uint8_t flags)
                   memcmp(mac, right, MACB) == 0;
     p->frames[p->nframes++] = f;
     memcpy(wire, head, 16);
-    if (!(flags & 32))
-        memcpy(wire + 16 + len, mac, MACB);
+    if (!(flags & 32)) memcpy(wire + 16 + len, mac, MACB);
     arena_used += total;
     peer_write(p, wire, cut);
-    if (flags & ~1 || !f.authentic)
-        p->clean = 0;
-    if (p->clean)
-        p->clean_frames = p->nframes;
+    if (flags & ~1 || !f.authentic) p->clean = 0;
+    if (p->clean) p->clean_frames = p->nframes;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -421,8 +411,11 @@ enum { A_OK = 1, A_INVALID = 2, A_RANGE = 4, A_IO = 8 };
 
 static void check_status(rlx_status s, int allowed, const char *what)
 {
-    int bit = s == RLX_OK ? A_OK : s == RLX_ERR_INVALID ? A_INVALID : s == RLX_ERR_RANGE ? A_RANGE
-                                                                      : s == RLX_ERR_IO ? A_IO : 0;
+    int bit = s == RLX_OK            ? A_OK
+              : s == RLX_ERR_INVALID ? A_INVALID
+              : s == RLX_ERR_RANGE   ? A_RANGE
+              : s == RLX_ERR_IO      ? A_IO
+                                     : 0;
     if (!(bit & allowed))
         finding("%s returned %s (%d), which its contract does not allow here", what, rlx_status_name(s), s);
     if (s != RLX_OK && rlx_last_error()[0] == '\0')
@@ -461,10 +454,8 @@ static unsigned char pattern(uint64_t seed, size_t j) { return (unsigned char)(s
  * transport read is what wire.h accepts. */
 static void check_opened(const struct peer *p, int linked_rank, rlx_status s)
 {
-    if (s != RLX_OK)
-        return;
-    if (p->written < MSG)
-        finding("a link opened after %zu bytes from the peer", p->written);
+    if (s != RLX_OK) return;
+    if (p->written < MSG) finding("a link opened after %zu bytes from the peer", p->written);
     struct rlx_wire_head h = rlx_wire_head_decode(p->stream);
     if (h.magic != RLX_WIRE_HELLO_MAGIC || h.version != RLX_TCP_PROTOCOL_VERSION || h.world != (uint32_t)p->world)
         finding("a link opened on a HELLO with magic 0x%08" PRIx32 ", version %u, world %" PRIu32, h.magic,
@@ -478,9 +469,9 @@ static void check_opened(const struct peer *p, int linked_rank, rlx_status s)
         finding("the connector linked rank %d for a HELLO from rank %" PRIu32, p->rank, h.rank);
     if (!p->rlx_accepts && memcmp(p->stream + HEADB, p->rlx_hello + HEADB, RLX_WIRE_NONCE_BYTES) == 0)
         finding("the connector linked after its own nonce came back");
-    if (!p->rlx_token)
-        return;
-    const unsigned char *hc = p->rlx_accepts ? p->stream : p->rlx_hello, *ha = p->rlx_accepts ? p->rlx_hello : p->stream;
+    if (!p->rlx_token) return;
+    const unsigned char *hc = p->rlx_accepts ? p->stream : p->rlx_hello,
+                        *ha = p->rlx_accepts ? p->rlx_hello : p->stream;
     unsigned char right[MACB];
     transcript_mac(TOKEN, p->rlx_accepts ? RLX_WIRE_LABEL_PROOF_C : RLX_WIRE_LABEL_PROOF_A, hc, ha, right);
     if (p->written < 2 * MSG || memcmp(p->stream + MSG + HEADB, right, MACB) != 0)
@@ -494,41 +485,37 @@ static void check_output(const struct peer *p, const unsigned char *out, size_t 
     size_t at = 0;
     int refused = 0, proofs = 0;
     while (at < n && !(opened && at >= (size_t)(p->rlx_token ? 2 * MSG : MSG))) {
-        if (n - at < HEADB)
-            finding("the transport's handshake output ends with %zu stray bytes", n - at);
+        if (n - at < HEADB) finding("the transport's handshake output ends with %zu stray bytes", n - at);
         struct rlx_wire_head h = rlx_wire_head_decode(out + at);
         if (h.version != RLX_TCP_PROTOCOL_VERSION || h.rank != (uint32_t)p->rlx_rank || h.world != (uint32_t)p->world)
             finding("the transport sent a HEAD of version %u, rank %" PRIu32 ", world %" PRIu32, (unsigned)h.version,
                     h.rank, h.world);
         if (p->rlx_accepts && (p->written < HEADB || memcmp(p->stream, "RLXH", 4) != 0))
             finding("the acceptor answered a peer that does not start with a HEAD with rlx's magic");
-        if (refused)
-            finding("the transport sent more after its REFUSE");
+        if (refused) finding("the transport sent more after its REFUSE");
         if (h.magic == RLX_WIRE_REFUSE_MAGIC) {
             if (!p->rlx_accepts || h.info < RLX_WIRE_REFUSE_WORLD || h.info > RLX_WIRE_REFUSE_DUPLICATE)
-                finding("a REFUSE with reason %u from the %s", (unsigned)h.info, p->rlx_accepts ? "acceptor" : "connector");
+                finding("a REFUSE with reason %u from the %s", (unsigned)h.info,
+                        p->rlx_accepts ? "acceptor" : "connector");
             refused = 1;
             at += HEADB;
             continue;
         }
-        if (n - at < MSG)
-            finding("the transport's handshake output ends inside a message");
+        if (n - at < MSG) finding("the transport's handshake output ends inside a message");
         if (h.magic == RLX_WIRE_HELLO_MAGIC) {
             /* Its first message; or, from an acceptor with a token, the answer to a proof of another
              * protocol version (our HELLO tells the peer our version): a second HELLO, fresh nonce. */
             struct rlx_wire_head second = rlx_wire_head_decode(p->stream + MSG);
             unsigned char want[MSG];
             memcpy(want, p->rlx_hello, MSG);
-            if (at == MSG)
-                nonce_bytes(1, want + HEADB, RLX_WIRE_NONCE_BYTES);
+            if (at == MSG) nonce_bytes(1, want + HEADB, RLX_WIRE_NONCE_BYTES);
             if (!(at == 0 || (at == MSG && p->rlx_accepts && p->rlx_token && p->written >= MSG + HEADB &&
                               second.magic == RLX_WIRE_PROOF_MAGIC && second.version != RLX_TCP_PROTOCOL_VERSION)))
                 finding("the transport sent a HELLO at byte %zu of its output", at);
             if (memcmp(out + at, want, MSG) != 0)
                 finding("the transport's HELLO at byte %zu is not the one the harness predicted", at);
         } else if (h.magic == RLX_WIRE_PROOF_MAGIC) {
-            if (!p->rlx_token || proofs++ > 0 || at != MSG)
-                finding("a proof where none belongs");
+            if (!p->rlx_token || proofs++ > 0 || at != MSG) finding("a proof where none belongs");
             const unsigned char *peer_hello = p->stream;
             const unsigned char *hc = p->rlx_accepts ? peer_hello : p->rlx_hello;
             const unsigned char *ha = p->rlx_accepts ? p->rlx_hello : peer_hello;
@@ -549,23 +536,23 @@ static void check_output(const struct peer *p, const unsigned char *out, size_t 
     if (opened && at != (size_t)(p->rlx_token ? 2 * MSG : MSG))
         finding("a link opened after %zu bytes of handshake from the transport", at);
     if (!opened) {
-        if (at != n)
-            finding("%zu bytes after a failed handshake", n - at);
+        if (at != n) finding("%zu bytes after a failed handshake", n - at);
         return;
     }
     /* Frames, under the key of the direction transport -> peer for the transcript it used. */
-    const unsigned char *hc = p->rlx_accepts ? p->stream : p->rlx_hello, *ha = p->rlx_accepts ? p->rlx_hello : p->stream;
+    const unsigned char *hc = p->rlx_accepts ? p->stream : p->rlx_hello,
+                        *ha = p->rlx_accepts ? p->rlx_hello : p->stream;
     const char *rlx_token = p->rlx_token ? TOKEN : NULL;
     unsigned char key[MACB];
     transcript_mac(rlx_token, p->rlx_accepts ? RLX_WIRE_LABEL_KEY_A2C : RLX_WIRE_LABEL_KEY_C2A, hc, ha, key);
     for (size_t i = 0; i < nsent; i++) {
-        if (n - at < 16 + MACB)
-            finding("the transport's frame %zu is cut short", i);
+        if (n - at < 16 + MACB) finding("the transport's frame %zu is cut short", i);
         struct rlx_wire_frame f = rlx_wire_frame_decode(out + at);
         if (f.magic != RLX_WIRE_FRAME_MAGIC || f.tag != sent[i].tag || f.length != sent[i].len ||
             n - at < 16 + f.length + MACB)
             finding("the transport's frame %zu has magic 0x%08" PRIx32 ", tag %" PRIu32 ", %" PRIu64 " bytes "
-                    "(sent: tag %" PRIu32 ", %zu bytes)", i, f.magic, f.tag, f.length, sent[i].tag, sent[i].len);
+                    "(sent: tag %" PRIu32 ", %zu bytes)",
+                    i, f.magic, f.tag, f.length, sent[i].tag, sent[i].len);
         for (size_t j = 0; j < sent[i].len; j++)
             if (out[at + 16 + j] != pattern(sent[i].seed, j))
                 finding("the transport's frame %zu differs from what it was given at byte %zu", i, j);
@@ -575,8 +562,7 @@ static void check_output(const struct peer *p, const unsigned char *out, size_t 
             finding("the transport's frame %zu has a wrong MAC", i);
         at += 16 + sent[i].len + MACB;
     }
-    if (at != n && !send_failed)
-        finding("%zu stray bytes after the transport's frames", n - at);
+    if (at != n && !send_failed) finding("%zu stray bytes after the transport's frames", n - at);
 }
 
 /* A second connection to the transport whose correct HELLO claims `linked`, which is linked already:
@@ -604,8 +590,7 @@ static rlx_status second_connection(const struct peer *p, struct rlx_transport *
                            h.version != RLX_TCP_PROTOCOL_VERSION || h.rank != (uint32_t)p->rlx_rank))
         finding("the acceptor answered a second connection from rank %d with %zd bytes, not REFUSE(duplicate)", linked,
                 n);
-    if (!p->rlx_accepts && n > 0)
-        finding("the connector wrote %zd bytes on a socket it should not have taken", n);
+    if (!p->rlx_accepts && n > 0) finding("the connector wrote %zd bytes on a socket it should not have taken", n);
     close(sv[1]);
     return s;
 }
@@ -630,8 +615,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t mode = u8(&in), sizes = u8(&in);
     uint8_t ops[NOPS][4];
     for (int i = 0; i < NOPS; i++)
-        for (int j = 0; j < 4; j++)
-            ops[i][j] = u8(&in);
+        for (int j = 0; j < 4; j++) ops[i][j] = u8(&in);
 
     struct peer p = {.rlx_accepts = !(mode & 1), .rlx_token = (mode & 2) != 0, .frames = frame_log};
     arena_used = 0;
@@ -646,8 +630,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         p.rank = (sizes >> 5) % p.rlx_rank;
     }
     static const size_t max_bytes[4] = {64, 4096, 65536, 0};
-    struct rlx_tcp_opts opts = {.max_message_bytes = max_bytes[mode >> 6], .timeout_ms = keep_open ? 1 : 5000,
-                                .token = p.rlx_token ? TOKEN : NULL, .allow_remote = allow_remote};
+    struct rlx_tcp_opts opts = {.max_message_bytes = max_bytes[mode >> 6],
+                                .timeout_ms = keep_open ? 1 : 5000,
+                                .token = p.rlx_token ? TOKEN : NULL,
+                                .allow_remote = allow_remote};
     size_t max = opts.max_message_bytes ? opts.max_message_bytes : (size_t)1 << 30;
     deadline_slack_ms = keep_open ? 1 + 2000 : 2000;
     int expect_open = p.rlx_token ? p.token == TOKEN : p.token == NULL && allow_remote;
@@ -668,12 +654,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     p.fd = sv[1];
     p.clean = (mode & 32) != 0 && expect_open && !keep_open;
     int clean_start = p.clean;
-    if (mode & 32)
-        op_auto(&p);
+    if (mode & 32) op_auto(&p);
     while (more(&in)) {
         uint8_t op = u8(&in);
-        if (op % 7 != 3)
-            p.clean = 0; /* only correct frames may follow the opening handshake in a clean script */
+        if (op % 7 != 3) p.clean = 0; /* only correct frames may follow the opening handshake in a clean script */
         switch (op % 7) {
         case 0: {
             unsigned char raw[256];
@@ -709,8 +693,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (p.rlx_accepts) {
         s = rlx_tcp_accept_fd(t, rlx_fd, &linked);
         check_status(s, A_OK | A_IO, "rlx_tcp_accept_fd");
-        if (s != RLX_OK)
-            linked = p.rank;
+        if (s != RLX_OK) linked = p.rank;
     } else {
         s = rlx_tcp_connect_fd(t, p.rank, rlx_fd);
         check_status(s, A_OK | A_IO | (!p.rlx_token && !allow_remote ? A_INVALID : 0), "rlx_tcp_connect_fd");
@@ -743,17 +726,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int user_tag = tag < RLX_WIRE_USER_TAG_LIMIT;
         uint64_t m0 = 0, m1 = 0, out0 = 0, out1 = 0;
         int open0 = rlx_tcp_link_info(t, linked, &m0, &out0);
-        if (open0 != was_open)
-            finding("the link's state changed between calls (%d, was %d)", open0, was_open);
+        if (open0 != was_open) finding("the link's state changed between calls (%d, was %d)", open0, was_open);
         size_t got = (size_t)-1;
-        uint64_t seed = nsent; /* the payload pattern of a frame this op sends */
+        uint64_t seed = nsent;                         /* the payload pattern of a frame this op sends */
         int allowed = A_IO, exact = 0, exact_size = 0; /* exact: the contract's outcome is known (below) */
         char what[64];
         t0 = now_ms();
         switch (kind) {
         case 0:
-            if (!(ops[i][1] & 1) || !open0)
-                continue;
+            if (!(ops[i][1] & 1) || !open0) continue;
             snprintf(what, sizeof what, "a second connection claiming rank %d", linked);
             s = second_connection(&p, t, linked);
             allowed = p.rlx_accepts ? A_IO : A_INVALID;
@@ -767,8 +748,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         case 3:
             snprintf(what, sizeof what, "send(tag %" PRIu32 ", %zu bytes)", tag, size % 4096);
-            for (size_t j = 0; j < size % 4096; j++)
-                buf[j] = pattern(seed, j);
+            for (size_t j = 0; j < size % 4096; j++) buf[j] = pattern(seed, j);
             if (keep_open && (size & 0x8000) && open0) { /* the smallest send buffer the kernel allows */
                 int one = 1;
                 (void)setsockopt(rlx_fd, SOL_SOCKET, SO_SNDBUF, &one, sizeof one);
@@ -787,8 +767,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         case 5:
             snprintf(what, sizeof what, "broadcast to the others (%zu bytes)", size % 4096);
-            for (size_t j = 0; j < size % 4096; j++)
-                buf[j] = pattern(seed, j);
+            for (size_t j = 0; j < size % 4096; j++) buf[j] = pattern(seed, j);
             s = t->ops->broadcast(t, p.rlx_rank, buf, size % 4096);
             allowed = size % 4096 > max ? A_RANGE : A_OK | A_IO;
             break;
@@ -805,7 +784,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             int src = (int)(ops[i][1] % (unsigned)(p.world + 2)) - 1; /* -1 .. world */
             snprintf(what, sizeof what, "recv from rank %d", src);
             s = t->ops->recv(t, src, 0, buf, size, &got);
-            allowed = src < 0 || src >= p.world || src == p.rlx_rank ? A_INVALID : src == linked ? A_OK | A_RANGE | A_IO : A_IO;
+            allowed = src < 0 || src >= p.world || src == p.rlx_rank ? A_INVALID
+                      : src == linked                                ? A_OK | A_RANGE | A_IO
+                                                                     : A_IO;
             tag = 0;
             exact = src == linked;
             break;
@@ -817,22 +798,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_status(s, allowed, what);
         check_time(t0, what);
         int open1 = rlx_tcp_link_info(t, linked, &m1, &out1);
-        if (open1 < 0 || (open1 && !open0))
-            finding("after %s the link is %d (was %d)", what, open1, open0);
+        if (open1 < 0 || (open1 && !open0)) finding("after %s the link is %d (was %d)", what, open1, open0);
         if (!open0 && (m1 != m0 || s == RLX_OK))
             finding("%s on a closed link returned %s and moved the frame count", what, rlx_status_name(s));
-        if (m1 > m0 + 1 || m1 < m0)
-            finding("%s moved the frames received from %" PRIu64 " to %" PRIu64, what, m0, m1);
+        if (m1 > m0 + 1 || m1 < m0) finding("%s moved the frames received from %" PRIu64 " to %" PRIu64, what, m0, m1);
         /* Each op sends at most one frame to the peer (the other ranks have no links); which one. */
         int receives = kind == 1 || kind == 2 || kind == 4 || kind == 6 || kind == 7;
         if (out1 > out0 + 1 || (out1 == out0 + 1 && receives && kind != 6))
             finding("%s moved the frames sent from %" PRIu64 " to %" PRIu64, what, out0, out1);
         if (out1 == out0 + 1) {
             struct rlx_sent f = {.tag = tag, .len = size % 4096, .seed = seed};
-            if (kind == 5)
-                f.tag = RLX_WIRE_TAG_BROADCAST;
+            if (kind == 5) f.tag = RLX_WIRE_TAG_BROADCAST;
             if (kind == 6)
-                f = (struct rlx_sent){.tag = p.rlx_rank == 0 ? RLX_WIRE_TAG_BARRIER_LEAVE : RLX_WIRE_TAG_BARRIER_ARRIVE};
+                f = (struct rlx_sent){.tag =
+                                          p.rlx_rank == 0 ? RLX_WIRE_TAG_BARRIER_LEAVE : RLX_WIRE_TAG_BARRIER_ARRIVE};
             sent[nsent++] = f;
         }
         if ((kind == 3 || kind == 5 || kind == 6) && s == RLX_ERR_IO && open1 == 0 && open0 == 1)
@@ -847,8 +826,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             const struct sent_frame *f = &p.frames[m0];
             if (s == RLX_OK && receives &&
                 (f->tag != tag || got != f->len || (f->len > 0 && memcmp(buf, f->payload, f->len) != 0)))
-                finding("%s returned %zu bytes; the peer's frame %" PRIu64 " has tag %" PRIu32 " and %zu bytes",
-                        what, got, m0, f->tag, f->len);
+                finding("%s returned %zu bytes; the peer's frame %" PRIu64 " has tag %" PRIu32 " and %zu bytes", what,
+                        got, m0, f->tag, f->len);
         } else if (s == RLX_OK && receives) {
             finding("%s succeeded without consuming a frame", what);
         }
@@ -867,22 +846,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                         finding("%s of a %zu-byte frame above max %zu: %s, link %d", what, f->len, max,
                                 rlx_status_name(s), open1);
                 } else {
-                    rlx_status want = f->tag != tag                     ? RLX_ERR_IO
-                                      : exact_size && f->len != size      ? RLX_ERR_IO
-                                      : f->len > size                     ? RLX_ERR_RANGE
-                                                                          : RLX_OK;
+                    rlx_status want = f->tag != tag                  ? RLX_ERR_IO
+                                      : exact_size && f->len != size ? RLX_ERR_IO
+                                      : f->len > size                ? RLX_ERR_RANGE
+                                                                     : RLX_OK;
                     if (s != want || !open1 || m1 != m0 + 1)
                         finding("%s of the peer's frame %" PRIu64 " (tag %" PRIu32 ", %zu bytes): %s, link %d; "
-                                "expected %s with the link open", what, m0, f->tag, f->len, rlx_status_name(s), open1,
-                                rlx_status_name(want));
+                                "expected %s with the link open",
+                                what, m0, f->tag, f->len, rlx_status_name(s), open1, rlx_status_name(want));
                 }
             }
         }
         was_open = open1;
         /* Kept open, the peer sends nothing more: after a recv that timed out before the first byte of a
          * frame (no frame consumed, the link kept), every later one would only wait its 1 ms again. */
-        if (keep_open && receives && s == RLX_ERR_IO && open1 && m1 == m0)
-            break;
+        if (keep_open && receives && s == RLX_ERR_IO && open1 && m1 == m0) break;
     }
     t->ops->close(t);
     if (fcntl(rlx_fd, F_GETFD) != -1 || errno != EBADF)
@@ -892,14 +870,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t n = 0;
     for (;;) {
         ssize_t r = recv(p.fd, out_buf + n, sizeof out_buf - n, MSG_DONTWAIT);
-        if (r > 0 && (n += (size_t)r) < sizeof out_buf)
-            continue;
-        if (r < 0 && errno == EINTR)
-            continue;
+        if (r > 0 && (n += (size_t)r) < sizeof out_buf) continue;
+        if (r < 0 && errno == EINTR) continue;
         break;
     }
-    if (!p.deaf)
-        check_output(&p, out_buf, n, opened, sent, nsent, send_failed);
+    if (!p.deaf) check_output(&p, out_buf, n, opened, sent, nsent, send_failed);
     close(p.fd);
     if (verbose)
         printf("tcp_wire: %s %s: handshake %s, %zu peer frames, %" PRIu64 " received, %zu sent\n",

@@ -98,13 +98,10 @@ typedef float attn_v4 __attribute__((vector_size(16)));
  * row (Hkv * D). */
 #define RLX_ATTN_PART_FLOATS 32768
 
-
-
-
-
 /* Sum of the 16 lanes of *v by halving (8 + 8, 4 + 4, then pairs): a few shuffles instead of a
  * 16-long chain of dependent adds, which cost as much as the dot product itself at D = 128. */
-static inline __attribute__((always_inline)) float hsum16(const rlx_cpu_v16 *v) {
+static inline __attribute__((always_inline)) float hsum16(const rlx_cpu_v16 *v)
+{
     attn_v8 lo, hi;
     memcpy(&lo, v, sizeof lo);
     memcpy(&hi, (const char *)v + sizeof lo, sizeof hi);
@@ -118,17 +115,18 @@ static inline __attribute__((always_inline)) float hsum16(const rlx_cpu_v16 *v) 
 
 /* A key / value row of D elements of kv head kvh at row j of the (T, Hkv, D) array base, as f32:
  * in place for f32, else widened into buf (D floats). */
-static inline const float *kv_row(const struct rlx_attn_args *a, const void *base, int64_t j, int64_t kvh, float *buf) {
+static inline const float *kv_row(const struct rlx_attn_args *a, const void *base, int64_t j, int64_t kvh, float *buf)
+{
     const int64_t off = (j * a->Hkv + kvh) * a->D;
-    if (a->kv_dtype == RLX_F32)
-        return (const float *)base + off;
+    if (a->kv_dtype == RLX_F32) return (const float *)base + off;
     rlx_cpu_widen(buf, (const uint16_t *)base + off, a->kv_dtype, a->D);
     return buf;
 }
 
 /* scale * q (D) . k (D) */
 RLX_CPU_CLONES
-static float dot_scaled(const float *q, const float *k, int64_t D, float scale) {
+static float dot_scaled(const float *q, const float *k, int64_t D, float scale)
+{
     rlx_cpu_v16 acc0 = {0}, acc1 = {0};
     int64_t e = 0;
     for (; e + 32 <= D; e += 32) {
@@ -148,14 +146,14 @@ static float dot_scaled(const float *q, const float *k, int64_t D, float scale) 
     }
     acc0 += acc1;
     float s = hsum16(&acc0);
-    for (; e < D; e++)
-        s += q[e] * k[e];
+    for (; e < D; e++) s += q[e] * k[e];
     return scale * s;
 }
 
 /* o (D) += w * v (D) */
 RLX_CPU_CLONES
-static void axpy(float *o, float w, const float *v, int64_t D) {
+static void axpy(float *o, float w, const float *v, int64_t D)
+{
     int64_t e = 0;
     for (; e + 16 <= D; e += 16) {
         rlx_cpu_v16 ov, vv;
@@ -164,14 +162,14 @@ static void axpy(float *o, float w, const float *v, int64_t D) {
         ov += w * vv;
         memcpy(o + e, &ov, sizeof ov);
     }
-    for (; e < D; e++)
-        o[e] += w * v[e];
+    for (; e < D; e++) o[e] += w * v[e];
 }
 
 /* p[j] = exp(p[j] - m) for j < n (-inf gives 0); returns their sum. 16 lanes through
  * rlx_cpu_exp16, the tail through a vector padded with -inf. */
 RLX_CPU_CLONES
-static float exp_sum(float *p, int64_t n, float m) {
+static float exp_sum(float *p, int64_t n, float m)
+{
     rlx_cpu_v16 sum = {0};
     for (int64_t j = 0; j < n; j += 16) {
         const int64_t len = n - j < 16 ? n - j : 16;
@@ -190,7 +188,8 @@ static float exp_sum(float *p, int64_t n, float m) {
  * Whole vectors are loaded and stored directly; only the tail (< 16) goes through a vector
  * padded with -inf. */
 RLX_CPU_CLONES
-static float exp_sum_row(float *p, int64_t n, float m) {
+static float exp_sum_row(float *p, int64_t n, float m)
+{
     rlx_cpu_v16 sum = {0};
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
@@ -203,32 +202,29 @@ static float exp_sum_row(float *p, int64_t n, float m) {
     }
     if (j < n) {
         float tail[16];
-        for (int l = 0; l < 16; l++)
-            tail[l] = j + l < n ? p[j + l] : -INFINITY;
+        for (int l = 0; l < 16; l++) tail[l] = j + l < n ? p[j + l] : -INFINITY;
         rlx_cpu_v16 v;
         memcpy(&v, tail, sizeof v);
         v -= m;
         rlx_cpu_exp16(&v);
         sum += v;
         memcpy(tail, &v, sizeof v);
-        for (int64_t l = 0; l < n - j; l++)
-            p[j + l] = tail[l];
+        for (int64_t l = 0; l < n - j; l++) p[j + l] = tail[l];
     }
     return hsum16(&sum);
 }
 
-
 /* out[i, h] (D) = sum_j softmax_j(scale * q[i, h] . k_j + mask) v_j over the keys visible to i;
  * sc: T floats of scratch, row: D floats (a widened key / value row). */
-static void attend_one(const struct rlx_attn_args *a, int64_t i, int64_t h, float *sc, float *row) {
+static void attend_one(const struct rlx_attn_args *a, int64_t i, int64_t h, float *sc, float *row)
+{
     const int64_t D = a->D, kvh = h / (a->Hq / a->Hkv);
     const float *q = a->q + (i * a->Hq + h) * D;
     float *o = a->out + (i * a->Hq + h) * D;
     int64_t lo, hi;
     attn_visible(a, i, &lo, &hi);
     memset(o, 0, (size_t)D * sizeof(float));
-    if (lo >= hi)
-        return;
+    if (lo >= hi) return;
     const float *mf = a->mask_f32 ? a->mask_f32 + i * a->T : NULL;
     const uint8_t *mu = a->mask_u8 ? a->mask_u8 + i * a->T : NULL;
     float m = -INFINITY;
@@ -238,19 +234,16 @@ static void attend_one(const struct rlx_attn_args *a, int64_t i, int64_t h, floa
             continue;
         }
         sc[j] = dot_scaled(q, kv_row(a, a->k, j, kvh, row), D, a->scale);
-        if (mf)
-            sc[j] += mf[j];
+        if (mf) sc[j] += mf[j];
         m = sc[j] > m ? sc[j] : m;
     }
-    if (m == -INFINITY)
-        return; /* nothing visible: zeros */
+    if (m == -INFINITY) return; /* nothing visible: zeros */
     const float sum = exp_sum(sc + lo, hi - lo, m);
     for (int64_t j = lo; j < hi; j++)
         if (sc[j] != 0.0f) /* masked keys (weight 0) are skipped: their rows may hold anything */
             axpy(o, sc[j], kv_row(a, a->v, j, kvh, row), D);
     const float inv = 1.0f / sum;
-    for (int64_t e = 0; e < D; e++)
-        o[e] *= inv;
+    for (int64_t e = 0; e < D; e++) o[e] *= inv;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -258,17 +251,18 @@ static void attend_one(const struct rlx_attn_args *a, int64_t i, int64_t h, floa
  * ------------------------------------------------------------------------------------------- */
 
 /* A whole key / value row (Hkv * D) of row j as f32: in place, or widened into buf. */
-static inline const float *kv_full_row(const struct rlx_attn_args *a, const void *base, int64_t j, float *buf) {
+static inline const float *kv_full_row(const struct rlx_attn_args *a, const void *base, int64_t j, float *buf)
+{
     const int64_t n = a->Hkv * a->D;
-    if (a->kv_dtype == RLX_F32)
-        return (const float *)base + j * n;
+    if (a->kv_dtype == RLX_F32) return (const float *)base + j * n;
     rlx_cpu_widen(buf, (const uint16_t *)base + j * n, a->kv_dtype, n);
     return buf;
 }
 
 /* sc[h * RLX_ATTN_CHUNK] = scale * q[h] . k[h / G] for every query head h, k one key row (Hkv, D). */
 RLX_CPU_CLONES
-static void score_heads(float *sc, const float *q, const float *k, int64_t Hq, int64_t G, int64_t D, float scale) {
+static void score_heads(float *sc, const float *q, const float *k, int64_t Hq, int64_t G, int64_t D, float scale)
+{
     for (int64_t h = 0; h < Hq; h++) {
         const float *kh = k + h / G * D, *qh = q + h * D;
         rlx_cpu_v16 acc0 = {0}, acc1 = {0};
@@ -290,8 +284,7 @@ static void score_heads(float *sc, const float *q, const float *k, int64_t Hq, i
         }
         acc0 += acc1;
         float s = hsum16(&acc0);
-        for (; e < D; e++)
-            s += qh[e] * kh[e];
+        for (; e < D; e++) s += qh[e] * kh[e];
         sc[h * RLX_ATTN_CHUNK] = scale * s;
     }
 }
@@ -299,11 +292,11 @@ static void score_heads(float *sc, const float *q, const float *k, int64_t Hq, i
 /* o[h] (D) += p[h * RLX_ATTN_CHUNK] * v[h / G] for every query head h with a nonzero weight, v one
  * value row (Hkv, D). */
 RLX_CPU_CLONES
-static void weigh_heads(float *o, const float *p, const float *v, int64_t Hq, int64_t G, int64_t D) {
+static void weigh_heads(float *o, const float *p, const float *v, int64_t Hq, int64_t G, int64_t D)
+{
     for (int64_t h = 0; h < Hq; h++) {
         const float w = p[h * RLX_ATTN_CHUNK];
-        if (w == 0.0f)
-            continue;
+        if (w == 0.0f) continue;
         const float *vh = v + h / G * D;
         float *oh = o + h * D;
         int64_t e = 0;
@@ -314,28 +307,27 @@ static void weigh_heads(float *o, const float *p, const float *v, int64_t Hq, in
             ov += w * vv;
             memcpy(oh + e, &ov, sizeof ov);
         }
-        for (; e < D; e++)
-            oh[e] += w * vh[e];
+        for (; e < D; e++) oh[e] += w * vh[e];
     }
 }
 
 /* sc[h * RLX_ATTN_CHUNK + jj] = scale * q[h] . k_{j0+jj}[h / G] for jj < n keys, all Hq heads: each
  * key row is read once, front to back. */
-static void score_chunk(const struct rlx_attn_args *a, float *sc, int64_t j0, int64_t n, float *row) {
+static void score_chunk(const struct rlx_attn_args *a, float *sc, int64_t j0, int64_t n, float *row)
+{
     for (int64_t jj = 0; jj < n; jj++)
         score_heads(sc + jj, a->q, kv_full_row(a, a->k, j0 + jj, row), a->Hq, a->Hq / a->Hkv, a->D, a->scale);
 }
 
 /* o[h] (D) += sum_jj p[h * RLX_ATTN_CHUNK + jj] * v_{j0+jj}[h / G] for jj < n, all Hq heads,
  * skipping zero weights (masked keys, whose rows may hold anything). */
-static void weigh_chunk(const struct rlx_attn_args *a, float *o, const float *p, int64_t j0, int64_t n, float *row) {
+static void weigh_chunk(const struct rlx_attn_args *a, float *o, const float *p, int64_t j0, int64_t n, float *row)
+{
     const int64_t Hq = a->Hq;
     for (int64_t jj = 0; jj < n; jj++) {
         bool any = false;
-        for (int64_t h = 0; h < Hq && !any; h++)
-            any = p[h * RLX_ATTN_CHUNK + jj] != 0.0f;
-        if (any)
-            weigh_heads(o, p + jj, kv_full_row(a, a->v, j0 + jj, row), Hq, Hq / a->Hkv, a->D);
+        for (int64_t h = 0; h < Hq && !any; h++) any = p[h * RLX_ATTN_CHUNK + jj] != 0.0f;
+        if (any) weigh_heads(o, p + jj, kv_full_row(a, a->v, j0 + jj, row), Hq, Hq / a->Hkv, a->D);
     }
 }
 
@@ -346,7 +338,8 @@ struct attn_part {
                                     chunk, (Hkv * D) a widened row */
 };
 
-static struct attn_part part_of(const struct rlx_attn_args *a, int64_t t) {
+static struct attn_part part_of(const struct rlx_attn_args *a, int64_t t)
+{
     float *base = a->scratch + t * RLX_ATTN_PART_FLOATS;
     struct attn_part pt = {.m = base, .l = base + a->Hq, .o = base + 2 * a->Hq};
     pt.sc = pt.o + a->Hq * a->D;
@@ -362,14 +355,14 @@ struct split_ctx {
 
 /* Task t: keys [lo + len * t / ntasks, lo + len * (t+1) / ntasks) in chunks, online softmax per head
  * (the running max only grows; o and l are rescaled by exp(old max - new max) when it does). */
-static void split_tasks(void *p, int64_t begin, int64_t end) {
+static void split_tasks(void *p, int64_t begin, int64_t end)
+{
     const struct split_ctx *c = p;
     const struct rlx_attn_args *a = c->a;
     const int64_t Hq = a->Hq, D = a->D, len = c->hi - c->lo;
     for (int64_t t = begin; t < end; t++) {
         const struct attn_part pt = part_of(a, t);
-        for (int64_t h = 0; h < Hq; h++)
-            pt.m[h] = -INFINITY, pt.l[h] = 0.0f;
+        for (int64_t h = 0; h < Hq; h++) pt.m[h] = -INFINITY, pt.l[h] = 0.0f;
         memset(pt.o, 0, (size_t)(Hq * D) * sizeof(float));
         const int64_t j0 = c->lo + len * t / c->ntasks, j1 = c->lo + len * (t + 1) / c->ntasks;
         for (int64_t cj = j0; cj < j1;) {
@@ -392,11 +385,9 @@ static void split_tasks(void *p, int64_t begin, int64_t end) {
                 if (c->simd)
                     cm = c->simd->max_of(sc, n);
                 else
-                    for (int64_t jj = 0; jj < n; jj++)
-                        cm = sc[jj] > cm ? sc[jj] : cm;
+                    for (int64_t jj = 0; jj < n; jj++) cm = sc[jj] > cm ? sc[jj] : cm;
                 if (cm == -INFINITY) {
-                    for (int64_t jj = 0; jj < n; jj++)
-                        sc[jj] = 0.0f;
+                    for (int64_t jj = 0; jj < n; jj++) sc[jj] = 0.0f;
                     continue;
                 }
                 if (cm > pt.m[h]) {
@@ -405,8 +396,7 @@ static void split_tasks(void *p, int64_t begin, int64_t end) {
                     if (c->simd)
                         c->simd->scale_row(pt.o + h * D, alpha, D);
                     else
-                        for (int64_t e = 0; e < D; e++)
-                            pt.o[h * D + e] *= alpha;
+                        for (int64_t e = 0; e < D; e++) pt.o[h * D + e] *= alpha;
                     pt.m[h] = cm;
                 }
                 pt.l[h] += exp_sum_row(sc, n, pt.m[h]);
@@ -421,7 +411,8 @@ static void split_tasks(void *p, int64_t begin, int64_t end) {
 }
 
 /* out (1, Hq, D) from the tasks' partials: per head, weights exp(m_t - max_t m_t). */
-static void split_merge(const struct rlx_attn_args *a, int64_t ntasks) {
+static void split_merge(const struct rlx_attn_args *a, int64_t ntasks)
+{
     const int64_t Hq = a->Hq, D = a->D;
     memset(a->out, 0, (size_t)(Hq * D) * sizeof(float));
     for (int64_t h = 0; h < Hq; h++) {
@@ -430,32 +421,30 @@ static void split_merge(const struct rlx_attn_args *a, int64_t ntasks) {
             const struct attn_part pt = part_of(a, t);
             m = pt.m[h] > m ? pt.m[h] : m;
         }
-        if (m == -INFINITY)
-            continue; /* nothing visible: zeros */
+        if (m == -INFINITY) continue; /* nothing visible: zeros */
         float den = 0.0f;
         float *o = a->out + h * D;
         for (int64_t t = 0; t < ntasks; t++) {
             const struct attn_part pt = part_of(a, t);
-            if (pt.m[h] == -INFINITY)
-                continue;
+            if (pt.m[h] == -INFINITY) continue;
             const float w = expf(pt.m[h] - m);
             den += w * pt.l[h];
-            for (int64_t e = 0; e < D; e++)
-                o[e] += w * pt.o[h * D + e];
+            for (int64_t e = 0; e < D; e++) o[e] += w * pt.o[h * D + e];
         }
         const float inv = 1.0f / den;
-        for (int64_t e = 0; e < D; e++)
-            o[e] *= inv;
+        for (int64_t e = 0; e < D; e++) o[e] *= inv;
     }
 }
 
 /* Whether a task's partial of the split-key path fits its RLX_ATTN_PART_FLOATS of scratch. */
-static int split_fits(const struct rlx_attn_args *a) {
+static int split_fits(const struct rlx_attn_args *a)
+{
     return a->Hq * (a->D + 2 + RLX_ATTN_CHUNK) + a->Hkv * a->D <= RLX_ATTN_PART_FLOATS;
 }
 
 /* The split-key path for one query (S == 1). */
-static void attend_split(const struct rlx_attn_args *a) {
+static void attend_split(const struct rlx_attn_args *a)
+{
     int64_t lo, hi;
     attn_visible(a, 0, &lo, &hi);
     const int64_t work = (hi - lo) * a->Hq * a->D * 2;
@@ -474,15 +463,15 @@ struct attn_ctx {
     int64_t ntasks;
 };
 
-static void attend_tasks(void *p, int64_t begin, int64_t end) {
+static void attend_tasks(void *p, int64_t begin, int64_t end)
+{
     const struct attn_ctx *c = p;
     const struct rlx_attn_args *a = c->a;
     const int64_t G = a->Hq / a->Hkv, blocks = a->S * a->Hkv;
     for (int64_t t = begin; t < end; t++) {
         float *sc = a->scratch + t * (a->T + a->D), *row = sc + a->T;
         for (int64_t b = t; b < blocks; b += c->ntasks)
-            for (int64_t pr = b * G; pr < (b + 1) * G; pr++)
-                attend_one(a, pr / a->Hq, pr % a->Hq, sc, row);
+            for (int64_t pr = b * G; pr < (b + 1) * G; pr++) attend_one(a, pr / a->Hq, pr % a->Hq, sc, row);
     }
 }
 
@@ -492,13 +481,14 @@ static void attend_tasks(void *p, int64_t begin, int64_t end) {
 
 /* Queries from which the blocked sgemm path is taken, score floats (block rows * T) it may use,
  * and the bounds on its block rows. */
-#define RLX_ATTN_GEMM_MIN_S 8
-#define RLX_ATTN_GEMM_FLOATS (1 << 20)
+#define RLX_ATTN_GEMM_MIN_S    8
+#define RLX_ATTN_GEMM_FLOATS   (1 << 20)
 #define RLX_ATTN_GEMM_MAX_ROWS 64
 #define RLX_ATTN_GEMM_MIN_ROWS 8
 
 /* Query rows per block of the sgemm path for S queries over T keys. */
-static int64_t gemm_rows(int64_t S, int64_t T) {
+static int64_t gemm_rows(int64_t S, int64_t T)
+{
     int64_t r = RLX_ATTN_GEMM_FLOATS / (T > 0 ? T : 1);
     r = r > RLX_ATTN_GEMM_MAX_ROWS ? RLX_ATTN_GEMM_MAX_ROWS : r;
     r = r < RLX_ATTN_GEMM_MIN_ROWS ? RLX_ATTN_GEMM_MIN_ROWS : r;
@@ -508,7 +498,8 @@ static int64_t gemm_rows(int64_t S, int64_t T) {
 /* Max of x[j] for j < n (n >= 1), NaN when some x[j] is NaN or x holds both infinities (then
  * the row's result is NaN, as it would be through exp(x - max)). */
 RLX_CPU_CLONES
-static float row_max(const float *x, int64_t n) {
+static float row_max(const float *x, int64_t n)
+{
     rlx_cpu_v16 m = {0}, sum = {0};
     m -= INFINITY;
     int64_t j = 0;
@@ -520,8 +511,7 @@ static float row_max(const float *x, int64_t n) {
         sum += v;
     }
     float r = -INFINITY, s = hsum16(&sum);
-    for (int l = 0; l < 16; l++)
-        r = m[l] > r ? m[l] : r;
+    for (int l = 0; l < 16; l++) r = m[l] > r ? m[l] : r;
     for (; j < n; j++) {
         r = x[j] > r ? x[j] : r;
         s += x[j];
@@ -534,24 +524,20 @@ static float row_max(const float *x, int64_t n) {
  * exp(score + mask - max). Returns 1 / (sum of the weights), or 0 with the row all zero when no
  * key is visible (NaN with the row all NaN when a score is NaN or +inf, as the ref table gives).
  * mf / mu: the row's masks from key lo, or NULL. */
-static float row_softmax(float *sc, int64_t W, int64_t vlo, int64_t vhi, const float *mf, const uint8_t *mu) {
-    if (vlo > 0)
-        memset(sc, 0, (size_t)vlo * sizeof(float));
-    if (vhi < W)
-        memset(sc + vhi, 0, (size_t)(W - vhi) * sizeof(float));
-    if (vhi <= vlo)
-        return 0.0f;
+static float row_softmax(float *sc, int64_t W, int64_t vlo, int64_t vhi, const float *mf, const uint8_t *mu)
+{
+    if (vlo > 0) memset(sc, 0, (size_t)vlo * sizeof(float));
+    if (vhi < W) memset(sc + vhi, 0, (size_t)(W - vhi) * sizeof(float));
+    if (vhi <= vlo) return 0.0f;
     if (mu || mf)
-        for (int64_t c = vlo; c < vhi; c++)
-            sc[c] = mu && !mu[c] ? -INFINITY : mf ? sc[c] + mf[c] : sc[c];
+        for (int64_t c = vlo; c < vhi; c++) sc[c] = mu && !mu[c] ? -INFINITY : mf ? sc[c] + mf[c] : sc[c];
     const float m = row_max(sc + vlo, vhi - vlo);
     if (m == -INFINITY) {
         memset(sc + vlo, 0, (size_t)(vhi - vlo) * sizeof(float));
         return 0.0f;
     }
     if (!(m < INFINITY)) { /* NaN or +inf */
-        for (int64_t c = vlo; c < vhi; c++)
-            sc[c] = NAN;
+        for (int64_t c = vlo; c < vhi; c++) sc[c] = NAN;
         return NAN;
     }
     return 1.0f / exp_sum_row(sc + vlo, vhi - vlo, m);
@@ -562,7 +548,8 @@ static float row_softmax(float *sc, int64_t W, int64_t vlo, int64_t vhi, const f
  * row by 1 / sum (inv: R floats). k / v: the keys / values of [lo, hi) for this kv head, rows
  * ld floats apart. */
 static void gemm_block(const struct rlx_attn_args *a, int64_t i0, int64_t R, int64_t h, int64_t lo, int64_t hi,
-                       const float *k, const float *v, int64_t ld, float *sc, float *inv) {
+                       const float *k, const float *v, int64_t ld, float *sc, float *inv)
+{
     const int64_t D = a->D, Hq = a->Hq, W = hi - lo;
     const float *q = a->q + (i0 * Hq + h) * D;
     float *out = a->out + (i0 * Hq + h) * D;
@@ -577,21 +564,21 @@ static void gemm_block(const struct rlx_attn_args *a, int64_t i0, int64_t R, int
         inv[r] = row_softmax(sc + r * W, W, vlo - lo, vhi - lo, a->mask_f32 ? a->mask_f32 + i * a->T + lo : NULL,
                              a->mask_u8 ? a->mask_u8 + i * a->T + lo : NULL);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)D, (blasint)W, 1.0f, sc, (blasint)W,
-                v, (blasint)ld, 0.0f, out, (blasint)(Hq * D));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)D, (blasint)W, 1.0f, sc, (blasint)W, v,
+                (blasint)ld, 0.0f, out, (blasint)(Hq * D));
     for (int64_t r = 0; r < R; r++) {
         float *o = out + r * Hq * D;
         if (inv[r] == 0.0f)
             memset(o, 0, (size_t)D * sizeof(float)); /* nothing visible: zeros */
         else
-            for (int64_t e = 0; e < D; e++)
-                o[e] *= inv[r];
+            for (int64_t e = 0; e < D; e++) o[e] *= inv[r];
     }
 }
 
 /* Rows [lo, hi) of kv head kvh of a (T, Hkv, D) f16 / bf16 array, widened into dst (hi - lo, D). */
 static void widen_block(const struct rlx_attn_args *a, const void *base, int64_t lo, int64_t hi, int64_t kvh,
-                        float *dst) {
+                        float *dst)
+{
     for (int64_t j = lo; j < hi; j++)
         rlx_cpu_widen(dst + (j - lo) * a->D, (const uint16_t *)base + (j * a->Hkv + kvh) * a->D, a->kv_dtype, a->D);
 }
@@ -599,7 +586,8 @@ static void widen_block(const struct rlx_attn_args *a, const void *base, int64_t
 /* The blocked sgemm path: per kv head, per block of query rows, per query head of its group
  * (the group reads the same key/value rows, still in cache). A block needs only the keys its
  * last row may see (causal) from the first its first row may see (window). */
-static void attend_gemm(const struct rlx_attn_args *a) {
+static void attend_gemm(const struct rlx_attn_args *a)
+{
     const int64_t S = a->S, T = a->T, G = a->Hq / a->Hkv, D = a->D, stride = a->Hkv * D;
     const int64_t rows = gemm_rows(S, T);
     float *inv = a->scratch + rows * T, *kw = inv + rows, *vw = kw + T * D; /* kw, vw: f16 / bf16 only */
@@ -633,10 +621,10 @@ static void attend_gemm(const struct rlx_attn_args *a) {
         }
 }
 
-
 /* out (S, Hq, D) = grouped-query attention of q (S, Hq, D) over k / v (T, Hkv, D); see
  * rlx_attn_args. */
-void rlx_cpu_attention(const struct rlx_attn_args *a) {
+void rlx_cpu_attention(const struct rlx_attn_args *a)
+{
     if (a->S == 1 && split_fits(a)) {
         attend_split(a);
         return;
@@ -657,12 +645,9 @@ void rlx_cpu_attention(const struct rlx_attn_args *a) {
     const int64_t work = pairs * a->T * a->D * 2; /* multiply-adds, upper bound */
     int64_t ntasks = work / RLX_CPU_GRAIN_FMA;
     const int64_t threads = rlx_pool_threads();
-    if (ntasks > threads)
-        ntasks = threads;
-    if (ntasks > a->S * a->Hkv)
-        ntasks = a->S * a->Hkv;
-    if (ntasks < 1)
-        ntasks = 1;
+    if (ntasks > threads) ntasks = threads;
+    if (ntasks > a->S * a->Hkv) ntasks = a->S * a->Hkv;
+    if (ntasks < 1) ntasks = 1;
     struct attn_ctx c = {.a = a, .ntasks = ntasks};
     rlx_parallel_for(ntasks, 1, attend_tasks, &c);
 }
@@ -670,7 +655,8 @@ void rlx_cpu_attention(const struct rlx_attn_args *a) {
 /* For S >= RLX_ATTN_GEMM_MIN_S: one block of scores and its row sums, and for f16 / bf16 K / V
  * two widened blocks of up to T rows; otherwise per pool thread T + D floats (the per-pair path)
  * or RLX_ATTN_PART_FLOATS (the split-key path for S == 1). */
-size_t rlx_cpu_attention_scratch(const struct rlx_attn_args *a) {
+size_t rlx_cpu_attention_scratch(const struct rlx_attn_args *a)
+{
     const int64_t S = a->S, T = a->T;
     /* the flash path's, when it may be taken (whichever ISA the call then finds, the larger need) */
     const size_t flash = S >= RLX_ATTN_FLASH_MIN_S && a->D > 0 && a->D % 16 == 0
@@ -682,8 +668,7 @@ size_t rlx_cpu_attention_scratch(const struct rlx_attn_args *a) {
         return gemm > flash ? gemm : flash;
     }
     size_t per = (size_t)(T + a->D);
-    if (S == 1 && split_fits(a) && per < RLX_ATTN_PART_FLOATS)
-        per = RLX_ATTN_PART_FLOATS;
+    if (S == 1 && split_fits(a) && per < RLX_ATTN_PART_FLOATS) per = RLX_ATTN_PART_FLOATS;
     const size_t pairs = (size_t)rlx_pool_threads() * per;
     return pairs > flash ? pairs : flash;
 }

@@ -12,7 +12,7 @@
 
 /* Keys per chunk of the split-key decode path (the scores of a chunk are RLX_ATTN_CHUNK apart per
  * head). */
-#define RLX_ATTN_CHUNK 64
+#define RLX_ATTN_CHUNK       64
 /* Queries from which a call with vector kernels takes the flash path. */
 #define RLX_ATTN_FLASH_MIN_S 8
 
@@ -49,14 +49,13 @@ void rlx_cpu_attn_flash(const struct rlx_attn_args *a, const struct attn_simd *s
 int64_t rlx_cpu_attn_flash_task_floats(const struct rlx_attn_args *a);
 
 /* The keys query i may see before the masks: [*lo, *hi). */
-static inline void attn_visible(const struct rlx_attn_args *a, int64_t i, int64_t *lo, int64_t *hi) {
+static inline void attn_visible(const struct rlx_attn_args *a, int64_t i, int64_t *lo, int64_t *hi)
+{
     const int64_t qpos = a->T - a->S + i;
     *lo = 0;
     *hi = a->T;
-    if (a->causal && *hi > qpos + 1)
-        *hi = qpos + 1;
-    if (a->window > 0 && *lo < qpos - a->window + 1)
-        *lo = qpos - a->window + 1;
+    if (a->causal && *hi > qpos + 1) *hi = qpos + 1;
+    if (a->window > 0 && *lo < qpos - a->window + 1) *lo = qpos - a->window + 1;
 }
 
 #endif

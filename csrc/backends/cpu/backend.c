@@ -33,7 +33,9 @@ static void cpu_describe(void *ctx, char *buf, size_t cap)
     const int isa = rlx_cpu_isa();
     snprintf(buf, cap, "blas=%s\nblas_config=%s\nblas_threads=%d\nisa=%s\nquant=%s\n", RLX_BUILD_BLAS,
              openblas_get_config(), openblas_get_num_threads(), isa_names[isa],
-             rlx_cpu_avx512_vnni() ? "avx512-vnni" : isa >= RLX_CPU_ISA_AVX2 ? "avx2" : "scalar");
+             rlx_cpu_avx512_vnni()     ? "avx512-vnni"
+             : isa >= RLX_CPU_ISA_AVX2 ? "avx2"
+                                       : "scalar");
 }
 
 const struct rlx_backend rlx_cpu_backend = {

@@ -34,7 +34,8 @@ typedef uint32_t rlx_cpu_v16u __attribute__((vector_size(64)));
  * exponent bits. x > 88.376 (2^n would overflow; exp(x) > 2^127.5) gives +inf, x < -87.337
  * (results below FLT_MIN) gives 0, -inf gives 0, NaN stays NaN. Inlined into the per-ISA
  * clones of its callers, so it compiles to that ISA's vectors. */
-static inline __attribute__((always_inline)) void rlx_cpu_exp16(rlx_cpu_v16 *v) {
+static inline __attribute__((always_inline)) void rlx_cpu_exp16(rlx_cpu_v16 *v)
+{
     rlx_cpu_v16 x = *v;
     /* Lane masks from sign bits (arithmetic shifts), not vector comparisons: GCC 12 lowers a
      * comparison of these generic vectors to one scalar compare per lane in the avx512f clone
@@ -67,12 +68,13 @@ static inline __attribute__((always_inline)) void rlx_cpu_exp16(rlx_cpu_v16 *v) 
  * kernel runs on the calling thread: a region costs about 10-15 us of wake-up and join when the
  * workers sleep (measured on a 2-vCPU EPYC VM), about what one thread needs for 100K floats of a
  * cheap op; 1-2 us when they are still spinning after a recent region (pool.c). */
-#define RLX_CPU_GRAIN_CHEAP 131072
+#define RLX_CPU_GRAIN_CHEAP  131072
 #define RLX_CPU_GRAIN_TRANSC 8192
-#define RLX_CPU_GRAIN_FMA 65536
+#define RLX_CPU_GRAIN_FMA    65536
 
 /* Rows per chunk so that each chunk holds at least `grain` items of `row` items each (>= 1). */
-static inline int64_t rlx_cpu_row_grain(int64_t grain, int64_t row) {
+static inline int64_t rlx_cpu_row_grain(int64_t grain, int64_t row)
+{
     return row >= grain ? 1 : (grain + row - 1) / (row > 0 ? row : 1);
 }
 
@@ -93,7 +95,8 @@ void rlx_cpu_widen(float *dst, const uint16_t *src, int dtype, int64_t n);
 
 /* x rounded to the nearest bf16 (ties to even; a NaN stays NaN, quieted; a finite value past the
  * largest bf16 rounds to inf), as the f32 of that bf16 value. */
-static inline float rlx_cpu_round_bf16_1(float x) {
+static inline float rlx_cpu_round_bf16_1(float x)
+{
     uint32_t u;
     __builtin_memcpy(&u, &x, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u)
@@ -107,9 +110,11 @@ static inline float rlx_cpu_round_bf16_1(float x) {
 /* 16 floats' bits (x) rounded as rlx_cpu_round_bf16_1: the top 16 bits of each lane are the bf16
  * (the low halves are garbage). For the AVX-512 paths (lowp.c, gemm_bf16.c) only. */
 __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline __m512i
-rlx_cpu_round_bf16_512(__m512i x) {
-    const __m512i r = _mm512_add_epi32(
-        x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1))));
+rlx_cpu_round_bf16_512(__m512i x)
+{
+    const __m512i r =
+        _mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                             _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1))));
     const __mmask16 nan =
         _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
     return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(x, _mm512_set1_epi32(0x00400000)));
@@ -139,21 +144,20 @@ void rlx_cpu_pack_bf16(uint16_t *dst, const float *src, int64_t n);
 #endif
 #define RLX_GB_A_UNITS (512 * 1024)
 size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N);
-void rlx_cpu_gemm_bf16(float *out, const float *a, const uint16_t *b, int64_t M, int64_t K, int64_t N,
-                       float *scratch);
+void rlx_cpu_gemm_bf16(float *out, const float *a, const uint16_t *b, int64_t M, int64_t K, int64_t N, float *scratch);
 
 /* Block-type (GGUF) weights (quant.c: activation quantisation, dispatch, threads; quant_avx2.c and
  * quant_avx512.c: the per-ISA row kernels; quant_gemm.c: the VNNI GEMM). Rows of `a` quantised
  * once per call as quant.c describes; row m of each array below starts at m times its row length.
  * Natural element order unless stated. */
 struct rlx_cpu_qact {
-    const int8_t *q;       /* (M, ldq) quantised values: natural order, except on the VNNI path for
+    const int8_t *q;      /* (M, ldq) quantised values: natural order, except on the VNNI path for
                               Q4_K / Q5_K (the 32-element groups of each 128 in the order 0, 2, 1, 3)
                               and Q4_0 .. Q5_1 (rlx_cpu_quant_arrange: each 128 in 4 blocks' halves) */
-    const float *d;        /* (M, K / bs) the scale of each block of bs = 32 or 256: value = q * d */
-    const float *s;        /* (M, K / 32) d * (sum of the block's q): 32-element blocks */
-    const int16_t *bsums;  /* (M, K / 16) sums of each 16 q (natural order): 256-element blocks */
-    const int32_t *bias;   /* (M, K / 32) -off * (sum of the block's q), off = rlx_cpu_quant_off(wt):
+    const float *d;       /* (M, K / bs) the scale of each block of bs = 32 or 256: value = q * d */
+    const float *s;       /* (M, K / 32) d * (sum of the block's q): 32-element blocks */
+    const int16_t *bsums; /* (M, K / 16) sums of each 16 q (natural order): 256-element blocks */
+    const int32_t *bias;  /* (M, K / 32) -off * (sum of the block's q), off = rlx_cpu_quant_off(wt):
                               the weights' offset, added to one int32 lane of each block */
     int64_t K, ldq;
 };
@@ -165,10 +169,10 @@ int rlx_cpu_quant_off(int wt);
 int rlx_cpu_quant_arrange(int wt, int vnni);
 /* out[m * ldo + r] = row r of W (N rows of K of dtype wt, whole blocks) . row m of the quantised
  * activations, for m < M (1..4) and r in [r0, r1); each the same operations whatever M or the range. */
-void rlx_cpu_qmv_avx2(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt,
-                      int64_t K, int64_t r0, int64_t r1);
-void rlx_cpu_qmv_avx512(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt,
-                        int64_t K, int64_t r0, int64_t r1);
+void rlx_cpu_qmv_avx2(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,
+                      int64_t r0, int64_t r1);
+void rlx_cpu_qmv_avx512(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,
+                        int64_t r0, int64_t r1);
 /* The weights of n whole blocks at src (n * bs elements, bs = 32 or 256) as signed integers v
  * (natural order) and per group of G elements (G = rlx_cpu_quant_group(wt)): the value of element
  * k is dw[k / G] * v[k] + mw[k / G] (each product exact in f32), and wsum[k / G] = sum of the
@@ -187,8 +191,7 @@ void rlx_cpu_matmul_quant(float *out, const float *a, const void *b, int b_dtype
 size_t rlx_cpu_matmul_quant_scratch(int b_dtype, int64_t M, int64_t K, int64_t N);
 void rlx_cpu_embedding_quant(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d);
 
-void rlx_cpu_matmul_f32(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N,
-                        int trans_b);
+void rlx_cpu_matmul_f32(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N, int trans_b);
 void rlx_cpu_embedding_f32(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d);
 void rlx_cpu_matmul_lowp(float *out, const float *a, const void *b, int b_dtype, int64_t M, int64_t K, int64_t N,
                          float *scratch);
@@ -196,8 +199,8 @@ size_t rlx_cpu_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N);
 void rlx_cpu_embedding_lowp(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d);
 void rlx_cpu_convert_f32(void *dst, int dtype, const float *src, int64_t n);
 void rlx_cpu_rmsnorm_f32(float *out, const float *x, const float *w, int64_t rows, int64_t d, float eps);
-void rlx_cpu_add_rmsnorm_f32(float *sum, float *out, const float *a, const float *b, const float *w,
-                             int64_t rows, int64_t d, float eps);
+void rlx_cpu_add_rmsnorm_f32(float *sum, float *out, const float *a, const float *b, const float *w, int64_t rows,
+                             int64_t d, float eps);
 void rlx_cpu_rope_f32(float *out, const float *x, const int32_t *pos, const float *inv_freq, int64_t s, int64_t h,
                       int64_t d, int interleaved);
 void rlx_cpu_softmax_f32(float *out, const float *x, int64_t rows, int64_t n);

@@ -26,7 +26,8 @@ struct ew_ctx {
 /* out (n) = a * sigmoid(a), times b (n) when b is not NULL: 16 lanes through rlx_cpu_exp16, the
  * tail through a padded vector, so every element takes the same arithmetic. */
 RLX_CPU_CLONES
-static void silu_vec(float *out, const float *a, const float *b, int64_t n) {
+static void silu_vec(float *out, const float *a, const float *b, int64_t n)
+{
     for (int64_t i = 0; i < n; i += 16) {
         const int64_t len = n - i < 16 ? n - i : 16;
         rlx_cpu_v16 x = {0}, y = {0};
@@ -42,24 +43,28 @@ static void silu_vec(float *out, const float *a, const float *b, int64_t n) {
     }
 }
 
-static void silu_range(void *p, int64_t begin, int64_t end) {
+static void silu_range(void *p, int64_t begin, int64_t end)
+{
     const struct ew_ctx *c = p;
     silu_vec(c->out + begin, c->a + begin, NULL, end - begin);
 }
 
 /* out (n) = x * sigmoid(x) */
-void rlx_cpu_silu_f32(float *out, const float *x, int64_t n) {
+void rlx_cpu_silu_f32(float *out, const float *x, int64_t n)
+{
     struct ew_ctx c = {.out = out, .a = x};
     rlx_parallel_for(n, RLX_CPU_GRAIN_TRANSC, silu_range, &c);
 }
 
-static void silu_mul_range(void *p, int64_t begin, int64_t end) {
+static void silu_mul_range(void *p, int64_t begin, int64_t end)
+{
     const struct ew_ctx *c = p;
     silu_vec(c->out + begin, c->a + begin, c->b + begin, end - begin);
 }
 
 /* out (n) = silu(a) * b */
-void rlx_cpu_silu_mul_f32(float *out, const float *a, const float *b, int64_t n) {
+void rlx_cpu_silu_mul_f32(float *out, const float *a, const float *b, int64_t n)
+{
     struct ew_ctx c = {.out = out, .a = a, .b = b};
     rlx_parallel_for(n, RLX_CPU_GRAIN_TRANSC, silu_mul_range, &c);
 }
@@ -70,7 +75,8 @@ void rlx_cpu_silu_mul_f32(float *out, const float *a, const float *b, int64_t n)
 
 /* out (n) = a (n) + b (n) when mul == 0, else a * b */
 RLX_CPU_CLONES
-static void binop(float *out, const float *a, const float *b, int64_t n, int mul) {
+static void binop(float *out, const float *a, const float *b, int64_t n, int mul)
+{
     int64_t i = 0;
     if (mul) {
         for (; i + 16 <= n; i += 16) {
@@ -80,8 +86,7 @@ static void binop(float *out, const float *a, const float *b, int64_t n, int mul
             av *= bv;
             memcpy(out + i, &av, sizeof av);
         }
-        for (; i < n; i++)
-            out[i] = a[i] * b[i];
+        for (; i < n; i++) out[i] = a[i] * b[i];
     } else {
         for (; i + 16 <= n; i += 16) {
             rlx_cpu_v16 av, bv;
@@ -90,18 +95,17 @@ static void binop(float *out, const float *a, const float *b, int64_t n, int mul
             av += bv;
             memcpy(out + i, &av, sizeof av);
         }
-        for (; i < n; i++)
-            out[i] = a[i] + b[i];
+        for (; i < n; i++) out[i] = a[i] + b[i];
     }
 }
 
 /* [begin, end) of the flat index, walked one stretch of b at a time. */
-static void broadcast_range(const struct ew_ctx *c, int64_t begin, int64_t end, int mul) {
+static void broadcast_range(const struct ew_ctx *c, int64_t begin, int64_t end, int mul)
+{
     const int64_t nb = c->nb;
     if (nb == 1) {
         const float s = c->b[0];
-        for (int64_t i = begin; i < end; i++)
-            c->out[i] = mul ? c->a[i] * s : c->a[i] + s;
+        for (int64_t i = begin; i < end; i++) c->out[i] = mul ? c->a[i] * s : c->a[i] + s;
         return;
     }
     int64_t i = begin, j = begin % nb;
@@ -113,22 +117,20 @@ static void broadcast_range(const struct ew_ctx *c, int64_t begin, int64_t end, 
     }
 }
 
-static void add_range(void *p, int64_t begin, int64_t end) {
-    broadcast_range(p, begin, end, 0);
-}
+static void add_range(void *p, int64_t begin, int64_t end) { broadcast_range(p, begin, end, 0); }
 
-static void mul_range(void *p, int64_t begin, int64_t end) {
-    broadcast_range(p, begin, end, 1);
-}
+static void mul_range(void *p, int64_t begin, int64_t end) { broadcast_range(p, begin, end, 1); }
 
 /* out (n) = a (n) + b (nb) broadcast: out[i] = a[i] + b[i % nb]; nb divides n */
-void rlx_cpu_add_f32(float *out, const float *a, const float *b, int64_t n, int64_t nb) {
+void rlx_cpu_add_f32(float *out, const float *a, const float *b, int64_t n, int64_t nb)
+{
     struct ew_ctx c = {.out = out, .a = a, .b = b, .nb = nb};
     rlx_parallel_for(n, RLX_CPU_GRAIN_CHEAP, add_range, &c);
 }
 
 /* out (n) = a (n) * b (nb) broadcast: out[i] = a[i] * b[i % nb]; nb divides n */
-void rlx_cpu_mul_f32(float *out, const float *a, const float *b, int64_t n, int64_t nb) {
+void rlx_cpu_mul_f32(float *out, const float *a, const float *b, int64_t n, int64_t nb)
+{
     struct ew_ctx c = {.out = out, .a = a, .b = b, .nb = nb};
     rlx_parallel_for(n, RLX_CPU_GRAIN_CHEAP, mul_range, &c);
 }
@@ -140,7 +142,8 @@ void rlx_cpu_mul_f32(float *out, const float *a, const float *b, int64_t n, int6
 /* o (n) = softmax of x (n): the max, then exp(x - max) into o with a 16-lane running sum, then
  * o *= 1 / sum. Tails go through padded vectors (pad lanes: x = -inf, so exp gives 0). */
 RLX_CPU_CLONES
-static void softmax_row(float *o, const float *x, int64_t n) {
+static void softmax_row(float *o, const float *x, int64_t n)
+{
     rlx_cpu_v16 mv = {0};
     mv -= INFINITY;
     for (int64_t j = 0; j < n; j += 16) {
@@ -150,8 +153,7 @@ static void softmax_row(float *o, const float *x, int64_t n) {
         mv = (rlx_cpu_v16)(((rlx_cpu_v16i)v & (v > mv)) | ((rlx_cpu_v16i)mv & ~(v > mv)));
     }
     float m = mv[0];
-    for (int l = 1; l < 16; l++)
-        m = mv[l] > m ? mv[l] : m;
+    for (int l = 1; l < 16; l++) m = mv[l] > m ? mv[l] : m;
     rlx_cpu_v16 sv = {0};
     for (int64_t j = 0; j < n; j += 16) {
         const int64_t len = n - j < 16 ? n - j : 16;
@@ -164,8 +166,7 @@ static void softmax_row(float *o, const float *x, int64_t n) {
         memcpy(o + j, &v, (size_t)len * sizeof(float));
     }
     float sum = 0.0f;
-    for (int l = 0; l < 16; l++)
-        sum += sv[l];
+    for (int l = 0; l < 16; l++) sum += sv[l];
     const float inv = 1.0f / sum;
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
@@ -174,18 +175,18 @@ static void softmax_row(float *o, const float *x, int64_t n) {
         v *= inv;
         memcpy(o + j, &v, sizeof v);
     }
-    for (; j < n; j++)
-        o[j] *= inv;
+    for (; j < n; j++) o[j] *= inv;
 }
 
-static void softmax_rows(void *p, int64_t begin, int64_t end) {
+static void softmax_rows(void *p, int64_t begin, int64_t end)
+{
     const struct ew_ctx *c = p;
-    for (int64_t r = begin; r < end; r++)
-        softmax_row(c->out + r * c->nb, c->a + r * c->nb, c->nb);
+    for (int64_t r = begin; r < end; r++) softmax_row(c->out + r * c->nb, c->a + r * c->nb, c->nb);
 }
 
 /* out (rows, n) = softmax over each row of x (rows, n), max-subtracted */
-void rlx_cpu_softmax_f32(float *out, const float *x, int64_t rows, int64_t n) {
+void rlx_cpu_softmax_f32(float *out, const float *x, int64_t rows, int64_t n)
+{
     struct ew_ctx c = {.out = out, .a = x, .nb = n};
     rlx_parallel_for(rows, rlx_cpu_row_grain(RLX_CPU_GRAIN_TRANSC, n), softmax_rows, &c);
 }
@@ -194,7 +195,8 @@ void rlx_cpu_softmax_f32(float *out, const float *x, int64_t rows, int64_t n) {
  * embedding
  * ------------------------------------------------------------------------------------------- */
 
-static void embedding_rows(void *p, int64_t begin, int64_t end) {
+static void embedding_rows(void *p, int64_t begin, int64_t end)
+{
     const struct ew_ctx *c = p;
     const int64_t d = c->nb;
     for (int64_t r = begin; r < end; r++)
@@ -202,7 +204,8 @@ static void embedding_rows(void *p, int64_t begin, int64_t end) {
 }
 
 /* out (n, d) = table (V, d) rows ids (n) */
-void rlx_cpu_embedding_f32(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d) {
+void rlx_cpu_embedding_f32(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d)
+{
     struct ew_ctx c = {.out = out, .a = table, .ids = ids, .nb = d};
     rlx_parallel_for(n, rlx_cpu_row_grain(RLX_CPU_GRAIN_CHEAP, d), embedding_rows, &c);
 }

@@ -59,14 +59,15 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#define GB_FN __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"), always_inline)) static inline
+#define GB_FN     __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"), always_inline)) static inline
 #define GB_TARGET __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl")))
 
 /* ---------------------------------------------------------------------------------------------
  * Sizes
  * ------------------------------------------------------------------------------------------- */
 
-static int64_t gb_a_rows(int64_t K) {
+static int64_t gb_a_rows(int64_t K)
+{
     /* rows per A chunk: RLX_GB_A_UNITS units, whole row blocks, at least one block */
     const int64_t kp = (K + 1) / 2;
     int64_t rows = RLX_GB_A_UNITS / (kp > 0 ? kp : 1) / RLX_GB_MR * RLX_GB_MR;
@@ -76,10 +77,10 @@ static int64_t gb_a_rows(int64_t K) {
 /* units of one thread's B block */
 #define GB_B_UNITS ((int64_t)RLX_GB_NC * (RLX_GB_KC / 2))
 
-size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N) {
+size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N)
+{
     (void)N;
-    if (M <= 0 || K <= 0)
-        return 0;
+    if (M <= 0 || K <= 0) return 0;
     int64_t rows = gb_a_rows(K);
     const int64_t mpad = (M + RLX_GB_MR - 1) / RLX_GB_MR * RLX_GB_MR;
     rows = rows < mpad ? rows : mpad;
@@ -91,7 +92,8 @@ size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N) {
  * ------------------------------------------------------------------------------------------- */
 
 /* 16 floats rounded to bf16 (RNE, NaN quieted), as 16 bf16 in order = 8 units */
-GB_FN __m256i gb_round16(__m512 v) {
+GB_FN __m256i gb_round16(__m512 v)
+{
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rlx_cpu_round_bf16_512(_mm512_castps_si512(v)), 16));
 }
 
@@ -99,16 +101,17 @@ struct gb_ctx {
     float *out;
     const float *a;
     const uint16_t *b;
-    int64_t M, K, N, kp;   /* kp = pairs of K */
-    int64_t m0, mrows;     /* the current A chunk: rows m0 .. m0 + mrows */
-    uint32_t *apack;       /* the packed chunk */
-    uint32_t *bpack;       /* GB_B_UNITS per task */
+    int64_t M, K, N, kp; /* kp = pairs of K */
+    int64_t m0, mrows;   /* the current A chunk: rows m0 .. m0 + mrows */
+    uint32_t *apack;     /* the packed chunk */
+    uint32_t *bpack;     /* GB_B_UNITS per task */
     int64_t nblocks;
     atomic_llong next;
 };
 
 /* Row blocks [begin, end) of the current chunk into apack. */
-GB_TARGET static void gb_pack_a(void *p, int64_t begin, int64_t end) {
+GB_TARGET static void gb_pack_a(void *p, int64_t begin, int64_t end)
+{
     const struct gb_ctx *c = p;
     const int64_t K = c->K, kp = c->kp;
     for (int64_t ib = begin; ib < end; ib++) {
@@ -116,8 +119,7 @@ GB_TARGET static void gb_pack_a(void *p, int64_t begin, int64_t end) {
         for (int r = 0; r < RLX_GB_MR; r++) {
             const int64_t m = c->m0 + ib * RLX_GB_MR + r;
             if (m >= c->m0 + c->mrows) {
-                for (int64_t q = 0; q < kp; q++)
-                    dst[q * RLX_GB_MR + r] = 0;
+                for (int64_t q = 0; q < kp; q++) dst[q * RLX_GB_MR + r] = 0;
                 continue;
             }
             const float *row = c->a + m * K;
@@ -126,15 +128,15 @@ GB_TARGET static void gb_pack_a(void *p, int64_t begin, int64_t end) {
                 uint32_t u[8];
                 _mm256_storeu_si256((__m256i *)u, gb_round16(_mm512_maskz_loadu_ps(mk, row + k)));
                 const int64_t q0 = k / 2, nq = kp - q0 < 8 ? kp - q0 : 8;
-                for (int64_t q = 0; q < nq; q++)
-                    dst[(q0 + q) * RLX_GB_MR + r] = u[q];
+                for (int64_t q = 0; q < nq; q++) dst[(q0 + q) * RLX_GB_MR + r] = u[q];
             }
         }
     }
 }
 
 /* 16 x 16 transpose of 32-bit elements: r[i] lane j -> r[j] lane i */
-GB_FN void gb_transpose16(__m512i r[16]) {
+GB_FN void gb_transpose16(__m512i r[16])
+{
     __m512i t[16];
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
@@ -149,8 +151,8 @@ GB_FN void gb_transpose16(__m512i r[16]) {
     /* r[4g + s] holds, in each 128-bit lane L, rows 4g..4g+3 of column 4L + s' (s' = 0, 2, 1, 3 order
      * from the unpacks: r[4g+0] col 4L+0, r[4g+1] col 4L+1, r[4g+2] col 4L+2, r[4g+3] col 4L+3) */
     for (int s = 0; s < 4; s++) {
-        const __m512i a0 = _mm512_shuffle_i32x4(r[s], r[4 + s], 0x88);      /* lanes 0,2 of each */
-        const __m512i a1 = _mm512_shuffle_i32x4(r[s], r[4 + s], 0xdd);      /* lanes 1,3 */
+        const __m512i a0 = _mm512_shuffle_i32x4(r[s], r[4 + s], 0x88); /* lanes 0,2 of each */
+        const __m512i a1 = _mm512_shuffle_i32x4(r[s], r[4 + s], 0xdd); /* lanes 1,3 */
         const __m512i b0 = _mm512_shuffle_i32x4(r[8 + s], r[12 + s], 0x88);
         const __m512i b1 = _mm512_shuffle_i32x4(r[8 + s], r[12 + s], 0xdd);
         t[s] = _mm512_shuffle_i32x4(a0, b0, 0x88);      /* lane 0: column s */
@@ -158,14 +160,14 @@ GB_FN void gb_transpose16(__m512i r[16]) {
         t[4 + s] = _mm512_shuffle_i32x4(a1, b1, 0x88);  /* lane 1: column 4 + s */
         t[12 + s] = _mm512_shuffle_i32x4(a1, b1, 0xdd); /* lane 3: column 12 + s */
     }
-    for (int i = 0; i < 16; i++)
-        r[i] = t[i];
+    for (int i = 0; i < 16; i++) r[i] = t[i];
 }
 
 /* B block: columns n0 .. n0 + nc, values k0 .. k0 + kc (kc even unless it ends at K) into dst,
  * panel by panel. */
 GB_TARGET static void gb_pack_b(uint32_t *dst, const uint16_t *b, int64_t K, int64_t N, int64_t n0, int64_t nc,
-                                int64_t k0, int64_t kc) {
+                                int64_t k0, int64_t kc)
+{
     const int64_t kpb = (kc + 1) / 2, full = kc / 2; /* pairs, pairs with both values inside K */
     for (int64_t j = 0; j * 32 < nc; j++, dst += kpb * 32) {
         const int64_t c0 = n0 + j * 32, cols = N - c0 < 32 ? N - c0 : 32;
@@ -174,11 +176,9 @@ GB_TARGET static void gb_pack_b(uint32_t *dst, const uint16_t *b, int64_t K, int
             for (; q + 16 <= full; q += 16)
                 for (int h = 0; h < 2; h++) {
                     __m512i r[16];
-                    for (int i = 0; i < 16; i++)
-                        r[i] = _mm512_loadu_si512(b + (c0 + 16 * h + i) * K + k0 + 2 * q);
+                    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(b + (c0 + 16 * h + i) * K + k0 + 2 * q);
                     gb_transpose16(r);
-                    for (int i = 0; i < 16; i++)
-                        _mm512_storeu_si512(dst + (q + i) * 32 + 16 * h, r[i]);
+                    for (int i = 0; i < 16; i++) _mm512_storeu_si512(dst + (q + i) * 32 + 16 * h, r[i]);
                 }
         for (; q < kpb; q++)
             for (int64_t cc = 0; cc < 32; cc++) {
@@ -199,14 +199,15 @@ GB_TARGET static void gb_pack_b(uint32_t *dst, const uint16_t *b, int64_t K, int
 /* out rows 0 .. rows (<= MR), columns 0 .. cols (<= 32), ld ldc: (+)= A block (kp pairs x MR) .
  * B panel (kp pairs x 32). */
 GB_FN void gb_micro(float *c, int64_t ldc, const uint32_t *ap, const uint32_t *bp, int64_t kp, int rows, int cols,
-                    int accumulate) {
+                    int accumulate)
+{
     __m512 acc[RLX_GB_MR][2];
-    for (int r = 0; r < RLX_GB_MR; r++)
-        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int r = 0; r < RLX_GB_MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t q = 0; q < kp; q++) {
         const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * 32);
         const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + q * 32 + 16);
-        _Pragma("GCC unroll 16") for (int r = 0; r < RLX_GB_MR; r++) {
+        _Pragma("GCC unroll 16") for (int r = 0; r < RLX_GB_MR; r++)
+        {
             const __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[q * RLX_GB_MR + r]);
             acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
@@ -227,15 +228,15 @@ GB_FN void gb_micro(float *c, int64_t ldc, const uint32_t *ap, const uint32_t *b
 }
 
 /* One task: takes column blocks in turn; its B block lives at bpack + begin * GB_B_UNITS. */
-GB_TARGET static void gb_task(void *p, int64_t begin, int64_t end) {
+GB_TARGET static void gb_task(void *p, int64_t begin, int64_t end)
+{
     struct gb_ctx *c = p;
     (void)end;
     uint32_t *bpack = c->bpack + begin * GB_B_UNITS;
     const int64_t K = c->K, N = c->N, nrb = (c->mrows + RLX_GB_MR - 1) / RLX_GB_MR;
     for (;;) {
         const int64_t nb = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-        if (nb >= c->nblocks)
-            return;
+        if (nb >= c->nblocks) return;
         const int64_t n0 = nb * RLX_GB_NC, nc = N - n0 < RLX_GB_NC ? N - n0 : RLX_GB_NC;
         for (int64_t k0 = 0; k0 < K; k0 += RLX_GB_KC) {
             const int64_t kc = K - k0 < RLX_GB_KC ? K - k0 : RLX_GB_KC, kpb = (kc + 1) / 2;
@@ -248,34 +249,41 @@ GB_TARGET static void gb_task(void *p, int64_t begin, int64_t end) {
             const int64_t per_call = kn > 0 ? (lines + calls - 1) / calls : 0;
             int64_t next_line = 0;
             for (int64_t i0 = 0; i0 < nrb; i0 += RLX_GB_MC / RLX_GB_MR)
-            for (int64_t j = 0; j * 32 < nc; j++) {
-                const int cols = (int)(nc - j * 32 < 32 ? nc - j * 32 : 32);
-                const uint32_t *bp = bpack + j * kpb * 32;
-                const int64_t i1 = i0 + RLX_GB_MC / RLX_GB_MR < nrb ? i0 + RLX_GB_MC / RLX_GB_MR : nrb;
-                for (int64_t ib = i0; ib < i1; ib++) {
-                    const int64_t r0 = ib * RLX_GB_MR;
-                    const int rows = (int)(c->mrows - r0 < RLX_GB_MR ? c->mrows - r0 : RLX_GB_MR);
-                    for (int64_t e = next_line + per_call; next_line < e && next_line < lines; next_line++)
-                        _mm_prefetch((const char *)(c->b + (n0 + next_line / lines_per_row) * K + k0 + kc) +
-                                         64 * (next_line % lines_per_row),
-                                     _MM_HINT_T1);
-                    gb_micro(c->out + (c->m0 + r0) * N + n0 + j * 32, N,
-                             c->apack + (ib * c->kp + k0 / 2) * RLX_GB_MR, bp, kpb, rows, cols, k0 > 0);
+                for (int64_t j = 0; j * 32 < nc; j++) {
+                    const int cols = (int)(nc - j * 32 < 32 ? nc - j * 32 : 32);
+                    const uint32_t *bp = bpack + j * kpb * 32;
+                    const int64_t i1 = i0 + RLX_GB_MC / RLX_GB_MR < nrb ? i0 + RLX_GB_MC / RLX_GB_MR : nrb;
+                    for (int64_t ib = i0; ib < i1; ib++) {
+                        const int64_t r0 = ib * RLX_GB_MR;
+                        const int rows = (int)(c->mrows - r0 < RLX_GB_MR ? c->mrows - r0 : RLX_GB_MR);
+                        for (int64_t e = next_line + per_call; next_line < e && next_line < lines; next_line++)
+                            _mm_prefetch((const char *)(c->b + (n0 + next_line / lines_per_row) * K + k0 + kc) +
+                                             64 * (next_line % lines_per_row),
+                                         _MM_HINT_T1);
+                        gb_micro(c->out + (c->m0 + r0) * N + n0 + j * 32, N,
+                                 c->apack + (ib * c->kp + k0 / 2) * RLX_GB_MR, bp, kpb, rows, cols, k0 > 0);
+                    }
                 }
-            }
         }
     }
 }
 
 /* out (M, N) = bf16(a) (M, K) @ b^T, b (N, K) bf16; M, K, N >= 1; scratch:
  * rlx_cpu_gemm_bf16_scratch(M, K, N) floats. */
-void rlx_cpu_gemm_bf16(float *out, const float *a, const uint16_t *b, int64_t M, int64_t K, int64_t N,
-                       float *scratch) {
+void rlx_cpu_gemm_bf16(float *out, const float *a, const uint16_t *b, int64_t M, int64_t K, int64_t N, float *scratch)
+{
     const int64_t chunk = gb_a_rows(K), kp = (K + 1) / 2;
     const int64_t mpad = (M + RLX_GB_MR - 1) / RLX_GB_MR * RLX_GB_MR;
     const int64_t arows = chunk < mpad ? chunk : mpad;
-    struct gb_ctx c = {.out = out, .a = a, .b = b, .M = M, .K = K, .N = N, .kp = kp,
-                       .apack = (uint32_t *)scratch, .bpack = (uint32_t *)scratch + arows * kp,
+    struct gb_ctx c = {.out = out,
+                       .a = a,
+                       .b = b,
+                       .M = M,
+                       .K = K,
+                       .N = N,
+                       .kp = kp,
+                       .apack = (uint32_t *)scratch,
+                       .bpack = (uint32_t *)scratch + arows * kp,
                        .nblocks = (N + RLX_GB_NC - 1) / RLX_GB_NC};
     const int64_t threads = rlx_pool_threads();
     const int64_t ntasks = c.nblocks < threads ? c.nblocks : threads;

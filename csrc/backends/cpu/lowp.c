@@ -28,7 +28,8 @@
  * last meaning AVX-512 without its BF16 dot products; it can only lower the choice), which lets
  * tests run the paths this machine would not pick. AVX512_BF16 is cpuid leaf 7 subleaf 1, EAX
  * bit 5 (asked directly: older compilers' __builtin_cpu_supports lacks the name). */
-static int detect_isa(void) {
+static int detect_isa(void)
+{
     unsigned a, b, c, d;
     const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
     __builtin_cpu_init();
@@ -36,8 +37,7 @@ static int detect_isa(void) {
     if (f16c && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl")) {
         isa = RLX_CPU_ISA_AVX512;
-        if (__get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5)))
-            isa = RLX_CPU_ISA_AVX512_BF16;
+        if (__get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5))) isa = RLX_CPU_ISA_AVX512_BF16;
     } else if (f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         isa = RLX_CPU_ISA_AVX2;
     }
@@ -56,7 +56,8 @@ static atomic_int isa_cap = RLX_CPU_ISA_AVX512_BF16;
 
 /* The vector paths this machine may take (cached; a racing first call computes the same value),
  * capped by rlx_cpu_isa_cap. */
-int rlx_cpu_isa(void) {
+int rlx_cpu_isa(void)
+{
     static atomic_int isa = -1;
     int v = atomic_load_explicit(&isa, memory_order_relaxed);
     if (v < 0) {
@@ -67,13 +68,12 @@ int rlx_cpu_isa(void) {
     return v < cap ? v : cap;
 }
 
-int rlx_cpu_isa_cap(int cap) {
-    return atomic_exchange_explicit(&isa_cap, cap, memory_order_relaxed);
-}
+int rlx_cpu_isa_cap(int cap) { return atomic_exchange_explicit(&isa_cap, cap, memory_order_relaxed); }
 
 /* AVX512_VNNI (cpuid leaf 7 subleaf 0, ECX bit 11), asked once; usable only while rlx_cpu_isa()
  * allows AVX-512 (so valgrind, RLX_CPU_ISA=avx2 and rlx_cpu_isa_cap below AVX-512 turn it off). */
-int rlx_cpu_avx512_vnni(void) {
+int rlx_cpu_avx512_vnni(void)
+{
     static atomic_int vnni = -1;
     int v = atomic_load_explicit(&vnni, memory_order_relaxed);
     if (v < 0) {
@@ -91,7 +91,8 @@ int rlx_cpu_avx512_vnni(void) {
  * ------------------------------------------------------------------------------------------- */
 
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void round_bf16_avx512(float *dst, const float *src,
-                                                                                  int64_t n) {
+                                                                                   int64_t n)
+{
     const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
@@ -101,7 +102,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void round_bf16_avx5
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void pack_bf16_avx512(uint16_t *dst, const float *src,
-                                                                                 int64_t n) {
+                                                                                  int64_t n)
+{
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
         const __m512i r = rlx_cpu_round_bf16_512(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + i)));
@@ -109,7 +111,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void pack_bf16_avx51
     }
 }
 
-__attribute__((target("avx2"))) static void round_bf16_avx2(float *dst, const float *src, int64_t n) {
+__attribute__((target("avx2"))) static void round_bf16_avx2(float *dst, const float *src, int64_t n)
+{
     const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff), abs = _mm256_set1_epi32(0x7fffffff);
     const __m256i inf = _mm256_set1_epi32(0x7f800000), quiet = _mm256_set1_epi32(0x00400000);
     const __m256i top = _mm256_set1_epi32((int)0xffff0000u);
@@ -122,22 +125,22 @@ __attribute__((target("avx2"))) static void round_bf16_avx2(float *dst, const fl
         const __m256i v = _mm256_blendv_epi8(r, _mm256_or_si256(x, quiet), nan);
         _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_and_si256(v, top)));
     }
-    for (; i < n; i++)
-        dst[i] = rlx_cpu_round_bf16_1(src[i]);
+    for (; i < n; i++) dst[i] = rlx_cpu_round_bf16_1(src[i]);
 }
 
-void rlx_cpu_round_bf16(float *dst, const float *src, int64_t n) {
+void rlx_cpu_round_bf16(float *dst, const float *src, int64_t n)
+{
     const int isa = rlx_cpu_isa();
     if (isa >= RLX_CPU_ISA_AVX512)
         round_bf16_avx512(dst, src, n);
     else if (isa == RLX_CPU_ISA_AVX2)
         round_bf16_avx2(dst, src, n);
     else
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = rlx_cpu_round_bf16_1(src[i]);
+        for (int64_t i = 0; i < n; i++) dst[i] = rlx_cpu_round_bf16_1(src[i]);
 }
 
-void rlx_cpu_pack_bf16(uint16_t *dst, const float *src, int64_t n) {
+void rlx_cpu_pack_bf16(uint16_t *dst, const float *src, int64_t n)
+{
     if (rlx_cpu_isa() >= RLX_CPU_ISA_AVX512) {
         pack_bf16_avx512(dst, src, n);
         return;
@@ -155,7 +158,8 @@ void rlx_cpu_pack_bf16(uint16_t *dst, const float *src, int64_t n) {
  * ------------------------------------------------------------------------------------------- */
 
 __attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) static void widen_avx512(float *dst, const uint16_t *src,
-                                                                                   int dtype, int64_t n) {
+                                                                                   int dtype, int64_t n)
+{
     int64_t i = 0;
     if (dtype == RLX_BF16) {
         for (; i + 16 <= n; i += 16) {
@@ -177,44 +181,38 @@ __attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) static void widen_avx5
     }
 }
 
-__attribute__((target("avx2,f16c"))) static void widen_avx2(float *dst, const uint16_t *src, int dtype, int64_t n) {
+__attribute__((target("avx2,f16c"))) static void widen_avx2(float *dst, const uint16_t *src, int dtype, int64_t n)
+{
     int64_t i = 0;
     if (dtype == RLX_BF16) {
         for (; i + 8 <= n; i += 8) {
             __m128i h = _mm_loadu_si128((const __m128i *)(src + i));
             _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
         }
-        for (; i < n; i++)
-            dst[i] = rlx_bf16_to_f32(src[i]);
+        for (; i < n; i++) dst[i] = rlx_bf16_to_f32(src[i]);
     } else {
         for (; i + 8 <= n; i += 8)
             _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-        for (; i < n; i++)
-            dst[i] = rlx_f16_to_f32(src[i]);
+        for (; i < n; i++) dst[i] = rlx_f16_to_f32(src[i]);
     }
 }
 
-static void widen_scalar(float *dst, const uint16_t *src, int dtype, int64_t n) {
+static void widen_scalar(float *dst, const uint16_t *src, int dtype, int64_t n)
+{
     if (dtype == RLX_BF16)
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = rlx_bf16_to_f32(src[i]);
+        for (int64_t i = 0; i < n; i++) dst[i] = rlx_bf16_to_f32(src[i]);
     else
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = rlx_f16_to_f32(src[i]);
+        for (int64_t i = 0; i < n; i++) dst[i] = rlx_f16_to_f32(src[i]);
 }
 
 /* dst (n) f32 = src (n) of dtype RLX_BF16 / RLX_F16, widened exactly */
-void rlx_cpu_widen(float *dst, const uint16_t *src, int dtype, int64_t n) {
+void rlx_cpu_widen(float *dst, const uint16_t *src, int dtype, int64_t n)
+{
     switch (rlx_cpu_isa()) {
     case RLX_CPU_ISA_AVX512_BF16:
-    case RLX_CPU_ISA_AVX512:
-        widen_avx512(dst, src, dtype, n);
-        break;
-    case RLX_CPU_ISA_AVX2:
-        widen_avx2(dst, src, dtype, n);
-        break;
-    default:
-        widen_scalar(dst, src, dtype, n);
+    case RLX_CPU_ISA_AVX512: widen_avx512(dst, src, dtype, n); break;
+    case RLX_CPU_ISA_AVX2: widen_avx2(dst, src, dtype, n); break;
+    default: widen_scalar(dst, src, dtype, n);
     }
 }
 
@@ -224,15 +222,16 @@ void rlx_cpu_widen(float *dst, const uint16_t *src, int dtype, int64_t n) {
 
 /* F16C's vcvtps2ph with rounding to nearest even: the IEEE conversion (subnormals, overflow to
  * inf, NaN quieted with its payload's top bits), the same bits as rlx_f32_to_f16. */
-__attribute__((target("avx2,f16c"))) static void narrow_f16_avx2(uint16_t *dst, const float *src, int64_t n) {
+__attribute__((target("avx2,f16c"))) static void narrow_f16_avx2(uint16_t *dst, const float *src, int64_t n)
+{
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++)
-        dst[i] = rlx_f32_to_f16(src[i]);
+    for (; i < n; i++) dst[i] = rlx_f32_to_f16(src[i]);
 }
 
-void rlx_cpu_convert_f32(void *dst, int dtype, const float *src, int64_t n) {
+void rlx_cpu_convert_f32(void *dst, int dtype, const float *src, int64_t n)
+{
     if (dtype == RLX_F32)
         memmove(dst, src, (size_t)n * sizeof(float));
     else if (dtype == RLX_BF16)
@@ -240,8 +239,7 @@ void rlx_cpu_convert_f32(void *dst, int dtype, const float *src, int64_t n) {
     else if (rlx_cpu_isa() >= RLX_CPU_ISA_AVX2)
         narrow_f16_avx2(dst, src, n);
     else
-        for (int64_t i = 0; i < n; i++)
-            ((uint16_t *)dst)[i] = rlx_f32_to_f16(src[i]);
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = rlx_f32_to_f16(src[i]);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -256,14 +254,16 @@ struct emb_ctx {
     int dtype;
 };
 
-static void emb_rows(void *p, int64_t begin, int64_t end) {
+static void emb_rows(void *p, int64_t begin, int64_t end)
+{
     const struct emb_ctx *c = p;
     for (int64_t r = begin; r < end; r++)
         rlx_cpu_widen(c->out + r * c->d, c->table + (int64_t)c->ids[r] * c->d, c->dtype, c->d);
 }
 
 /* out (n, d) f32 = table (V, d) bf16 / f16 rows ids (n), widened exactly */
-void rlx_cpu_embedding_lowp(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d) {
+void rlx_cpu_embedding_lowp(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d)
+{
     struct emb_ctx c = {.out = out, .table = table, .ids = ids, .d = d, .dtype = dtype};
     rlx_parallel_for(n, rlx_cpu_row_grain(RLX_CPU_GRAIN_CHEAP, d), emb_rows, &c);
 }

@@ -82,17 +82,17 @@
 #include <string.h>
 
 /* Rows of `a` up to which a product runs as a matvec over weight rows, not through sgemm. */
-#define RLX_MV_MAX_M 4
+#define RLX_MV_MAX_M       4
 /* Weight rows per pool item: 16 floats of out = one cache line. */
-#define RLX_MV_BLOCK 16
+#define RLX_MV_BLOCK       16
 /* Bytes of weights per piece of rows a thread takes at a time (about 10 us of one thread's
  * bandwidth: the atomic that deals pieces costs nothing next to it). */
 #define RLX_MV_GRAIN_BYTES (256 * 1024)
 /* Floats of b widened per sgemm panel (4 MiB; f16 weights); the panel holds at least 16 rows. */
-#define RLX_PANEL_FLOATS (1 << 20)
+#define RLX_PANEL_FLOATS   (1 << 20)
 /* bf16 weights without AVX512_BF16: floats of `a` rounded to bf16 per chunk, and of b widened per
  * panel after it (2 MiB each; at least 16 rows each), so both dtypes fit in the same scratch. */
-#define RLX_ROUND_FLOATS (1 << 19)
+#define RLX_ROUND_FLOATS   (1 << 19)
 /* Rows of `a` up to which a 16-bit product runs as passes of the matvec (RLX_MV_MAX_M rows
  * each) over the weights. */
 #ifndef RLX_MV_PASSES_MAX_M
@@ -106,25 +106,23 @@
  * ------------------------------------------------------------------------------------------- */
 
 #define AVX512_FN __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"), always_inline)) static inline
-#define AVX2_FN __attribute__((target("avx2,f16c,fma"), always_inline)) static inline
+#define AVX2_FN   __attribute__((target("avx2,f16c,fma"), always_inline)) static inline
 
 /* 16 weights from element i of b, widened */
-AVX512_FN __m512 ld_512(const void *b, int wt, int64_t i) {
-    if (wt == RLX_F32)
-        return _mm512_loadu_ps((const float *)b + i);
+AVX512_FN __m512 ld_512(const void *b, int wt, int64_t i)
+{
+    if (wt == RLX_F32) return _mm512_loadu_ps((const float *)b + i);
     __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)b + i));
-    if (wt == RLX_BF16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    if (wt == RLX_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     return _mm512_cvtph_ps(h);
 }
 
 /* the lanes of mask m of the 16 weights from element i (others 0) */
-AVX512_FN __m512 ld_512_mask(const void *b, int wt, int64_t i, __mmask16 m) {
-    if (wt == RLX_F32)
-        return _mm512_maskz_loadu_ps(m, (const float *)b + i);
+AVX512_FN __m512 ld_512_mask(const void *b, int wt, int64_t i, __mmask16 m)
+{
+    if (wt == RLX_F32) return _mm512_maskz_loadu_ps(m, (const float *)b + i);
     __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)b + i);
-    if (wt == RLX_BF16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    if (wt == RLX_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     return _mm512_cvtph_ps(h);
 }
 
@@ -132,56 +130,61 @@ AVX512_FN __m512 ld_512_mask(const void *b, int wt, int64_t i, __mmask16 m) {
  * to back, into four accumulators per m (16-float slices k % 64 / 16), masked tail into the
  * first; summed (acc0 + acc1) + (acc2 + acc3), then across lanes. */
 AVX512_FN void mv_row_512(float *out, int64_t ldo, const float *a, const void *b, int wt, int64_t K, int64_t r,
-                          const int M) {
-    const void *row = wt == RLX_F32 ? (const void *)((const float *)b + r * K)
-                                    : (const void *)((const uint16_t *)b + r * K);
+                          const int M)
+{
+    const void *row =
+        wt == RLX_F32 ? (const void *)((const float *)b + r * K) : (const void *)((const uint16_t *)b + r * K);
     __m512 acc[4][4];
-    _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
-        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
-            acc[u][m] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[u][m] =
+        _mm512_setzero_ps();
     int64_t k = 0;
-    for (; k + 64 <= K; k += 64)
-        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {
+    for (; k + 64 <= K; k += 64) _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
+        {
             const __m512 w = ld_512(row, wt, k + 16 * u);
-            _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
-                acc[u][m] = _mm512_fmadd_ps(w, _mm512_loadu_ps(a + m * K + k + 16 * u), acc[u][m]);
+            _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[u][m] =
+                _mm512_fmadd_ps(w, _mm512_loadu_ps(a + m * K + k + 16 * u), acc[u][m]);
         }
     for (; k + 16 <= K; k += 16) {
         const __m512 w = ld_512(row, wt, k);
-        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
-            acc[0][m] = _mm512_fmadd_ps(w, _mm512_loadu_ps(a + m * K + k), acc[0][m]);
+        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[0][m] =
+            _mm512_fmadd_ps(w, _mm512_loadu_ps(a + m * K + k), acc[0][m]);
     }
     if (k < K) {
         const __mmask16 mk = (__mmask16)((1u << (K - k)) - 1);
         const __m512 w = ld_512_mask(row, wt, k, mk);
-        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
-            acc[0][m] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(mk, a + m * K + k), acc[0][m]);
+        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[0][m] =
+            _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(mk, a + m * K + k), acc[0][m]);
     }
-    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
-        out[m * ldo + r] = _mm512_reduce_add_ps(
-            _mm512_add_ps(_mm512_add_ps(acc[0][m], acc[1][m]), _mm512_add_ps(acc[2][m], acc[3][m])));
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) out[m * ldo + r] =
+        _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][m], acc[1][m]), _mm512_add_ps(acc[2][m], acc[3][m])));
 }
 
 AVX512_FN void mv_range_512(float *out, const float *a, const void *b, int wt, int64_t K, int64_t N, int64_t r0,
-                            int64_t r1, const int M) {
-    for (int64_t r = r0; r < r1; r++)
-        mv_row_512(out, N, a, b, wt, K, r, M);
+                            int64_t r1, const int M)
+{
+    for (int64_t r = r0; r < r1; r++) mv_row_512(out, N, a, b, wt, K, r, M);
 }
 
 /* One instance per (weight dtype, M): the loops above then hold constants only. */
 __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) static void
-mv_rows_512(float *out, const float *a, const void *b, int wt, int64_t M, int64_t K, int64_t N, int64_t r0,
-            int64_t r1) {
-#define MV_CASE(WT, MM)                                                                                          \
-    case (WT) * 8 + (MM):                                                                                        \
-        mv_range_512(out, a, b, WT, K, N, r0, r1, MM);                                                           \
-        break;
+mv_rows_512(float *out, const float *a, const void *b, int wt, int64_t M, int64_t K, int64_t N, int64_t r0, int64_t r1)
+{
+#define MV_CASE(WT, MM)                                                                                                \
+    case (WT)*8 + (MM): mv_range_512(out, a, b, WT, K, N, r0, r1, MM); break;
     switch (wt * 8 + (int)M) {
-        MV_CASE(RLX_F32, 1) MV_CASE(RLX_F32, 2) MV_CASE(RLX_F32, 3) MV_CASE(RLX_F32, 4)
-        MV_CASE(RLX_BF16, 1) MV_CASE(RLX_BF16, 2) MV_CASE(RLX_BF16, 3) MV_CASE(RLX_BF16, 4)
-        MV_CASE(RLX_F16, 1) MV_CASE(RLX_F16, 2) MV_CASE(RLX_F16, 3) MV_CASE(RLX_F16, 4)
-    default:
-        break;
+        MV_CASE(RLX_F32, 1)
+        MV_CASE(RLX_F32, 2)
+        MV_CASE(RLX_F32, 3)
+        MV_CASE(RLX_F32, 4)
+        MV_CASE(RLX_BF16, 1)
+        MV_CASE(RLX_BF16, 2)
+        MV_CASE(RLX_BF16, 3)
+        MV_CASE(RLX_BF16, 4)
+        MV_CASE(RLX_F16, 1)
+        MV_CASE(RLX_F16, 2)
+        MV_CASE(RLX_F16, 3)
+        MV_CASE(RLX_F16, 4)
+    default: break;
     }
 #undef MV_CASE
 }
@@ -193,49 +196,45 @@ mv_rows_512(float *out, const float *a, const void *b, int wt, int64_t M, int64_
  * (acc0 + acc1) + (acc2 + acc3), then across lanes. */
 #define DP_FN __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"), always_inline)) static inline
 
-DP_FN __m512 dp(__m512 acc, __m512i a, __m512i w) {
-    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)w);
-}
+DP_FN __m512 dp(__m512 acc, __m512i a, __m512i w) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)w); }
 
-DP_FN void mv_row_dp(float *out, int64_t ldo, const uint16_t *a, const uint16_t *b, int64_t K, int64_t r,
-                     const int M) {
+DP_FN void mv_row_dp(float *out, int64_t ldo, const uint16_t *a, const uint16_t *b, int64_t K, int64_t r, const int M)
+{
     const uint16_t *row = b + r * K;
     __m512 acc[4][4];
-    _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
-        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
-            acc[u][m] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[u][m] =
+        _mm512_setzero_ps();
     int64_t k = 0;
-    for (; k + 128 <= K; k += 128)
-        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {
+    for (; k + 128 <= K; k += 128) _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
+        {
             const __m512i w = _mm512_loadu_si512(row + k + 32 * u);
-            _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
-                acc[u][m] = dp(acc[u][m], _mm512_loadu_si512(a + m * K + k + 32 * u), w);
+            _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[u][m] =
+                dp(acc[u][m], _mm512_loadu_si512(a + m * K + k + 32 * u), w);
         }
     for (; k + 32 <= K; k += 32) {
         const __m512i w = _mm512_loadu_si512(row + k);
-        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
-            acc[0][m] = dp(acc[0][m], _mm512_loadu_si512(a + m * K + k), w);
+        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[0][m] =
+            dp(acc[0][m], _mm512_loadu_si512(a + m * K + k), w);
     }
     if (k < K) {
         const __mmask32 mk = (__mmask32)((1ull << (K - k)) - 1);
         const __m512i w = _mm512_maskz_loadu_epi16(mk, row + k);
-        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
-            acc[0][m] = dp(acc[0][m], _mm512_maskz_loadu_epi16(mk, a + m * K + k), w);
+        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[0][m] =
+            dp(acc[0][m], _mm512_maskz_loadu_epi16(mk, a + m * K + k), w);
     }
-    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
-        out[m * ldo + r] = _mm512_reduce_add_ps(
-            _mm512_add_ps(_mm512_add_ps(acc[0][m], acc[1][m]), _mm512_add_ps(acc[2][m], acc[3][m])));
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) out[m * ldo + r] =
+        _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][m], acc[1][m]), _mm512_add_ps(acc[2][m], acc[3][m])));
 }
 
-DP_FN void mv_range_dp(float *out, const uint16_t *a, const uint16_t *b, int64_t K, int64_t N, int64_t r0,
-                       int64_t r1, const int M) {
-    for (int64_t r = r0; r < r1; r++)
-        mv_row_dp(out, N, a, b, K, r, M);
+DP_FN void mv_range_dp(float *out, const uint16_t *a, const uint16_t *b, int64_t K, int64_t N, int64_t r0, int64_t r1,
+                       const int M)
+{
+    for (int64_t r = r0; r < r1; r++) mv_row_dp(out, N, a, b, K, r, M);
 }
 
 __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"))) static void
-mv_rows_dp(float *out, const uint16_t *a, const uint16_t *b, int64_t M, int64_t K, int64_t N, int64_t r0,
-           int64_t r1) {
+mv_rows_dp(float *out, const uint16_t *a, const uint16_t *b, int64_t M, int64_t K, int64_t N, int64_t r0, int64_t r1)
+{
     switch ((int)M) {
     case 1: mv_range_dp(out, a, b, K, N, r0, r1, 1); break;
     case 2: mv_range_dp(out, a, b, K, N, r0, r1, 2); break;
@@ -246,25 +245,25 @@ mv_rows_dp(float *out, const uint16_t *a, const uint16_t *b, int64_t M, int64_t 
 }
 
 /* 8 weights from element i of b, widened */
-AVX2_FN __m256 ld_256(const void *b, int wt, int64_t i) {
-    if (wt == RLX_F32)
-        return _mm256_loadu_ps((const float *)b + i);
+AVX2_FN __m256 ld_256(const void *b, int wt, int64_t i)
+{
+    if (wt == RLX_F32) return _mm256_loadu_ps((const float *)b + i);
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)b + i));
-    if (wt == RLX_BF16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    if (wt == RLX_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     return _mm256_cvtph_ps(h);
 }
 
-AVX2_FN float hsum_256(__m256 v) {
+AVX2_FN float hsum_256(__m256 v)
+{
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
 
-static inline float widen_one(const void *b, int wt, int64_t i) {
-    if (wt == RLX_F32)
-        return ((const float *)b)[i];
+static inline float widen_one(const void *b, int wt, int64_t i)
+{
+    if (wt == RLX_F32) return ((const float *)b)[i];
     const uint16_t h = ((const uint16_t *)b)[i];
     return wt == RLX_BF16 ? rlx_bf16_to_f32(h) : rlx_f16_to_f32(h);
 }
@@ -272,64 +271,70 @@ static inline float widen_one(const void *b, int wt, int64_t i) {
 /* out[m * ldo + r] for m < M (M <= 4): as mv_row_512 with four 8-float accumulators (slices
  * k % 32 / 8), summed (acc0 + acc1) + (acc2 + acc3) across lanes, then a scalar tail in k order. */
 AVX2_FN void mv_row_256(float *out, int64_t ldo, const float *a, const void *b, int wt, int64_t K, int64_t r,
-                        const int M) {
-    const void *row = wt == RLX_F32 ? (const void *)((const float *)b + r * K)
-                                    : (const void *)((const uint16_t *)b + r * K);
+                        const int M)
+{
+    const void *row =
+        wt == RLX_F32 ? (const void *)((const float *)b + r * K) : (const void *)((const uint16_t *)b + r * K);
     __m256 acc[4][4];
-    _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
-        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
-            acc[u][m] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[u][m] =
+        _mm256_setzero_ps();
     int64_t k = 0;
-    for (; k + 32 <= K; k += 32)
-        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {
+    for (; k + 32 <= K; k += 32) _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
+        {
             const __m256 w = ld_256(row, wt, k + 8 * u);
-            _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
-                acc[u][m] = _mm256_fmadd_ps(w, _mm256_loadu_ps(a + m * K + k + 8 * u), acc[u][m]);
+            _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[u][m] =
+                _mm256_fmadd_ps(w, _mm256_loadu_ps(a + m * K + k + 8 * u), acc[u][m]);
         }
     for (; k + 8 <= K; k += 8) {
         const __m256 w = ld_256(row, wt, k);
-        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
-            acc[0][m] = _mm256_fmadd_ps(w, _mm256_loadu_ps(a + m * K + k), acc[0][m]);
+        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[0][m] =
+            _mm256_fmadd_ps(w, _mm256_loadu_ps(a + m * K + k), acc[0][m]);
     }
-    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
+    {
         float s = hsum_256(_mm256_add_ps(_mm256_add_ps(acc[0][m], acc[1][m]), _mm256_add_ps(acc[2][m], acc[3][m])));
-        for (int64_t t = k; t < K; t++)
-            s += a[m * K + t] * widen_one(row, wt, t);
+        for (int64_t t = k; t < K; t++) s += a[m * K + t] * widen_one(row, wt, t);
         out[m * ldo + r] = s;
     }
 }
 
 AVX2_FN void mv_range_256(float *out, const float *a, const void *b, int wt, int64_t K, int64_t N, int64_t r0,
-                          int64_t r1, const int M) {
-    for (int64_t r = r0; r < r1; r++)
-        mv_row_256(out, N, a, b, wt, K, r, M);
+                          int64_t r1, const int M)
+{
+    for (int64_t r = r0; r < r1; r++) mv_row_256(out, N, a, b, wt, K, r, M);
 }
 
-__attribute__((target("avx2,f16c,fma"))) static void mv_rows_256(float *out, const float *a, const void *b, int wt,
-                                                                 int64_t M, int64_t K, int64_t N, int64_t r0,
-                                                                 int64_t r1) {
-#define MV_CASE(WT, MM)                                                                                          \
-    case (WT) * 8 + (MM):                                                                                        \
-        mv_range_256(out, a, b, WT, K, N, r0, r1, MM);                                                           \
-        break;
+__attribute__((target("avx2,f16c,fma"))) static void
+mv_rows_256(float *out, const float *a, const void *b, int wt, int64_t M, int64_t K, int64_t N, int64_t r0, int64_t r1)
+{
+#define MV_CASE(WT, MM)                                                                                                \
+    case (WT)*8 + (MM): mv_range_256(out, a, b, WT, K, N, r0, r1, MM); break;
     switch (wt * 8 + (int)M) {
-        MV_CASE(RLX_F32, 1) MV_CASE(RLX_F32, 2) MV_CASE(RLX_F32, 3) MV_CASE(RLX_F32, 4)
-        MV_CASE(RLX_BF16, 1) MV_CASE(RLX_BF16, 2) MV_CASE(RLX_BF16, 3) MV_CASE(RLX_BF16, 4)
-        MV_CASE(RLX_F16, 1) MV_CASE(RLX_F16, 2) MV_CASE(RLX_F16, 3) MV_CASE(RLX_F16, 4)
-    default:
-        break;
+        MV_CASE(RLX_F32, 1)
+        MV_CASE(RLX_F32, 2)
+        MV_CASE(RLX_F32, 3)
+        MV_CASE(RLX_F32, 4)
+        MV_CASE(RLX_BF16, 1)
+        MV_CASE(RLX_BF16, 2)
+        MV_CASE(RLX_BF16, 3)
+        MV_CASE(RLX_BF16, 4)
+        MV_CASE(RLX_F16, 1)
+        MV_CASE(RLX_F16, 2)
+        MV_CASE(RLX_F16, 3)
+        MV_CASE(RLX_F16, 4)
+    default: break;
     }
 #undef MV_CASE
 }
 
 /* The portable path: one row at a time, f32 accumulation in k order. */
 static void mv_rows_scalar(float *out, const float *a, const void *b, int wt, int64_t M, int64_t K, int64_t N,
-                           int64_t r0, int64_t r1) {
+                           int64_t r0, int64_t r1)
+{
     for (int64_t r = r0; r < r1; r++)
         for (int64_t m = 0; m < M; m++) {
             float s = 0.0f;
-            for (int64_t k = 0; k < K; k++)
-                s += a[m * K + k] * widen_one(b, wt, r * K + k);
+            for (int64_t k = 0; k < K; k++) s += a[m * K + k] * widen_one(b, wt, r * K + k);
             out[m * N + r] = s;
         }
 }
@@ -341,20 +346,20 @@ struct mv_ctx {
     const void *b;
     int wt, isa;
     int64_t M, K, N;
-    int64_t piece;       /* rows per piece, a multiple of RLX_MV_BLOCK */
+    int64_t piece; /* rows per piece, a multiple of RLX_MV_BLOCK */
     int64_t npieces;
-    atomic_llong next;   /* the next piece not yet taken */
+    atomic_llong next; /* the next piece not yet taken */
 };
 
 /* One task: takes pieces of rows in turn until none is left, so a thread that was descheduled
  * (the machine is shared) leaves its share to the others instead of stalling the region. */
-static void mv_task(void *p, int64_t begin, int64_t end) {
+static void mv_task(void *p, int64_t begin, int64_t end)
+{
     struct mv_ctx *c = p;
     (void)begin, (void)end;
     for (;;) {
         const int64_t i = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-        if (i >= c->npieces)
-            return;
+        if (i >= c->npieces) return;
         const int64_t r0 = i * c->piece, r1 = r0 + c->piece < c->N ? r0 + c->piece : c->N;
         if (c->a16)
             mv_rows_dp(c->out, c->a16, c->b, c->M, c->K, c->N, r0, r1);
@@ -372,11 +377,21 @@ static void mv_task(void *p, int64_t begin, int64_t end) {
  * Pieces of whole 16-row blocks holding about RLX_MV_GRAIN_BYTES of weights; one task per pool
  * thread while there are at least two pieces per task. */
 static void matvec(float *out, const float *a, const uint16_t *a16, const void *b, int wt, int isa, int64_t M,
-                   int64_t K, int64_t N) {
+                   int64_t K, int64_t N)
+{
     const int64_t block_bytes = RLX_MV_BLOCK * K * (wt == RLX_F32 ? 4 : 2);
     const int64_t piece = (RLX_MV_GRAIN_BYTES + block_bytes - 1) / block_bytes * RLX_MV_BLOCK;
-    struct mv_ctx c = {.out = out, .a = a, .a16 = a16, .b = b, .wt = wt, .isa = isa, .M = M, .K = K, .N = N,
-                       .piece = piece, .npieces = (N + piece - 1) / piece};
+    struct mv_ctx c = {.out = out,
+                       .a = a,
+                       .a16 = a16,
+                       .b = b,
+                       .wt = wt,
+                       .isa = isa,
+                       .M = M,
+                       .K = K,
+                       .N = N,
+                       .piece = piece,
+                       .npieces = (N + piece - 1) / piece};
     atomic_init(&c.next, 0);
     int64_t ntasks = c.npieces / 2;
     const int64_t threads = rlx_pool_threads();
@@ -389,10 +404,9 @@ static void matvec(float *out, const float *a, const uint16_t *a16, const void *
  * ------------------------------------------------------------------------------------------- */
 
 /* out (M, N) = a (M, K) @ b, with b (N, K) read transposed when trans_b, else b (K, N). */
-void rlx_cpu_matmul_f32(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N,
-                        int trans_b) {
-    if (M <= 0 || N <= 0)
-        return;
+void rlx_cpu_matmul_f32(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N, int trans_b)
+{
+    if (M <= 0 || N <= 0) return;
     if (K <= 0) {
         memset(out, 0, (size_t)(M * N) * sizeof(float));
         return;
@@ -408,12 +422,13 @@ void rlx_cpu_matmul_f32(float *out, const float *a, const float *b, int64_t M, i
         cblas_sgemv(CblasRowMajor, CblasTrans, (blasint)K, (blasint)N, 1.0f, b, (blasint)N, a, 1, 0.0f, out, 1);
         return;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N,
-                (blasint)K, 1.0f, a, (blasint)K, b, trans_b ? (blasint)K : (blasint)N, 0.0f, out, (blasint)N);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N, (blasint)K,
+                1.0f, a, (blasint)K, b, trans_b ? (blasint)K : (blasint)N, 0.0f, out, (blasint)N);
 }
 
 /* Rows of b per widened panel: about `floats` floats, at least 16 rows, at most N. */
-static int64_t panel_rows(int64_t K, int64_t N, int64_t floats) {
+static int64_t panel_rows(int64_t K, int64_t N, int64_t floats)
+{
     int64_t rows = floats / (K > 0 ? K : 1);
     rows = rows < 16 ? 16 : rows / 16 * 16;
     return rows < N ? rows : N;
@@ -421,7 +436,8 @@ static int64_t panel_rows(int64_t K, int64_t N, int64_t floats) {
 
 /* Rows of `a` per chunk rounded to bf16 ahead of the widened panels: about RLX_ROUND_FLOATS
  * floats, at least 16 rows, at most M. */
-static int64_t round_rows(int64_t M, int64_t K) {
+static int64_t round_rows(int64_t M, int64_t K)
+{
     int64_t rows = RLX_ROUND_FLOATS / K;
     rows = rows < 16 ? 16 : rows;
     return rows < M ? rows : M;
@@ -431,11 +447,10 @@ static int64_t round_rows(int64_t M, int64_t K) {
  * argument): the matvec's rounded a (M <= 6, bf16); the widened panel (f16); a chunk of rounded
  * rows of a and the panel after it (bf16 without AVX512_BF16); the GEMM's packing (bf16 with
  * AVX512_BF16). About 4 MiB for the shapes of small LLMs (more when 16 rows of K exceed it). */
-size_t rlx_cpu_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N) {
-    if (M <= 0 || K <= 0 || N <= 0)
-        return 0;
-    if (M <= RLX_MV_PASSES_MAX_M)
-        return (size_t)(M * K);
+size_t rlx_cpu_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N)
+{
+    if (M <= 0 || K <= 0 || N <= 0) return 0;
+    if (M <= RLX_MV_PASSES_MAX_M) return (size_t)(M * K);
     size_t need = (size_t)(panel_rows(K, N, RLX_PANEL_FLOATS) * K);
     const size_t sg = (size_t)((round_rows(M, K) + panel_rows(K, N, RLX_ROUND_FLOATS)) * K);
     const size_t gb = rlx_cpu_gemm_bf16_scratch(M, K, N);
@@ -446,10 +461,10 @@ size_t rlx_cpu_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N) {
 /* out (M, N) = a (M, K) @ b^T, b (N, K) bf16 / f16 widened exactly, a rounded to bf16 first for
  * bf16 weights; scratch: rlx_cpu_matmul_lowp_scratch(M, K, N) floats. */
 void rlx_cpu_matmul_lowp(float *out, const float *a, const void *bv, int b_dtype, int64_t M, int64_t K, int64_t N,
-                         float *scratch) {
+                         float *scratch)
+{
     const uint16_t *b = bv; /* raw bf16 / f16 halves */
-    if (M <= 0 || N <= 0)
-        return;
+    if (M <= 0 || N <= 0) return;
     if (K <= 0) {
         memset(out, 0, (size_t)(M * N) * sizeof(float));
         return;

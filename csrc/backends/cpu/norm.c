@@ -14,7 +14,8 @@
 
 /* sum of x[i]^2 over x (n) */
 RLX_CPU_CLONES
-static float sumsq(const float *x, int64_t n) {
+static float sumsq(const float *x, int64_t n)
+{
     rlx_cpu_v16 acc0 = {0}, acc1 = {0};
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -31,16 +32,15 @@ static float sumsq(const float *x, int64_t n) {
     }
     acc0 += acc1;
     float s = 0.0f;
-    for (int l = 0; l < 16; l++)
-        s += acc0[l];
-    for (; i < n; i++)
-        s += x[i] * x[i];
+    for (int l = 0; l < 16; l++) s += acc0[l];
+    for (; i < n; i++) s += x[i] * x[i];
     return s;
 }
 
 /* out (n) = (x (n) * s) * w (n) */
 RLX_CPU_CLONES
-static void scale_mul(float *out, const float *x, float s, const float *w, int64_t n) {
+static void scale_mul(float *out, const float *x, float s, const float *w, int64_t n)
+{
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         rlx_cpu_v16 xv, wv;
@@ -49,13 +49,13 @@ static void scale_mul(float *out, const float *x, float s, const float *w, int64
         xv = xv * s * wv;
         memcpy(out + i, &xv, sizeof xv);
     }
-    for (; i < n; i++)
-        out[i] = x[i] * s * w[i];
+    for (; i < n; i++) out[i] = x[i] * s * w[i];
 }
 
 /* out (n) = a (n) + b (n) */
 RLX_CPU_CLONES
-static void add_row(float *out, const float *a, const float *b, int64_t n) {
+static void add_row(float *out, const float *a, const float *b, int64_t n)
+{
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         rlx_cpu_v16 av, bv;
@@ -64,13 +64,10 @@ static void add_row(float *out, const float *a, const float *b, int64_t n) {
         av += bv;
         memcpy(out + i, &av, sizeof av);
     }
-    for (; i < n; i++)
-        out[i] = a[i] + b[i];
+    for (; i < n; i++) out[i] = a[i] + b[i];
 }
 
-static float rms_inv(const float *x, int64_t d, float eps) {
-    return 1.0f / sqrtf(sumsq(x, d) / (float)d + eps);
-}
+static float rms_inv(const float *x, int64_t d, float eps) { return 1.0f / sqrtf(sumsq(x, d) / (float)d + eps); }
 
 struct norm_ctx {
     float *sum, *out;
@@ -79,7 +76,8 @@ struct norm_ctx {
     float eps;
 };
 
-static void rmsnorm_rows(void *p, int64_t begin, int64_t end) {
+static void rmsnorm_rows(void *p, int64_t begin, int64_t end)
+{
     const struct norm_ctx *c = p;
     for (int64_t r = begin; r < end; r++) {
         const float *x = c->a + r * c->d;
@@ -88,12 +86,14 @@ static void rmsnorm_rows(void *p, int64_t begin, int64_t end) {
 }
 
 /* out (rows, d) = x (rows, d) / sqrt(mean(x^2) + eps) * w (d) */
-void rlx_cpu_rmsnorm_f32(float *out, const float *x, const float *w, int64_t rows, int64_t d, float eps) {
+void rlx_cpu_rmsnorm_f32(float *out, const float *x, const float *w, int64_t rows, int64_t d, float eps)
+{
     struct norm_ctx c = {.out = out, .a = x, .w = w, .d = d, .eps = eps};
     rlx_parallel_for(rows, rlx_cpu_row_grain(RLX_CPU_GRAIN_CHEAP, d), rmsnorm_rows, &c);
 }
 
-static void add_rmsnorm_rows(void *p, int64_t begin, int64_t end) {
+static void add_rmsnorm_rows(void *p, int64_t begin, int64_t end)
+{
     const struct norm_ctx *c = p;
     for (int64_t r = begin; r < end; r++) {
         float *s = c->sum + r * c->d;
@@ -103,8 +103,9 @@ static void add_rmsnorm_rows(void *p, int64_t begin, int64_t end) {
 }
 
 /* sum (rows, d) = a + b; out (rows, d) = sum / sqrt(mean(sum^2) + eps) * w (d) */
-void rlx_cpu_add_rmsnorm_f32(float *sum, float *out, const float *a, const float *b, const float *w,
-                             int64_t rows, int64_t d, float eps) {
+void rlx_cpu_add_rmsnorm_f32(float *sum, float *out, const float *a, const float *b, const float *w, int64_t rows,
+                             int64_t d, float eps)
+{
     struct norm_ctx c = {.sum = sum, .out = out, .a = a, .b = b, .w = w, .d = d, .eps = eps};
     rlx_parallel_for(rows, rlx_cpu_row_grain(RLX_CPU_GRAIN_CHEAP, d), add_rmsnorm_rows, &c);
 }

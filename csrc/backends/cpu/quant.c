@@ -77,30 +77,31 @@
 #ifndef RLX_QMV_AVX2_MAX_M
 #define RLX_QMV_AVX2_MAX_M 12
 #endif
-#define RLX_QMV_CHUNK_BYTES ((int64_t)8 << 20)
+#define RLX_QMV_CHUNK_BYTES  ((int64_t)8 << 20)
 /* Weight rows per pool item (16 floats of out = one cache line) and bytes of weights per piece. */
-#define RLX_QMV_BLOCK 16
-#define RLX_QMV_GRAIN_BYTES (64 * 1024)
+#define RLX_QMV_BLOCK        16
+#define RLX_QMV_GRAIN_BYTES  (64 * 1024)
 /* Prefill through sgemm: floats of dequantised `a` per chunk of rows, and of dequantised W per
  * panel (at least 16 rows each). */
-#define RLX_QSG_A_FLOATS (1 << 19)
+#define RLX_QSG_A_FLOATS     (1 << 19)
 #define RLX_QSG_PANEL_FLOATS (1 << 19)
 
 enum { PATH_SCALAR, PATH_AVX2, PATH_VNNI };
 
-static int64_t block_of(int wt) {
+static int64_t block_of(int wt)
+{
     return wt == RLX_Q8_0 || wt == RLX_Q4_0 || wt == RLX_Q4_1 || wt == RLX_Q5_0 || wt == RLX_Q5_1 ? 32 : 256;
 }
 
-static int64_t row_bytes(int wt, int64_t K) {
+static int64_t row_bytes(int wt, int64_t K)
+{
     return K / block_of(wt) * (int64_t)rlx_dtype_traits((enum rlx_dtype)wt)->type_size;
 }
 
-int rlx_cpu_quant_off(int wt) {
-    return wt == RLX_Q4_0 ? 8 : wt == RLX_Q5_0 ? 16 : 0;
-}
+int rlx_cpu_quant_off(int wt) { return wt == RLX_Q4_0 ? 8 : wt == RLX_Q5_0 ? 16 : 0; }
 
-static int path_now(void) {
+static int path_now(void)
+{
     return rlx_cpu_avx512_vnni() ? PATH_VNNI : rlx_cpu_isa() >= RLX_CPU_ISA_AVX2 ? PATH_AVX2 : PATH_SCALAR;
 }
 
@@ -110,7 +111,8 @@ static int path_now(void) {
 
 /* d of a block from the bits of its largest |x|; *id the factor q = x * id is rounded from
  * (0 for a zero, tiny or non-finite block; the caller writes q = 0 where d is NaN). */
-static inline float block_scale(uint32_t amax_bits, float *id) {
+static inline float block_scale(uint32_t amax_bits, float *id)
+{
     if (amax_bits >= 0x7f800000u) {
         *id = 0.0f;
         return NAN;
@@ -125,12 +127,14 @@ static inline float block_scale(uint32_t amax_bits, float *id) {
     return amax / 127.0f;
 }
 
-static void zero_block(int8_t *q, int16_t *sums, int64_t bs) {
+static void zero_block(int8_t *q, int16_t *sums, int64_t bs)
+{
     memset(q, 0, (size_t)bs);
     memset(sums, 0, (size_t)(bs / 16) * sizeof *sums);
 }
 
-static void quant_row_scalar(int8_t *q, float *d, int16_t *sums, const float *x, int64_t K, int64_t bs) {
+static void quant_row_scalar(int8_t *q, float *d, int16_t *sums, const float *x, int64_t K, int64_t bs)
+{
     for (int64_t b = 0; b < K / bs; b++) {
         const float *xb = x + b * bs;
         uint32_t m = 0;
@@ -160,7 +164,8 @@ static void quant_row_scalar(int8_t *q, float *d, int16_t *sums, const float *x,
 }
 
 __attribute__((target("avx2,fma"))) static void quant_row_avx2(int8_t *q, float *d, int16_t *sums, const float *x,
-                                                               int64_t K, int64_t bs) {
+                                                               int64_t K, int64_t bs)
+{
     const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
     for (int64_t b = 0; b < K / bs; b++) {
         const float *xb = x + b * bs;
@@ -193,8 +198,8 @@ __attribute__((target("avx2,fma"))) static void quant_row_avx2(int8_t *q, float 
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void quant_row_avx512(int8_t *q, float *d, int16_t *sums,
-                                                                                  const float *x, int64_t K,
-                                                                                  int64_t bs) {
+                                                                                  const float *x, int64_t K, int64_t bs)
+{
     const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
     for (int64_t b = 0; b < K / bs; b++) {
         const float *xb = x + b * bs;
@@ -217,7 +222,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void quant_row_avx51
 }
 
 /* q, d, sums of one row of K; bs the block (32 or 256) */
-void rlx_cpu_quant_row(int8_t *q, float *d, int16_t *sums, const float *x, int64_t K, int64_t bs) {
+void rlx_cpu_quant_row(int8_t *q, float *d, int16_t *sums, const float *x, int64_t K, int64_t bs)
+{
     const int isa = rlx_cpu_isa();
     if (isa >= RLX_CPU_ISA_AVX512)
         quant_row_avx512(q, d, sums, x, K, bs);
@@ -236,11 +242,10 @@ struct act_layout {
 };
 
 /* K rounded up to whole groups of 4 blocks of 32 (the arranged rows' length) */
-static int64_t padded(int64_t K) {
-    return (K + 127) / 128 * 128;
-}
+static int64_t padded(int64_t K) { return (K + 127) / 128 * 128; }
 
-static struct act_layout act_layout(int64_t M, int64_t K) {
+static struct act_layout act_layout(int64_t M, int64_t K)
+{
     struct act_layout l;
     const int64_t Kp = padded(K);
     size_t at = 0;
@@ -255,23 +260,30 @@ static struct act_layout act_layout(int64_t M, int64_t K) {
     return l;
 }
 
-int rlx_cpu_quant_arrange(int wt, int vnni) {
+int rlx_cpu_quant_arrange(int wt, int vnni)
+{
     return vnni && (wt == RLX_Q4_0 || wt == RLX_Q4_1 || wt == RLX_Q5_0 || wt == RLX_Q5_1);
 }
 
 /* The arrays of rows of M x K in scratch, with their strides for weight dtype wt on `path`. */
-static struct rlx_cpu_qact act_at(void *scratch, int64_t M, int64_t K, int wt, int path) {
+static struct rlx_cpu_qact act_at(void *scratch, int64_t M, int64_t K, int wt, int path)
+{
     const struct act_layout l = act_layout(M, K);
     const int arr = rlx_cpu_quant_arrange(wt, path == PATH_VNNI);
     char *p = (char *)(((uintptr_t)scratch + RLX_ALIGN - 1) & ~(uintptr_t)(RLX_ALIGN - 1)); /* whole lines */
-    return (struct rlx_cpu_qact){.q = (const int8_t *)(p + l.q), .d = (const float *)(p + l.d),
-                                 .s = (const float *)(p + l.s), .bsums = (const int16_t *)(p + l.bsums),
-                                 .bias = (const int32_t *)(p + l.bias), .K = K, .ldq = arr ? padded(K) : K};
+    return (struct rlx_cpu_qact){.q = (const int8_t *)(p + l.q),
+                                 .d = (const float *)(p + l.d),
+                                 .s = (const float *)(p + l.s),
+                                 .bsums = (const int16_t *)(p + l.bsums),
+                                 .bias = (const int32_t *)(p + l.bias),
+                                 .K = K,
+                                 .ldq = arr ? padded(K) : K};
 }
 
 /* Quantises rows [m0, m1) of a (M, K) into the arrays of *c for weight dtype wt on `path`: q, d,
  * bsums, then what that path reads (s, bias; the VNNI order of q). */
-static void act_rows(const struct rlx_cpu_qact *c, const float *a, int wt, int path, int64_t m0, int64_t m1) {
+static void act_rows(const struct rlx_cpu_qact *c, const float *a, int wt, int path, int64_t m0, int64_t m1)
+{
     const int64_t K = c->K, bs = block_of(wt), nb = K / bs;
     const int vnni = path == PATH_VNNI, off = rlx_cpu_quant_off(wt);
     for (int64_t m = m0; m < m1; m++) {
@@ -298,8 +310,7 @@ static void act_rows(const struct rlx_cpu_qact *c, const float *a, int wt, int p
             s[b] = d[b] * (float)sum;
             bias[b] = -off * sum;
         }
-        if (!rlx_cpu_quant_arrange(wt, vnni))
-            continue;
+        if (!rlx_cpu_quant_arrange(wt, vnni)) continue;
         /* groups of 4 blocks as [b0 0..15, b1 0..15, b2 0..15, b3 0..15, b0 16..31, ..], zeros past K */
         for (int64_t g = 0; g < padded(K) / 128; g++) {
             int8_t t[128];
@@ -320,14 +331,16 @@ static void act_rows(const struct rlx_cpu_qact *c, const float *a, int wt, int p
  * block (32-element types) or per group (K types), then f32 as the header states
  * ------------------------------------------------------------------------------------------- */
 
-static float half(const uint8_t *p) {
+static float half(const uint8_t *p)
+{
     uint16_t h;
     memcpy(&h, p, 2);
     return rlx_f16_to_f32(h);
 }
 
 /* A 32-element block: v = value - offset (signed), the scale dw, the minimum mw (0 if none). */
-static void unpack32(int8_t *v, float *dw, float *mw, const uint8_t *p, int wt) {
+static void unpack32(int8_t *v, float *dw, float *mw, const uint8_t *p, int wt)
+{
     *dw = half(p);
     *mw = wt == RLX_Q4_1 || wt == RLX_Q5_1 ? half(p + 2) : 0.0f;
     if (wt == RLX_Q8_0) {
@@ -337,8 +350,7 @@ static void unpack32(int8_t *v, float *dw, float *mw, const uint8_t *p, int wt) 
     const int five = wt == RLX_Q5_0 || wt == RLX_Q5_1, off = wt == RLX_Q4_0 ? 8 : wt == RLX_Q5_0 ? 16 : 0;
     const uint8_t *qs = p + (wt == RLX_Q4_0 ? 2 : wt == RLX_Q4_1 || wt == RLX_Q5_0 ? 4 + 2 * five : 8);
     uint32_t qh = 0;
-    if (five)
-        memcpy(&qh, p + (wt == RLX_Q5_0 ? 2 : 4), 4);
+    if (five) memcpy(&qh, p + (wt == RLX_Q5_0 ? 2 : 4), 4);
     for (int j = 0; j < 16; j++) {
         v[j] = (int8_t)((qs[j] & 0x0f) + (five ? (int)((qh >> j) & 1) << 4 : 0) - off);
         v[j + 16] = (int8_t)((qs[j] >> 4) + (five ? (int)((qh >> (j + 16)) & 1) << 4 : 0) - off);
@@ -347,7 +359,8 @@ static void unpack32(int8_t *v, float *dw, float *mw, const uint8_t *p, int wt) 
 
 /* A K-type super-block: v (256) signed values, g16 = 1 for groups of 16 (else 32), sc / mn the
  * integer group scales / minimums, d and dmin (dmin unused where the type has no minimum). */
-static void unpack256(int8_t *v, int *g16, int *sc, int *mn, float *d, float *dmin, const uint8_t *p, int wt) {
+static void unpack256(int8_t *v, int *g16, int *sc, int *mn, float *d, float *dmin, const uint8_t *p, int wt)
+{
     if (wt == RLX_Q4_K || wt == RLX_Q5_K) {
         const uint8_t *s = p + 4, *qh = p + 16, *qs = p + (wt == RLX_Q5_K ? 48 : 16);
         *g16 = 0, *d = half(p), *dmin = half(p + 2);
@@ -374,8 +387,7 @@ static void unpack256(int8_t *v, int *g16, int *sc, int *mn, float *d, float *dm
         }
     }
     if (wt == RLX_Q6_K) {
-        for (int g = 0; g < 16; g++)
-            sc[g] = (int8_t)p[192 + g];
+        for (int g = 0; g < 16; g++) sc[g] = (int8_t)p[192 + g];
         *d = half(p + 208), *dmin = 0.0f;
     } else if (wt == RLX_Q3_K) {
         const uint8_t *s = p + 96;
@@ -383,14 +395,14 @@ static void unpack256(int8_t *v, int *g16, int *sc, int *mn, float *d, float *dm
             sc[g] = ((g < 8 ? s[g] & 0x0f : s[g - 8] >> 4) | ((s[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
         *d = half(p + 108), *dmin = 0.0f;
     } else {
-        for (int g = 0; g < 16; g++)
-            sc[g] = p[g] & 0x0f, mn[g] = p[g] >> 4;
+        for (int g = 0; g < 16; g++) sc[g] = p[g] & 0x0f, mn[g] = p[g] >> 4;
         *d = half(p + 80), *dmin = half(p + 82);
     }
 }
 
 /* Row w of K weights . row m of the quantised activations, the scalar way. */
-static float dot_scalar(const uint8_t *w, const struct rlx_cpu_qact *a, int64_t m, int wt) {
+static float dot_scalar(const uint8_t *w, const struct rlx_cpu_qact *a, int64_t m, int wt)
+{
     const int64_t K = a->K, bs = block_of(wt), nb = K / bs;
     const size_t tb = rlx_dtype_traits((enum rlx_dtype)wt)->type_size;
     const int8_t *q = a->q + m * a->ldq;
@@ -403,11 +415,9 @@ static float dot_scalar(const uint8_t *w, const struct rlx_cpu_qact *a, int64_t 
             float dw, mw;
             unpack32(v, &dw, &mw, w + (size_t)b * tb, wt);
             int isum = 0;
-            for (int j = 0; j < 32; j++)
-                isum += v[j] * q[32 * b + j];
+            for (int j = 0; j < 32; j++) isum += v[j] * q[32 * b + j];
             acc += (dw * d[b]) * (float)isum;
-            if (wt == RLX_Q4_1 || wt == RLX_Q5_1)
-                acc += mw * s[b];
+            if (wt == RLX_Q4_1 || wt == RLX_Q5_1) acc += mw * s[b];
         }
         return acc;
     }
@@ -421,15 +431,12 @@ static float dot_scalar(const uint8_t *w, const struct rlx_cpu_qact *a, int64_t 
         int isum = 0, msum = 0;
         for (int g = 0; g < 256 / gs; g++) {
             int gi = 0;
-            for (int j = g * gs; j < (g + 1) * gs; j++)
-                gi += v[j] * q[256 * b + j];
+            for (int j = g * gs; j < (g + 1) * gs; j++) gi += v[j] * q[256 * b + j];
             isum += sc[g] * gi;
-            if (mins)
-                msum += mn[g] * (g16 ? bsums[16 * b + g] : bsums[16 * b + 2 * g] + bsums[16 * b + 2 * g + 1]);
+            if (mins) msum += mn[g] * (g16 ? bsums[16 * b + g] : bsums[16 * b + 2 * g] + bsums[16 * b + 2 * g + 1]);
         }
         acc += (dd * d[b]) * (float)isum;
-        if (mins)
-            acc -= (dmin * d[b]) * (float)msum;
+        if (mins) acc -= (dmin * d[b]) * (float)msum;
     }
     return acc;
 }
@@ -441,7 +448,8 @@ static float dot_scalar(const uint8_t *w, const struct rlx_cpu_qact *a, int64_t 
  * ------------------------------------------------------------------------------------------- */
 
 /* *a with its rows starting at row m0 */
-static struct rlx_cpu_qact act_part(const struct rlx_cpu_qact *a, int64_t m0, int wt) {
+static struct rlx_cpu_qact act_part(const struct rlx_cpu_qact *a, int64_t m0, int wt)
+{
     struct rlx_cpu_qact p = *a;
     p.q += m0 * a->ldq, p.d += m0 * (a->K / block_of(wt)), p.s += m0 * (a->K / 32);
     p.bsums += m0 * (a->K / 16), p.bias += m0 * (a->K / 32);
@@ -458,7 +466,8 @@ struct qmv_ctx {
     atomic_llong next;
 };
 
-static void qmv_rows(const struct qmv_ctx *c, int64_t r0, int64_t r1) {
+static void qmv_rows(const struct qmv_ctx *c, int64_t r0, int64_t r1)
+{
     for (int64_t m0 = 0; m0 < c->M; m0 += RLX_QMV_MAX_M) {
         const int mm = (int)(c->M - m0 < RLX_QMV_MAX_M ? c->M - m0 : RLX_QMV_MAX_M);
         const struct rlx_cpu_qact a = act_part(c->a, m0, c->wt);
@@ -476,25 +485,34 @@ static void qmv_rows(const struct qmv_ctx *c, int64_t r0, int64_t r1) {
     }
 }
 
-static void qmv_task(void *p, int64_t begin, int64_t end) {
+static void qmv_task(void *p, int64_t begin, int64_t end)
+{
     struct qmv_ctx *c = p;
     (void)begin, (void)end;
     for (;;) {
         const int64_t i = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-        if (i >= c->npieces)
-            return;
+        if (i >= c->npieces) return;
         const int64_t r0 = i * c->piece, r1 = r0 + c->piece < c->N ? r0 + c->piece : c->N;
         qmv_rows(c, r0, r1);
     }
 }
 
 /* out (M, N) = the quantised rows a . W^T, W (N, K) of dtype wt */
-static void qmatvec(float *out, const struct rlx_cpu_qact *a, const void *w, int wt, int path, int64_t M,
-                    int64_t K, int64_t N) {
+static void qmatvec(float *out, const struct rlx_cpu_qact *a, const void *w, int wt, int path, int64_t M, int64_t K,
+                    int64_t N)
+{
     const int64_t block_bytes = RLX_QMV_BLOCK * row_bytes(wt, K);
     const int64_t piece = (RLX_QMV_GRAIN_BYTES + block_bytes - 1) / block_bytes * RLX_QMV_BLOCK;
-    struct qmv_ctx c = {.out = out, .a = a, .w = w, .wt = wt, .path = path, .M = M, .K = K, .N = N,
-                        .piece = piece, .npieces = (N + piece - 1) / piece};
+    struct qmv_ctx c = {.out = out,
+                        .a = a,
+                        .w = w,
+                        .wt = wt,
+                        .path = path,
+                        .M = M,
+                        .K = K,
+                        .N = N,
+                        .piece = piece,
+                        .npieces = (N + piece - 1) / piece};
     atomic_init(&c.next, 0);
     int64_t ntasks = c.npieces / 2;
     const int64_t threads = rlx_pool_threads();
@@ -508,20 +526,23 @@ static void qmatvec(float *out, const struct rlx_cpu_qact *a, const void *w, int
  * dequantised values) and summation order
  * ------------------------------------------------------------------------------------------- */
 
-static int64_t sg_rows_a(int64_t M, int64_t K) {
+static int64_t sg_rows_a(int64_t M, int64_t K)
+{
     int64_t r = RLX_QSG_A_FLOATS / K;
     r = r < 16 ? 16 : r;
     return r < M ? r : M;
 }
 
-static int64_t sg_rows_w(int64_t K, int64_t N) {
+static int64_t sg_rows_w(int64_t K, int64_t N)
+{
     int64_t r = RLX_QSG_PANEL_FLOATS / K;
     r = r < 16 ? 16 : r / 16 * 16;
     return r < N ? r : N;
 }
 
 /* floats: a chunk of dequantised rows, its q / d / sums, a panel */
-static size_t sg_scratch(int64_t M, int64_t K, int64_t N) {
+static size_t sg_scratch(int64_t M, int64_t K, int64_t N)
+{
     const int64_t mc = sg_rows_a(M, K);
     return (size_t)(mc * K + (mc * K + mc * (K / 32) * 4 + mc * (K / 16) * 2) / 4 + 16 + sg_rows_w(K, N) * K);
 }
@@ -537,28 +558,29 @@ struct sg_ctx {
     int64_t K;
 };
 
-static void sg_quant_rows(void *p, int64_t m0, int64_t m1) {
+static void sg_quant_rows(void *p, int64_t m0, int64_t m1)
+{
     const struct sg_ctx *c = p;
     const int64_t K = c->K, bs = block_of(c->wt);
     for (int64_t m = m0; m < m1; m++) {
         int8_t *q = c->q + m * K;
         float *d = c->d + m * (K / bs), *y = c->af + m * K;
         rlx_cpu_quant_row(q, d, c->sums + m * (K / 16), c->a + m * K, K, bs);
-        for (int64_t k = 0; k < K; k++)
-            y[k] = (float)q[k] * d[k / bs];
+        for (int64_t k = 0; k < K; k++) y[k] = (float)q[k] * d[k / bs];
     }
 }
 
-static void sg_dequant_rows(void *p, int64_t r0, int64_t r1) {
+static void sg_dequant_rows(void *p, int64_t r0, int64_t r1)
+{
     const struct sg_ctx *c = p;
     const int64_t rb = row_bytes(c->wt, c->K);
     const struct rlx_dtype_traits *t = rlx_dtype_traits((enum rlx_dtype)c->wt);
-    for (int64_t r = r0; r < r1; r++)
-        t->to_f32(c->af + r * c->K, c->w + r * rb, c->K);
+    for (int64_t r = r0; r < r1; r++) t->to_f32(c->af + r * c->K, c->w + r * rb, c->K);
 }
 
 static void matmul_sgemm(float *out, const float *a, const void *w, int wt, int64_t M, int64_t K, int64_t N,
-                         float *scratch) {
+                         float *scratch)
+{
     const int64_t mc = sg_rows_a(M, K), nr = sg_rows_w(K, N), rb = row_bytes(wt, K);
     float *af = scratch, *panel = scratch + (size_t)(sg_scratch(M, K, N) - (size_t)(nr * K));
     int8_t *q = (int8_t *)(scratch + mc * K);
@@ -583,7 +605,8 @@ static void matmul_sgemm(float *out, const float *a, const void *w, int wt, int6
  * ------------------------------------------------------------------------------------------- */
 
 /* Rows of `a` per chunk of the blocked passes (their quantised rows about 5 bytes per element) */
-static int64_t mv_chunk(int64_t M, int64_t K) {
+static int64_t mv_chunk(int64_t M, int64_t K)
+{
     int64_t r = RLX_QMV_CHUNK_BYTES / (5 * K) / RLX_QMV_MAX_M * RLX_QMV_MAX_M;
     r = r < RLX_QMV_MAX_M ? RLX_QMV_MAX_M : r;
     return r < M ? r : M;
@@ -592,17 +615,16 @@ static int64_t mv_chunk(int64_t M, int64_t K) {
 /* the path a product takes: the blocked passes (decode; every M on AVX2), the VNNI GEMM, sgemm */
 enum { VIA_PASSES, VIA_QGEMM, VIA_SGEMM };
 
-static int via(int path, int64_t M) {
-    if (path == PATH_VNNI)
-        return M <= RLX_QMV_VNNI_MAX_M ? VIA_PASSES : VIA_QGEMM;
-    if (path == PATH_AVX2)
-        return M <= RLX_QMV_AVX2_MAX_M ? VIA_PASSES : VIA_QGEMM;
+static int via(int path, int64_t M)
+{
+    if (path == PATH_VNNI) return M <= RLX_QMV_VNNI_MAX_M ? VIA_PASSES : VIA_QGEMM;
+    if (path == PATH_AVX2) return M <= RLX_QMV_AVX2_MAX_M ? VIA_PASSES : VIA_QGEMM;
     return M <= RLX_QMV_MAX_M ? VIA_PASSES : VIA_SGEMM;
 }
 
-size_t rlx_cpu_matmul_quant_scratch(int wt, int64_t M, int64_t K, int64_t N) {
-    if (M <= 0 || K <= 0 || N <= 0)
-        return 0;
+size_t rlx_cpu_matmul_quant_scratch(int wt, int64_t M, int64_t K, int64_t N)
+{
+    if (M <= 0 || K <= 0 || N <= 0) return 0;
     /* the largest of the paths this M may take (the ISA a test may cap to is not an argument) */
     size_t need = (act_layout(mv_chunk(M, K), K).end + RLX_ALIGN + 3) / 4;
     if (M > RLX_QMV_MAX_M) {
@@ -614,9 +636,9 @@ size_t rlx_cpu_matmul_quant_scratch(int wt, int64_t M, int64_t K, int64_t N) {
 }
 
 void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int64_t M, int64_t K, int64_t N,
-                          float *scratch) {
-    if (M <= 0 || N <= 0)
-        return;
+                          float *scratch)
+{
+    if (M <= 0 || N <= 0) return;
     if (K <= 0) {
         memset(out, 0, (size_t)(M * N) * sizeof(float));
         return;
@@ -651,15 +673,20 @@ struct qemb_ctx {
     void (*to_f32)(float *, const void *, int64_t);
 };
 
-static void qemb_rows(void *p, int64_t begin, int64_t end) {
+static void qemb_rows(void *p, int64_t begin, int64_t end)
+{
     const struct qemb_ctx *c = p;
-    for (int64_t r = begin; r < end; r++)
-        c->to_f32(c->out + r * c->d, c->table + (int64_t)c->ids[r] * c->rb, c->d);
+    for (int64_t r = begin; r < end; r++) c->to_f32(c->out + r * c->d, c->table + (int64_t)c->ids[r] * c->rb, c->d);
 }
 
 /* out (n, d) f32 = rows ids (n) of table (V, d) of a block type, converted by its to_f32 */
-void rlx_cpu_embedding_quant(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d) {
-    struct qemb_ctx c = {.out = out, .table = table, .ids = ids, .d = d, .rb = row_bytes(dtype, d),
+void rlx_cpu_embedding_quant(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d)
+{
+    struct qemb_ctx c = {.out = out,
+                         .table = table,
+                         .ids = ids,
+                         .d = d,
+                         .rb = row_bytes(dtype, d),
                          .to_f32 = rlx_dtype_traits((enum rlx_dtype)dtype)->to_f32};
     rlx_parallel_for(n, rlx_cpu_row_grain(RLX_CPU_GRAIN_CHEAP / 8, d), qemb_rows, &c);
 }

@@ -28,13 +28,15 @@
 
 #define FN __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
-FN float f16s(const uint8_t *p) {
+FN float f16s(const uint8_t *p)
+{
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
 }
 
-FN float hsum(__m256 v) {
+FN float hsum(__m256 v)
+{
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -42,7 +44,8 @@ FN float hsum(__m256 v) {
 }
 
 /* bytes per block of wt (a constant in each instance) */
-FN size_t tsize(const int wt) {
+FN size_t tsize(const int wt)
+{
     switch (wt) {
     case RLX_Q8_0: return RLX_Q8_0_BYTES;
     case RLX_Q4_0: return RLX_Q4_0_BYTES;
@@ -57,18 +60,18 @@ FN size_t tsize(const int wt) {
     }
 }
 
-FN __m256i ld(const void *p) {
-    return _mm256_loadu_si256((const __m256i *)p);
-}
+FN __m256i ld(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
 /* 32 nibbles of 16 bytes: low ones then high ones */
-FN __m256i nib32(const uint8_t *qs) {
+FN __m256i nib32(const uint8_t *qs)
+{
     const __m128i x = _mm_loadu_si128((const __m128i *)qs);
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(0x0f));
 }
 
 /* byte j = 0x10 where bit j of the little-endian 32-bit word at p is set */
-FN __m256i bit5(const uint8_t *p) {
+FN __m256i bit5(const uint8_t *p)
+{
     uint32_t qh;
     memcpy(&qh, p, 4);
     __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
@@ -82,7 +85,8 @@ FN __m256i bit5(const uint8_t *p) {
  * ------------------------------------------------------------------------------------------- */
 
 /* the 32 values of a block as bytes: q (unsigned, before the offset); Q8_0: the int8 */
-FN __m256i unpack32(const uint8_t *p, const int wt) {
+FN __m256i unpack32(const uint8_t *p, const int wt)
+{
     switch (wt) {
     case RLX_Q8_0: return ld(p + 2);
     case RLX_Q4_0: return nib32(p + 2);
@@ -93,15 +97,23 @@ FN __m256i unpack32(const uint8_t *p, const int wt) {
 }
 
 /* the f16 at p + j tb for j < n (<= 8) as 8 floats (0 past n) */
-FN __m256 scales8(const uint8_t *p, size_t tb, int64_t n) {
+FN __m256 scales8(const uint8_t *p, size_t tb, int64_t n)
+{
     __m128i h = _mm_setzero_si128();
-#define LANE(j)                                                                                                  \
-    if ((j) < n) {                                                                                               \
-        uint16_t v;                                                                                              \
-        memcpy(&v, p + (j) * tb, 2);                                                                             \
-        h = _mm_insert_epi16(h, v, (j));                                                                         \
+#define LANE(j)                                                                                                        \
+    if ((j) < n) {                                                                                                     \
+        uint16_t v;                                                                                                    \
+        memcpy(&v, p + (j)*tb, 2);                                                                                     \
+        h = _mm_insert_epi16(h, v, (j));                                                                               \
     }
-    LANE(0) LANE(1) LANE(2) LANE(3) LANE(4) LANE(5) LANE(6) LANE(7)
+    LANE(0)
+    LANE(1)
+    LANE(2)
+    LANE(3)
+    LANE(4)
+    LANE(5)
+    LANE(6)
+    LANE(7)
 #undef LANE
     return _mm256_cvtph_ps(h);
 }
@@ -110,7 +122,8 @@ FN __m256 scales8(const uint8_t *p, size_t tb, int64_t n) {
  * vector each, times the activations' d (and s) of the same 8 blocks; each block's product then
  * takes its lane. */
 FN void chunk32(__m256 *acc, __m256 *macc, const struct rlx_cpu_qact *a, const uint8_t *row, int64_t K, int64_t b0,
-                const int64_t n, const int wt, const int M) {
+                const int64_t n, const int wt, const int M)
+{
     const int64_t nb = K / 32, Q = a->ldq;
     const size_t tb = tsize(wt);
     const int off = wt == RLX_Q4_0 ? 8 : wt == RLX_Q5_0 ? 16 : 0, mins = wt == RLX_Q4_1 || wt == RLX_Q5_1;
@@ -118,21 +131,23 @@ FN void chunk32(__m256 *acc, __m256 *macc, const struct rlx_cpu_qact *a, const u
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0));
     const __m256 dw = scales8(row + (size_t)b0 * tb, tb, n);
     __m256 dd[4];
-    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
+    {
         dd[m] = _mm256_mul_ps(dw, _mm256_maskload_ps(a->d + m * nb + b0, mask));
         if (mins)
             macc[m] = _mm256_fmadd_ps(scales8(row + (size_t)b0 * tb + 2, tb, n),
                                       _mm256_maskload_ps(a->s + m * nb + b0, mask), macc[m]);
     }
-    _Pragma("GCC unroll 8") for (int64_t j = 0; j < n; j++) {
+    _Pragma("GCC unroll 8") for (int64_t j = 0; j < n; j++)
+    {
         const int64_t b = b0 + j;
         const __m256i u = unpack32(row + (size_t)b * tb, wt);
         const __m256i ua = wt == RLX_Q8_0 ? _mm256_sign_epi8(u, u) : u;
         const __m256i lane = _mm256_set1_epi32((int)j);
-        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
+        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
+        {
             __m256i av = ld(a->q + m * Q + 32 * b);
-            if (wt == RLX_Q8_0)
-                av = _mm256_sign_epi8(av, u);
+            if (wt == RLX_Q8_0) av = _mm256_sign_epi8(av, u);
             __m256i i = _mm256_madd_epi16(_mm256_maddubs_epi16(ua, av), ones);
             if (off) /* the block's -off * sum a, in its first lane */
                 i = _mm256_add_epi32(i, _mm256_zextsi128_si256(_mm_cvtsi32_si128(a->bias[m * nb + b])));
@@ -142,16 +157,15 @@ FN void chunk32(__m256 *acc, __m256 *macc, const struct rlx_cpu_qact *a, const u
 }
 
 FN void row32(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
-              const int wt, const int M) {
+              const int wt, const int M)
+{
     const int64_t nb = K / 32;
     const uint8_t *row = w + (size_t)r * (size_t)nb * tsize(wt);
     __m256 acc[4], macc[4];
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps(), macc[m] = _mm256_setzero_ps();
     int64_t b = 0;
-    for (; b + 8 <= nb; b += 8)
-        chunk32(acc, macc, a, row, K, b, 8, wt, M);
-    if (b < nb)
-        chunk32(acc, macc, a, row, K, b, nb - b, wt, M);
+    for (; b + 8 <= nb; b += 8) chunk32(acc, macc, a, row, K, b, 8, wt, M);
+    if (b < nb) chunk32(acc, macc, a, row, K, b, nb - b, wt, M);
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) out[m * ldo + r] = hsum(_mm256_add_ps(acc[m], macc[m]));
 }
 
@@ -160,18 +174,21 @@ FN void row32(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8
  * ------------------------------------------------------------------------------------------- */
 
 /* word g of the 8 words of s (broadcast to both halves) in every word */
-FN __m256i word_bcast(__m256i s, int g) {
+FN __m256i word_bcast(__m256i s, int g)
+{
     return _mm256_shuffle_epi8(s, _mm256_set1_epi16((short)(0x0100 + 0x0202 * g)));
 }
 
 /* words 2j and 2j + 1 of the 8 words of s (broadcast to both halves): [s_2j x 8 | s_2j+1 x 8] */
-FN __m256i pair_bcast(__m256i s, int j) {
+FN __m256i pair_bcast(__m256i s, int j)
+{
     return _mm256_shuffle_epi8(s, _mm256_set_m128i(_mm_set1_epi16((short)(0x0302 + 0x0404 * j)),
                                                    _mm_set1_epi16((short)(0x0100 + 0x0404 * j))));
 }
 
 /* Q4_K / Q5_K: the 8 six-bit scales and 8 minimums of the 12 bytes at s, as 16 bytes */
-FN __m128i k4_scales(const uint8_t *s) {
+FN __m128i k4_scales(const uint8_t *s)
+{
     uint32_t w0, w1, w2;
     memcpy(&w0, s, 4), memcpy(&w1, s + 4, 4), memcpy(&w2, s + 8, 4);
     const uint32_t sc03 = w0 & 0x3f3f3f3f, mn03 = w1 & 0x3f3f3f3f;
@@ -181,7 +198,8 @@ FN __m128i k4_scales(const uint8_t *s) {
 }
 
 /* Q3_K: the 16 scales (6 bits, minus 32) of the 12 bytes at s, as 16 signed bytes */
-FN __m128i k3_scales(const uint8_t *s) {
+FN __m128i k3_scales(const uint8_t *s)
+{
     uint32_t a0, a1, a2;
     memcpy(&a0, s, 4), memcpy(&a1, s + 4, 4), memcpy(&a2, s + 8, 4);
     const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
@@ -192,13 +210,15 @@ FN __m128i k3_scales(const uint8_t *s) {
 }
 
 /* bit `from` of each byte of x moved to bit `to` (other bits cleared) */
-FN __m256i bit_to(__m256i x, int from, int to) {
+FN __m256i bit_to(__m256i x, int from, int to)
+{
     const __m256i y = from >= to ? _mm256_srli_epi16(x, from - to) : _mm256_slli_epi16(x, to - from);
     return _mm256_and_si256(y, _mm256_set1_epi8((char)(1 << to)));
 }
 
 FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
-             const int wt, const int M) {
+             const int wt, const int M)
+{
     const int64_t nb = K / 256;
     const size_t tb = tsize(wt);
     const uint8_t *row = w + (size_t)r * (size_t)nb * tb;
@@ -210,8 +230,8 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
         __m256i is[4];
         _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) is[m] = _mm256_setzero_si256();
         /* dot of 32 unsigned values u (elements 32 j ..) with each row, times the scale words sv */
-#define DOT32(u, j, sv)                                                                                          \
-    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) is[m] = _mm256_add_epi32(                               \
+#define DOT32(u, j, sv)                                                                                                \
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) is[m] = _mm256_add_epi32(                                      \
         is[m], _mm256_madd_epi16(_mm256_maddubs_epi16((u), ld(a->q + m * a->ldq + 256 * b + 32 * (j))), (sv)));
         float d, dmin = 0.0f;
         __m256i mdup = _mm256_setzero_si256(); /* minimums as words [m0 m0 m1 m1 ..] (one per pair of 16) */
@@ -225,7 +245,8 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
             d = f16s(p), dmin = f16s(p + 2);
             const uint8_t *qs = p + (wt == RLX_Q5_K ? 48 : 16);
             const __m256i qh = wt == RLX_Q5_K ? ld(p + 16) : _mm256_setzero_si256();
-            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
+            {
                 const __m256i x = ld(qs + 32 * c);
                 __m256i lo = _mm256_and_si256(x, m4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
                 if (wt == RLX_Q5_K) {
@@ -238,16 +259,18 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
         } else if (wt == RLX_Q6_K) {
             s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
             d = f16s(p + 208), offs = 32;
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                const __m256i sh = (h ? _mm256_permute2x128_si256(s16, s16, 0x11) : _mm256_permute2x128_si256(s16, s16, 0x00));
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+            {
+                const __m256i sh =
+                    (h ? _mm256_permute2x128_si256(s16, s16, 0x11) : _mm256_permute2x128_si256(s16, s16, 0x00));
                 const __m256i l0 = ld(p + 64 * h), l1 = ld(p + 64 * h + 32), qh = ld(p + 128 + 32 * h);
                 const __m256i m30 = _mm256_set1_epi8(0x30);
-                const __m256i k0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                                   _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
-                const __m256i k1 = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                                   _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
-                const __m256i k2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                                   _mm256_and_si256(qh, m30));
+                const __m256i k0 =
+                    _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+                const __m256i k1 =
+                    _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+                const __m256i k2 =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
                 const __m256i k3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
                 DOT32(k0, 4 * h + 0, pair_bcast(sh, 0))
@@ -259,12 +282,15 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
             s16 = _mm256_cvtepi8_epi16(k3_scales(p + 96));
             d = f16s(p + 108), offs = 4;
             const __m256i hm = ld(p);
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                const __m256i sh = (h ? _mm256_permute2x128_si256(s16, s16, 0x11) : _mm256_permute2x128_si256(s16, s16, 0x00));
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+            {
+                const __m256i sh =
+                    (h ? _mm256_permute2x128_si256(s16, s16, 0x11) : _mm256_permute2x128_si256(s16, s16, 0x00));
                 const __m256i x = ld(p + 32 + 32 * h);
-                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-                    const __m256i u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2 * k), m3),
-                                                      bit_to(hm, 4 * h + k, 2));
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
+                {
+                    const __m256i u =
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2 * k), m3), bit_to(hm, 4 * h + k, 2));
                     DOT32(u, 4 * h + k, pair_bcast(sh, k))
                 }
             }
@@ -273,10 +299,13 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
             s16 = _mm256_cvtepu8_epi16(_mm_and_si128(sb, _mm_set1_epi8(0x0f)));
             mdup = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0f)));
             d = f16s(p + 80), dmin = f16s(p + 82);
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                const __m256i sh = (h ? _mm256_permute2x128_si256(s16, s16, 0x11) : _mm256_permute2x128_si256(s16, s16, 0x00));
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+            {
+                const __m256i sh =
+                    (h ? _mm256_permute2x128_si256(s16, s16, 0x11) : _mm256_permute2x128_si256(s16, s16, 0x00));
                 const __m256i x = ld(p + 16 + 32 * h);
-                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
+                {
                     const __m256i u = _mm256_and_si256(_mm256_srli_epi16(x, 2 * k), m3);
                     DOT32(u, 4 * h + k, pair_bcast(sh, k))
                 }
@@ -284,7 +313,8 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
         }
 #undef DOT32
         const int mins = wt == RLX_Q2_K || wt == RLX_Q4_K || wt == RLX_Q5_K;
-        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
+        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
+        {
             const float da = a->d[m * nb + b];
             const __m256i bs = ld(a->bsums + m * (K / 16) + 16 * b);
             __m256i i = is[m];
@@ -303,12 +333,11 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
  * Unpacking to signed integers and group scales (the VNNI GEMM's weight panels)
  * ------------------------------------------------------------------------------------------- */
 
-int rlx_cpu_quant_group(int wt) {
-    return wt == RLX_Q2_K || wt == RLX_Q3_K || wt == RLX_Q6_K ? 16 : 32;
-}
+int rlx_cpu_quant_group(int wt) { return wt == RLX_Q2_K || wt == RLX_Q3_K || wt == RLX_Q6_K ? 16 : 32; }
 
 /* the sums of the two 16-byte halves of v (signed bytes) */
-FN void sums16(__m256i v, int32_t *s0, int32_t *s1) {
+FN void sums16(__m256i v, int32_t *s0, int32_t *s1)
+{
     const __m256i t = _mm256_sad_epu8(_mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
     const __m128i lo = _mm256_castsi256_si128(t), hi = _mm256_extracti128_si256(t, 1);
     *s0 = (int32_t)(_mm_cvtsi128_si32(lo) + _mm_extract_epi32(lo, 2)) - 2048;
@@ -316,7 +345,8 @@ FN void sums16(__m256i v, int32_t *s0, int32_t *s1) {
 }
 
 /* 32 signed values v at dst (elements g16 * 16 .. of the unit), their group sums into ws */
-FN void put32(int8_t *dst, int32_t *ws, __m256i v, int g16) {
+FN void put32(int8_t *dst, int32_t *ws, __m256i v, int g16)
+{
     _mm256_storeu_si256((__m256i *)dst, v);
     int32_t s0, s1;
     sums16(v, &s0, &s1);
@@ -326,7 +356,8 @@ FN void put32(int8_t *dst, int32_t *ws, __m256i v, int g16) {
         ws[0] = s0 + s1;
 }
 
-FN void unpack_units(int8_t *v, float *dw, float *mw, int32_t *ws, const uint8_t *src, int64_t n, const int wt) {
+FN void unpack_units(int8_t *v, float *dw, float *mw, int32_t *ws, const uint8_t *src, int64_t n, const int wt)
+{
     const size_t tb = tsize(wt);
     const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3);
     for (int64_t u = 0; u < n; u++) {
@@ -343,28 +374,30 @@ FN void unpack_units(int8_t *v, float *dw, float *mw, int32_t *ws, const uint8_t
         if (wt == RLX_Q4_K || wt == RLX_Q5_K) {
             _mm_storeu_si128((__m128i *)sm, k4_scales(p + 4));
             const float d = f16s(p), dmin = f16s(p + 2);
-            for (int g = 0; g < 8; g++)
-                dw[8 * u + g] = d * (float)sm[g], mw[8 * u + g] = -(dmin * (float)sm[8 + g]);
+            for (int g = 0; g < 8; g++) dw[8 * u + g] = d * (float)sm[g], mw[8 * u + g] = -(dmin * (float)sm[8 + g]);
             const uint8_t *qs = p + (wt == RLX_Q5_K ? 48 : 16);
             const __m256i qh = wt == RLX_Q5_K ? ld(p + 16) : _mm256_setzero_si256();
             for (int c = 0; c < 4; c++) {
                 const __m256i x = ld(qs + 32 * c);
                 __m256i lo = _mm256_and_si256(x, m4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
                 if (wt == RLX_Q5_K) {
-                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, _mm256_set1_epi8((char)(1 << (2 * c)))),
-                                                                                _mm256_set1_epi8((char)(1 << (2 * c)))),
-                                                             _mm256_set1_epi8(16)));
-                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, _mm256_set1_epi8((char)(2 << (2 * c)))),
-                                                                                _mm256_set1_epi8((char)(2 << (2 * c)))),
-                                                             _mm256_set1_epi8(16)));
+                    lo = _mm256_or_si256(
+                        lo,
+                        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, _mm256_set1_epi8((char)(1 << (2 * c)))),
+                                                           _mm256_set1_epi8((char)(1 << (2 * c)))),
+                                         _mm256_set1_epi8(16)));
+                    hi = _mm256_or_si256(
+                        hi,
+                        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, _mm256_set1_epi8((char)(2 << (2 * c)))),
+                                                           _mm256_set1_epi8((char)(2 << (2 * c)))),
+                                         _mm256_set1_epi8(16)));
                 }
                 put32(o + 64 * c, ws + 8 * u + 2 * c, lo, 0);
                 put32(o + 64 * c + 32, ws + 8 * u + 2 * c + 1, hi, 0);
             }
         } else if (wt == RLX_Q6_K) {
             const float d = f16s(p + 208);
-            for (int g = 0; g < 16; g++)
-                dw[16 * u + g] = d * (float)(int8_t)p[192 + g], mw[16 * u + g] = 0.0f;
+            for (int g = 0; g < 16; g++) dw[16 * u + g] = d * (float)(int8_t)p[192 + g], mw[16 * u + g] = 0.0f;
             const __m256i m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
             for (int h = 0; h < 2; h++) {
                 const __m256i l0 = ld(p + 64 * h), l1 = ld(p + 64 * h + 32), qh = ld(p + 128 + 32 * h);
@@ -380,14 +413,13 @@ FN void unpack_units(int8_t *v, float *dw, float *mw, int32_t *ws, const uint8_t
         } else if (wt == RLX_Q3_K) {
             _mm_storeu_si128((__m128i *)sm, k3_scales(p + 96));
             const float d = f16s(p + 108);
-            for (int g = 0; g < 16; g++)
-                dw[16 * u + g] = d * (float)(int8_t)sm[g], mw[16 * u + g] = 0.0f;
+            for (int g = 0; g < 16; g++) dw[16 * u + g] = d * (float)(int8_t)sm[g], mw[16 * u + g] = 0.0f;
             const __m256i hm = ld(p), k4 = _mm256_set1_epi8(4);
             for (int h = 0; h < 2; h++) {
                 const __m256i x = ld(p + 32 + 32 * h);
                 for (int k = 0; k < 4; k++) {
-                    const __m256i uu = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2 * k), m3),
-                                                       bit_to(hm, 4 * h + k, 2));
+                    const __m256i uu =
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2 * k), m3), bit_to(hm, 4 * h + k, 2));
                     put32(o + 128 * h + 32 * k, ws + 16 * u + 8 * h + 2 * k, _mm256_sub_epi8(uu, k4), 1);
                 }
             }
@@ -406,7 +438,8 @@ FN void unpack_units(int8_t *v, float *dw, float *mw, int32_t *ws, const uint8_t
 }
 
 __attribute__((target("avx2,fma,f16c"))) void rlx_cpu_qunpack_avx2(int8_t *v, float *dw, float *mw, int32_t *wsum,
-                                                                   const void *src, int wt, int64_t n) {
+                                                                   const void *src, int wt, int64_t n)
+{
     switch (wt) {
     case RLX_Q8_0: unpack_units(v, dw, mw, wsum, src, n, RLX_Q8_0); break;
     case RLX_Q4_0: unpack_units(v, dw, mw, wsum, src, n, RLX_Q4_0); break;
@@ -425,29 +458,36 @@ __attribute__((target("avx2,fma,f16c"))) void rlx_cpu_qunpack_avx2(int8_t *v, fl
  * Dispatch: one instance per (dtype, M)
  * ------------------------------------------------------------------------------------------- */
 
-#define RANGE(name, kernel)                                                                                      \
-    FN void name(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r0, \
-                 int64_t r1, const int wt, const int M) {                                                       \
-        for (int64_t r = r0; r < r1; r++)                                                                        \
-            kernel(out, ldo, a, w, K, r, wt, M);                                                                 \
+#define RANGE(name, kernel)                                                                                            \
+    FN void name(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r0,       \
+                 int64_t r1, const int wt, const int M)                                                                \
+    {                                                                                                                  \
+        for (int64_t r = r0; r < r1; r++) kernel(out, ldo, a, w, K, r, wt, M);                                         \
     }
 RANGE(range32, row32)
 RANGE(rangek, rowk)
 
 __attribute__((target("avx2,fma,f16c"))) void rlx_cpu_qmv_avx2(float *out, int64_t ldo, const struct rlx_cpu_qact *a,
                                                                int M, const void *w, int wt, int64_t K, int64_t r0,
-                                                               int64_t r1) {
-#define CASE(WT, MM, RANGE_FN)                                                                                   \
-    case (WT) * 8 + (MM):                                                                                        \
-        RANGE_FN(out, ldo, a, w, K, r0, r1, WT, MM);                                                             \
+                                                               int64_t r1)
+{
+#define CASE(WT, MM, RANGE_FN)                                                                                         \
+    case (WT)*8 + (MM):                                                                                                \
+        RANGE_FN(out, ldo, a, w, K, r0, r1, WT, MM);                                                                   \
         break;
 #define CASES(WT, RANGE_FN) CASE(WT, 1, RANGE_FN) CASE(WT, 2, RANGE_FN) CASE(WT, 3, RANGE_FN) CASE(WT, 4, RANGE_FN)
     switch (wt * 8 + M) {
-        CASES(RLX_Q8_0, range32) CASES(RLX_Q4_0, range32) CASES(RLX_Q4_1, range32) CASES(RLX_Q5_0, range32)
-        CASES(RLX_Q5_1, range32) CASES(RLX_Q2_K, rangek) CASES(RLX_Q3_K, rangek) CASES(RLX_Q4_K, rangek)
-        CASES(RLX_Q5_K, rangek) CASES(RLX_Q6_K, rangek)
-    default:
-        break;
+        CASES(RLX_Q8_0, range32)
+        CASES(RLX_Q4_0, range32)
+        CASES(RLX_Q4_1, range32)
+        CASES(RLX_Q5_0, range32)
+        CASES(RLX_Q5_1, range32)
+        CASES(RLX_Q2_K, rangek)
+        CASES(RLX_Q3_K, rangek)
+        CASES(RLX_Q4_K, rangek)
+        CASES(RLX_Q5_K, rangek)
+        CASES(RLX_Q6_K, rangek)
+    default: break;
     }
 #undef CASES
 #undef CASE

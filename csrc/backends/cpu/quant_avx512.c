@@ -35,16 +35,17 @@
 #include <immintrin.h>
 #include <string.h>
 
-#define FN                                                                                                       \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), always_inline)) static inline
+#define FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), always_inline)) static inline
 
-FN float f16s(const uint8_t *p) {
+FN float f16s(const uint8_t *p)
+{
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
 }
 
-FN size_t tsize(const int wt) {
+FN size_t tsize(const int wt)
+{
     switch (wt) {
     case RLX_Q8_0: return RLX_Q8_0_BYTES;
     case RLX_Q4_0: return RLX_Q4_0_BYTES;
@@ -59,26 +60,22 @@ FN size_t tsize(const int wt) {
     }
 }
 
-FN __m256i ld32(const void *p) {
-    return _mm256_loadu_si256((const __m256i *)p);
-}
+FN __m256i ld32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
-FN __m512i ld64(const void *p) {
-    return _mm512_loadu_si512(p);
-}
+FN __m512i ld64(const void *p) { return _mm512_loadu_si512(p); }
 
 /* [x | y] */
-FN __m512i cat(__m256i x, __m256i y) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1);
-}
+FN __m512i cat(__m256i x, __m256i y) { return _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1); }
 
 /* 32 bytes: first half a, second half b */
-FN __m512i halves8(int a, int b) {
+FN __m512i halves8(int a, int b)
+{
     return _mm512_mask_blend_epi8(0xffffffff00000000ull, _mm512_set1_epi8((char)a), _mm512_set1_epi8((char)b));
 }
 
 /* 16 words: first half a, second half b */
-FN __m512i halves16(int a, int b) {
+FN __m512i halves16(int a, int b)
+{
     return _mm512_mask_blend_epi16(0xffff0000u, _mm512_set1_epi16((short)a), _mm512_set1_epi16((short)b));
 }
 
@@ -95,7 +92,8 @@ struct idx32 {
 
 /* the permutes of 4 blocks of wt (tb bytes each): nib: block j's 8 words of nibbles at words 8j..;
  * qh: words j and 4 + j the low and high halves of block j's fifth bits */
-FN void idx32_init(struct idx32 *ix, const int wt) {
+FN void idx32_init(struct idx32 *ix, const int wt)
+{
     const int tw = (int)tsize(wt) / 2, no = wt == RLX_Q4_0 ? 1 : wt == RLX_Q4_1 ? 2 : wt == RLX_Q5_0 ? 3 : 4;
     const int ho = wt == RLX_Q5_0 ? 1 : 2;
     uint16_t nib[32], qh[32];
@@ -107,7 +105,8 @@ FN void idx32_init(struct idx32 *ix, const int wt) {
 }
 
 /* the f16 at p + j tb for the first n (<= 4) blocks as 4 floats (0 past n) */
-FN __m128 scales4(const uint8_t *p, int64_t tb, int n) {
+FN __m128 scales4(const uint8_t *p, int64_t tb, int n)
+{
     uint64_t h = 0;
     for (int j = 0; j < 4; j++)
         if (j < n) {
@@ -120,7 +119,8 @@ FN __m128 scales4(const uint8_t *p, int64_t tb, int n) {
 
 /* the group of n (1..4) blocks at p (bytes under masks k0 / k1 of the two loads), lanes 16 g .. */
 FN void group4(__m512 *acc, __m128 *macc, const struct rlx_cpu_qact *a, const uint8_t *p, __mmask64 k0, __mmask64 k1,
-               int64_t g, int n, const struct idx32 *ix, const int wt, const int M) {
+               int64_t g, int n, const struct idx32 *ix, const int wt, const int M)
+{
     const int five = wt == RLX_Q5_0 || wt == RLX_Q5_1, mins = wt == RLX_Q4_1 || wt == RLX_Q5_1;
     const int64_t Q = a->ldq, tb = (int64_t)tsize(wt);
     const __m512i z0 = _mm512_maskz_loadu_epi8(k0, p), z1 = _mm512_maskz_loadu_epi8(k1, p + 64);
@@ -136,7 +136,8 @@ FN void group4(__m512 *acc, __m128 *macc, const struct rlx_cpu_qact *a, const ui
     const __m512i expand = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 2);
     const __mmask8 live = (__mmask8)((1u << n) - 1);
     const int64_t nb = a->K / 32;
-    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
+    {
         const int8_t *q = a->q + m * Q + 128 * g;
         const float *d = a->d + m * nb + 4 * g;
         __m512i bias = _mm512_setzero_si512();
@@ -147,8 +148,8 @@ FN void group4(__m512 *acc, __m128 *macc, const struct rlx_cpu_qact *a, const ui
                                               : _mm_maskz_loadu_epi32(live, a->bias + m * nb + 4 * g)));
         const __m512i i = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(bias, lo, ld64(q)), hi, ld64(q + 64));
         const __m128 dd = _mm_mul_ps(dw, n == 4 ? _mm_loadu_ps(d) : _mm_maskz_loadu_ps(live, d));
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(expand, _mm512_castps128_ps512(dd)),
-                                 acc[m]);
+        acc[m] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(expand, _mm512_castps128_ps512(dd)), acc[m]);
         if (mins) {
             const float *sp = a->s + m * nb + 4 * g;
             macc[m] = _mm_fmadd_ps(mw, n == 4 ? _mm_loadu_ps(sp) : _mm_maskz_loadu_ps(live, sp), macc[m]);
@@ -156,12 +157,11 @@ FN void group4(__m512 *acc, __m128 *macc, const struct rlx_cpu_qact *a, const ui
     }
 }
 
-FN __mmask64 bytes_mask(int64_t n) {
-    return n >= 64 ? ~(__mmask64)0 : n <= 0 ? 0 : ((__mmask64)1 << n) - 1;
-}
+FN __mmask64 bytes_mask(int64_t n) { return n >= 64 ? ~(__mmask64)0 : n <= 0 ? 0 : ((__mmask64)1 << n) - 1; }
 
 FN void row4(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
-             const struct idx32 *ix, const int wt, const int M) {
+             const struct idx32 *ix, const int wt, const int M)
+{
     const int64_t nb = K / 32, tb = (int64_t)tsize(wt), gb = 4 * tb;
     const uint8_t *row = w + r * nb * tb;
     __m512 acc[4];
@@ -169,15 +169,14 @@ FN void row4(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps(), macc[m] = _mm_setzero_ps();
     const __mmask64 k1 = bytes_mask(gb - 64);
     int64_t g = 0;
-    for (; 4 * g + 4 <= nb; g++)
-        group4(acc, macc, a, row + g * gb, ~(__mmask64)0, k1, g, 4, ix, wt, M);
+    for (; 4 * g + 4 <= nb; g++) group4(acc, macc, a, row + g * gb, ~(__mmask64)0, k1, g, 4, ix, wt, M);
     if (4 * g < nb) { /* the last 1 .. 3 blocks */
         const int64_t n = (nb - 4 * g) * tb;
         group4(acc, macc, a, row + g * gb, bytes_mask(n), bytes_mask(n - 64), g, (int)(nb - 4 * g), ix, wt, M);
     }
-    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
-        if (wt == RLX_Q4_1 || wt == RLX_Q5_1)
-            acc[m] = _mm512_add_ps(acc[m], _mm512_castps128_ps512(macc[m]));
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
+    {
+        if (wt == RLX_Q4_1 || wt == RLX_Q5_1) acc[m] = _mm512_add_ps(acc[m], _mm512_castps128_ps512(macc[m]));
         out[m * ldo + r] = _mm512_reduce_add_ps(acc[m]);
     }
 }
@@ -185,17 +184,18 @@ FN void row4(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
 /* Q8_0: the block at p (and the next one, at p + 34, when two): |w| from two 32-byte runs of int8
  * against the activations negated where w < 0 (exact int32 lanes, no offset); the two scales as
  * an xmm, times the activations' two d, spread over the halves */
-FN void pair8(__m512 *acc, const struct rlx_cpu_qact *a, const uint8_t *p, int64_t b, const int two, const int M) {
+FN void pair8(__m512 *acc, const struct rlx_cpu_qact *a, const uint8_t *p, int64_t b, const int two, const int M)
+{
     const int64_t Q = a->ldq, nb = a->K / 32;
     const __m512i w = cat(ld32(p + 2), ld32(p + (two ? 36 : 2))), aw = _mm512_abs_epi8(w);
     const __mmask64 neg = _mm512_movepi8_mask(w);
     uint16_t h0, h1 = 0;
     memcpy(&h0, p, 2);
-    if (two)
-        memcpy(&h1, p + 34, 2);
+    if (two) memcpy(&h1, p + 34, 2);
     const __m128 dw = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)h0 | (uint32_t)h1 << 16)));
     const __m512i halves = _mm512_mask_blend_epi32(0xff00, _mm512_setzero_si512(), _mm512_set1_epi32(1));
-    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
+    {
         const float *d = a->d + m * nb + b;
         const __m128 da = two ? _mm_castpd_ps(_mm_load_sd((const double *)d)) : _mm_load_ss(d);
         __m512i av = two ? ld64(a->q + m * Q + 32 * b) : _mm512_maskz_loadu_epi8(0xffffffffull, a->q + m * Q + 32 * b);
@@ -206,17 +206,16 @@ FN void pair8(__m512 *acc, const struct rlx_cpu_qact *a, const uint8_t *p, int64
 }
 
 FN void row8(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
-             const struct idx32 *ix, const int wt, const int M) {
+             const struct idx32 *ix, const int wt, const int M)
+{
     (void)ix, (void)wt;
     const int64_t nb = K / 32;
     const uint8_t *row = w + r * nb * RLX_Q8_0_BYTES;
     __m512 acc[4];
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     int64_t b = 0;
-    for (; b + 2 <= nb; b += 2)
-        pair8(acc, a, row + b * RLX_Q8_0_BYTES, b, 1, M);
-    if (b < nb)
-        pair8(acc, a, row + b * RLX_Q8_0_BYTES, b, 0, M);
+    for (; b + 2 <= nb; b += 2) pair8(acc, a, row + b * RLX_Q8_0_BYTES, b, 1, M);
+    if (b < nb) pair8(acc, a, row + b * RLX_Q8_0_BYTES, b, 0, M);
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) out[m * ldo + r] = _mm512_reduce_add_ps(acc[m]);
 }
 
@@ -225,7 +224,8 @@ FN void row8(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
  * ------------------------------------------------------------------------------------------- */
 
 /* Q4_K / Q5_K: the 8 six-bit scales and 8 minimums of the 12 bytes at s, as 16 bytes */
-FN __m128i k4_scales(const uint8_t *s) {
+FN __m128i k4_scales(const uint8_t *s)
+{
     uint32_t w0, w1, w2;
     memcpy(&w0, s, 4), memcpy(&w1, s + 4, 4), memcpy(&w2, s + 8, 4);
     const uint32_t sc03 = w0 & 0x3f3f3f3f, mn03 = w1 & 0x3f3f3f3f;
@@ -235,7 +235,8 @@ FN __m128i k4_scales(const uint8_t *s) {
 }
 
 /* Q3_K: the 16 scales (6 bits, minus 32) of the 12 bytes at s, as 16 signed bytes */
-FN __m128i k3_scales(const uint8_t *s) {
+FN __m128i k3_scales(const uint8_t *s)
+{
     uint32_t a0, a1, a2;
     memcpy(&a0, s, 4), memcpy(&a1, s + 4, 4), memcpy(&a2, s + 8, 4);
     const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
@@ -249,7 +250,8 @@ static const uint16_t RAMP16[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1,
                                     2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
 
 FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
-             const struct idx32 *ix, const int wt, const int M) {
+             const struct idx32 *ix, const int wt, const int M)
+{
     (void)ix;
     const int64_t nb = K / 256;
     const size_t tb = tsize(wt);
@@ -267,9 +269,9 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
         _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) is[m] = _mm512_setzero_si512();
         /* dot of the 64 unsigned values u (activations from element j of the super-block) with
          * each row, times the scale words sv */
-#define DOT64(u, j, sv)                                                                                          \
-    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) is[m] = _mm512_dpwssd_epi32(                           \
-        is[m], _mm512_maddubs_epi16((u), ld64(a->q + m * a->ldq + 256 * b + (j))), (sv));
+#define DOT64(u, j, sv)                                                                                                \
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) is[m] =                                                        \
+        _mm512_dpwssd_epi32(is[m], _mm512_maddubs_epi16((u), ld64(a->q + m * a->ldq + 256 * b + (j))), (sv));
         float d, dmin = 0.0f;
         __m256i mdup = _mm256_setzero_si256(); /* minimums as words, one per 16 (bsums) */
         __m256i s16 = _mm256_setzero_si256();  /* 16-element groups: the scales as words */
@@ -282,7 +284,8 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
             d = f16s(p), dmin = f16s(p + 2);
             const uint8_t *qs = p + (wt == RLX_Q5_K ? 48 : 16);
             const __m512i qh = wt == RLX_Q5_K ? cat(ld32(p + 16), ld32(p + 16)) : _mm512_setzero_si512();
-            _Pragma("GCC unroll 2") for (int j = 0; j < 2; j++) {
+            _Pragma("GCC unroll 2") for (int j = 0; j < 2; j++)
+            {
                 /* groups [4j | 4j + 2] (low nibbles) and [4j + 1 | 4j + 3] (high) */
                 const __m512i x = ld64(qs + 64 * j);
                 __m512i lo = _mm512_and_si512(x, m4), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
@@ -290,11 +293,11 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
                     const __m512i s16b = _mm512_set1_epi8(16);
                     lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, halves8(1 << (4 * j), 1 << (4 * j + 2))),
                                               lo, s16b);
-                    hi = _mm512_mask_add_epi8(hi,
-                                              _mm512_test_epi8_mask(qh, halves8(1 << (4 * j + 1), 1 << (4 * j + 3))),
-                                              hi, s16b);
+                    hi = _mm512_mask_add_epi8(
+                        hi, _mm512_test_epi8_mask(qh, halves8(1 << (4 * j + 1), 1 << (4 * j + 3))), hi, s16b);
                 }
-                DOT64(lo, 128 * j, _mm512_permutexvar_epi16(_mm512_add_epi16(ramp32, _mm512_set1_epi16((short)(4 * j))), sw))
+                DOT64(lo, 128 * j,
+                      _mm512_permutexvar_epi16(_mm512_add_epi16(ramp32, _mm512_set1_epi16((short)(4 * j))), sw))
                 DOT64(hi, 128 * j + 64,
                       _mm512_permutexvar_epi16(_mm512_add_epi16(ramp32, _mm512_set1_epi16((short)(4 * j + 1))), sw))
             }
@@ -302,13 +305,15 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
             s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
             const __m512i sw = _mm512_zextsi256_si512(s16);
             d = f16s(p + 208), offs = 32;
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+            {
                 const __m512i l = ld64(p + 64 * h), hh = cat(ld32(p + 128 + 32 * h), ld32(p + 128 + 32 * h));
                 const __m512i w0 = _mm512_or_si512(_mm512_and_si512(l, m4),
                                                    _mm512_and_si512(_mm512_sllv_epi16(hh, halves16(4, 2)), m30));
                 const __m512i w1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
                                                    _mm512_and_si512(_mm512_srlv_epi16(hh, halves16(0, 2)), m30));
-                DOT64(w0, 128 * h, _mm512_permutexvar_epi16(_mm512_add_epi16(ramp16, _mm512_set1_epi16((short)(8 * h))), sw))
+                DOT64(w0, 128 * h,
+                      _mm512_permutexvar_epi16(_mm512_add_epi16(ramp16, _mm512_set1_epi16((short)(8 * h))), sw))
                 DOT64(w1, 128 * h + 64,
                       _mm512_permutexvar_epi16(_mm512_add_epi16(ramp16, _mm512_set1_epi16((short)(8 * h + 4))), sw))
             }
@@ -317,7 +322,8 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
             const __m512i sw = _mm512_zextsi256_si512(s16);
             d = f16s(p + 108), offs = 4;
             const __m512i hm = cat(ld32(p), ld32(p));
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+            {
                 const __m512i x = cat(ld32(p + 32 + 32 * h), ld32(p + 32 + 32 * h)), four = _mm512_set1_epi8(4);
                 __m512i w0 = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(0, 2)), m3);
                 __m512i w1 = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(4, 6)), m3);
@@ -325,7 +331,8 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
                                           four);
                 w1 = _mm512_mask_add_epi8(w1, _mm512_test_epi8_mask(hm, halves8(1 << (4 * h + 2), 1 << (4 * h + 3))),
                                           w1, four);
-                DOT64(w0, 128 * h, _mm512_permutexvar_epi16(_mm512_add_epi16(ramp16, _mm512_set1_epi16((short)(8 * h))), sw))
+                DOT64(w0, 128 * h,
+                      _mm512_permutexvar_epi16(_mm512_add_epi16(ramp16, _mm512_set1_epi16((short)(8 * h))), sw))
                 DOT64(w1, 128 * h + 64,
                       _mm512_permutexvar_epi16(_mm512_add_epi16(ramp16, _mm512_set1_epi16((short)(8 * h + 4))), sw))
             }
@@ -335,18 +342,21 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
             mdup = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0f)));
             const __m512i sw = _mm512_zextsi256_si512(s16);
             d = f16s(p + 80), dmin = f16s(p + 82);
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+            {
                 const __m512i x = cat(ld32(p + 16 + 32 * h), ld32(p + 16 + 32 * h));
                 const __m512i w0 = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(0, 2)), m3);
                 const __m512i w1 = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(4, 6)), m3);
-                DOT64(w0, 128 * h, _mm512_permutexvar_epi16(_mm512_add_epi16(ramp16, _mm512_set1_epi16((short)(8 * h))), sw))
+                DOT64(w0, 128 * h,
+                      _mm512_permutexvar_epi16(_mm512_add_epi16(ramp16, _mm512_set1_epi16((short)(8 * h))), sw))
                 DOT64(w1, 128 * h + 64,
                       _mm512_permutexvar_epi16(_mm512_add_epi16(ramp16, _mm512_set1_epi16((short)(8 * h + 4))), sw))
             }
         }
 #undef DOT64
         const int mins = wt == RLX_Q2_K || wt == RLX_Q4_K || wt == RLX_Q5_K;
-        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
+        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
+        {
             const float da = a->d[m * nb + b];
             const __m256i bs = ld32(a->bsums + m * (K / 16) + 16 * b);
             __m512i i = is[m];
@@ -366,14 +376,13 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
  * Dispatch: one instance per (dtype, M)
  * ------------------------------------------------------------------------------------------- */
 
-#define RANGE(name, kernel)                                                                                      \
-    FN void name(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r0, \
-                 int64_t r1, const int wt, const int M) {                                                       \
-        struct idx32 ix;                                                                                         \
-        if (wt == RLX_Q4_0 || wt == RLX_Q4_1 || wt == RLX_Q5_0 || wt == RLX_Q5_1)                                \
-            idx32_init(&ix, wt);                                                                                 \
-        for (int64_t r = r0; r < r1; r++)                                                                        \
-            kernel(out, ldo, a, w, K, r, &ix, wt, M);                                                            \
+#define RANGE(name, kernel)                                                                                            \
+    FN void name(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r0,       \
+                 int64_t r1, const int wt, const int M)                                                                \
+    {                                                                                                                  \
+        struct idx32 ix;                                                                                               \
+        if (wt == RLX_Q4_0 || wt == RLX_Q4_1 || wt == RLX_Q5_0 || wt == RLX_Q5_1) idx32_init(&ix, wt);                 \
+        for (int64_t r = r0; r < r1; r++) kernel(out, ldo, a, w, K, r, &ix, wt, M);                                    \
     }
 RANGE(range4, row4)
 RANGE(range8, row8)
@@ -381,18 +390,25 @@ RANGE(rangek, rowk)
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) void
 rlx_cpu_qmv_avx512(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,
-                   int64_t r0, int64_t r1) {
-#define CASE(WT, MM, RANGE_FN)                                                                                   \
-    case (WT) * 8 + (MM):                                                                                        \
-        RANGE_FN(out, ldo, a, w, K, r0, r1, WT, MM);                                                             \
+                   int64_t r0, int64_t r1)
+{
+#define CASE(WT, MM, RANGE_FN)                                                                                         \
+    case (WT)*8 + (MM):                                                                                                \
+        RANGE_FN(out, ldo, a, w, K, r0, r1, WT, MM);                                                                   \
         break;
 #define CASES(WT, RANGE_FN) CASE(WT, 1, RANGE_FN) CASE(WT, 2, RANGE_FN) CASE(WT, 3, RANGE_FN) CASE(WT, 4, RANGE_FN)
     switch (wt * 8 + M) {
-        CASES(RLX_Q8_0, range8) CASES(RLX_Q4_0, range4) CASES(RLX_Q4_1, range4) CASES(RLX_Q5_0, range4)
-        CASES(RLX_Q5_1, range4) CASES(RLX_Q2_K, rangek) CASES(RLX_Q3_K, rangek) CASES(RLX_Q4_K, rangek)
-        CASES(RLX_Q5_K, rangek) CASES(RLX_Q6_K, rangek)
-    default:
-        break;
+        CASES(RLX_Q8_0, range8)
+        CASES(RLX_Q4_0, range4)
+        CASES(RLX_Q4_1, range4)
+        CASES(RLX_Q5_0, range4)
+        CASES(RLX_Q5_1, range4)
+        CASES(RLX_Q2_K, rangek)
+        CASES(RLX_Q3_K, rangek)
+        CASES(RLX_Q4_K, rangek)
+        CASES(RLX_Q5_K, rangek)
+        CASES(RLX_Q6_K, rangek)
+    default: break;
     }
 #undef CASES
 #undef CASE

@@ -40,20 +40,21 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#define QG_MB 16 /* rows of `a` per microkernel: the lanes of a zmm */
-#define QG_NR 8  /* weight rows per panel */
+#define QG_MB      16 /* rows of `a` per microkernel: the lanes of a zmm */
+#define QG_NR      8  /* weight rows per panel */
 /* bytes of packed A per chunk of rows (at least 16 rows) */
 #define QG_A_BYTES ((int64_t)4 << 20)
 
-#define FN                                                                                                       \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), always_inline)) static inline
+#define FN     __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), always_inline)) static inline
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-static int64_t bs_of(int wt) {
+static int64_t bs_of(int wt)
+{
     return wt == RLX_Q8_0 || wt == RLX_Q4_0 || wt == RLX_Q4_1 || wt == RLX_Q5_0 || wt == RLX_Q5_1 ? 32 : 256;
 }
 
-static int64_t chunk_rows(int64_t M, int64_t K) {
+static int64_t chunk_rows(int64_t M, int64_t K)
+{
     int64_t r = QG_A_BYTES / K / QG_MB * QG_MB;
     r = r < QG_MB ? QG_MB : r;
     return r < M ? r : M;
@@ -65,7 +66,8 @@ struct qg_layout {
     size_t qn, dn, sn, ap, as, am, panels, panel, end;
 };
 
-static struct qg_layout qg_layout(int64_t mc, int64_t K, int64_t threads) {
+static struct qg_layout qg_layout(int64_t mc, int64_t K, int64_t threads)
+{
     struct qg_layout l;
     const int64_t m16 = (mc + QG_MB - 1) / QG_MB * QG_MB;
     size_t at = 0;
@@ -86,7 +88,8 @@ static struct qg_layout qg_layout(int64_t mc, int64_t K, int64_t threads) {
     return l;
 }
 
-size_t rlx_cpu_qgemm_scratch(int wt, int64_t M, int64_t K, int64_t N) {
+size_t rlx_cpu_qgemm_scratch(int wt, int64_t M, int64_t K, int64_t N)
+{
     (void)wt, (void)N;
     return (qg_layout(chunk_rows(M, K), K, rlx_pool_threads()).end + RLX_ALIGN + 3) / 4;
 }
@@ -107,7 +110,8 @@ struct qg_ctx {
  * Packing the activations: blocks of 16 rows
  * ------------------------------------------------------------------------------------------- */
 
-TARGET static void qg_pack_a(void *p, int64_t b0, int64_t b1) {
+TARGET static void qg_pack_a(void *p, int64_t b0, int64_t b1)
+{
     const struct qg_ctx *c = p;
     const int64_t K = c->K, bs = bs_of(c->wt), G = rlx_cpu_quant_group(c->wt), nb = K / bs, ng = K / G;
     int8_t *qn = (int8_t *)(c->base + c->l.qn);
@@ -132,8 +136,7 @@ TARGET static void qg_pack_a(void *p, int64_t b0, int64_t b1) {
         float *am = (float *)(c->base + c->l.am) + mb * QG_MB * (K / 16);
         for (int64_t i = 0; i < QG_MB; i++) {
             const int64_t r = r0 + i;
-            for (int64_t b = 0; b < nb; b++)
-                as[b * QG_MB + i] = i < rows ? dn[r * nb + b] : 0.0f;
+            for (int64_t b = 0; b < nb; b++) as[b * QG_MB + i] = i < rows ? dn[r * nb + b] : 0.0f;
             for (int64_t g = 0; g < ng; g++) {
                 const int16_t *s = sn + r * (K / 16);
                 float v = 0.0f;
@@ -154,7 +157,8 @@ TARGET static void qg_pack_a(void *p, int64_t b0, int64_t b1) {
  * ------------------------------------------------------------------------------------------- */
 
 /* rows n0 .. n0 + nr (nr <= QG_NR) of W into the panel at pb */
-static void qg_pack_b(char *pb, const struct qg_ctx *c, int64_t n0, int64_t nr) {
+static void qg_pack_b(char *pb, const struct qg_ctx *c, int64_t n0, int64_t nr)
+{
     const int64_t K = c->K, bs = bs_of(c->wt), G = rlx_cpu_quant_group(c->wt), ng = K / G;
     const size_t tb = rlx_dtype_traits((enum rlx_dtype)c->wt)->type_size, rb = (size_t)(K / bs) * tb;
     const size_t gsz = rlx_align_up((size_t)(ng * QG_NR * 4)), rsz = rlx_align_up((size_t)(ng * 4));
@@ -168,8 +172,7 @@ static void qg_pack_b(char *pb, const struct qg_ctx *c, int64_t n0, int64_t nr) 
             rlx_cpu_qunpack_avx2(v + n * K, tdw, tmw, tws, c->w + (size_t)(n0 + n) * rb, c->wt, K / bs);
         } else {
             memset(v + n * K, 0, (size_t)K);
-            for (int64_t g = 0; g < ng; g++)
-                tdw[g] = 0.0f, tmw[g] = 0.0f, tws[g] = 0;
+            for (int64_t g = 0; g < ng; g++) tdw[g] = 0.0f, tmw[g] = 0.0f, tws[g] = 0;
         }
         for (int64_t g = 0; g < ng; g++)
             dw[g * QG_NR + n] = tdw[g], mw[g * QG_NR + n] = tmw[g], st[g * QG_NR + n] = -128 * tws[g];
@@ -178,20 +181,24 @@ static void qg_pack_b(char *pb, const struct qg_ctx *c, int64_t n0, int64_t nr) 
 
 /* out rows m0 .. m0 + mr (<= 16) x weight rows n0 .. n0 + nr (<= 8) */
 FN void qg_tile(float *out, int64_t ldo, int64_t mr, int64_t nr, const uint8_t *ap, const float *as, const float *am,
-                const char *pb, int64_t K, const int G, const int ktype, const int mins) {
+                const char *pb, int64_t K, const int G, const int ktype, const int mins)
+{
     const int64_t ng = K / G, gpsb = 256 / G;
     const int8_t *v = (const int8_t *)pb;
     const size_t gsz = rlx_align_up((size_t)(ng * QG_NR * 4));
-    const float *dw = (const float *)(pb + rlx_align_up((size_t)(QG_NR * K))), *mw = (const float *)((const char *)dw + gsz);
+    const float *dw = (const float *)(pb + rlx_align_up((size_t)(QG_NR * K))),
+                *mw = (const float *)((const char *)dw + gsz);
     const int32_t *st = (const int32_t *)((const char *)mw + gsz);
     __m512 acc[QG_NR], fsb[QG_NR];
     _Pragma("GCC unroll 8") for (int n = 0; n < QG_NR; n++) acc[n] = _mm512_setzero_ps(), fsb[n] = _mm512_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
         __m512i is[QG_NR];
         _Pragma("GCC unroll 8") for (int n = 0; n < QG_NR; n++) is[n] = _mm512_set1_epi32(st[g * QG_NR + n]);
-        _Pragma("GCC unroll 8") for (int t = 0; t < G / 4; t++) {
+        _Pragma("GCC unroll 8") for (int t = 0; t < G / 4; t++)
+        {
             const __m512i A = _mm512_load_si512(ap + (g * (G / 4) + t) * 64);
-            _Pragma("GCC unroll 8") for (int n = 0; n < QG_NR; n++) {
+            _Pragma("GCC unroll 8") for (int n = 0; n < QG_NR; n++)
+            {
                 int32_t w4;
                 memcpy(&w4, v + n * K + g * G + 4 * t, 4);
                 is[n] = _mm512_dpbusd_epi32(is[n], A, _mm512_set1_epi32(w4));
@@ -199,14 +206,15 @@ FN void qg_tile(float *out, int64_t ldo, int64_t mr, int64_t nr, const uint8_t *
         }
         if (ktype) {
             const __m512 bsum = mins ? _mm512_load_ps(am + g * QG_MB) : _mm512_setzero_ps();
-            _Pragma("GCC unroll 8") for (int n = 0; n < QG_NR; n++) {
+            _Pragma("GCC unroll 8") for (int n = 0; n < QG_NR; n++)
+            {
                 fsb[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[n]), _mm512_set1_ps(dw[g * QG_NR + n]), fsb[n]);
-                if (mins)
-                    fsb[n] = _mm512_fmadd_ps(bsum, _mm512_set1_ps(mw[g * QG_NR + n]), fsb[n]);
+                if (mins) fsb[n] = _mm512_fmadd_ps(bsum, _mm512_set1_ps(mw[g * QG_NR + n]), fsb[n]);
             }
             if (g % gpsb == gpsb - 1) {
                 const __m512 da = _mm512_load_ps(as + (g / gpsb) * QG_MB);
-                _Pragma("GCC unroll 8") for (int n = 0; n < QG_NR; n++) {
+                _Pragma("GCC unroll 8") for (int n = 0; n < QG_NR; n++)
+                {
                     acc[n] = _mm512_fmadd_ps(fsb[n], da, acc[n]);
                     fsb[n] = _mm512_setzero_ps();
                 }
@@ -214,26 +222,26 @@ FN void qg_tile(float *out, int64_t ldo, int64_t mr, int64_t nr, const uint8_t *
         } else {
             const __m512 da = _mm512_load_ps(as + g * QG_MB);
             const __m512 s = mins ? _mm512_load_ps(am + g * QG_MB) : _mm512_setzero_ps();
-            _Pragma("GCC unroll 8") for (int n = 0; n < QG_NR; n++) {
-                acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[n]), _mm512_mul_ps(da, _mm512_set1_ps(dw[g * QG_NR + n])),
-                                         acc[n]);
-                if (mins)
-                    acc[n] = _mm512_fmadd_ps(s, _mm512_set1_ps(mw[g * QG_NR + n]), acc[n]);
+            _Pragma("GCC unroll 8") for (int n = 0; n < QG_NR; n++)
+            {
+                acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[n]),
+                                         _mm512_mul_ps(da, _mm512_set1_ps(dw[g * QG_NR + n])), acc[n]);
+                if (mins) acc[n] = _mm512_fmadd_ps(s, _mm512_set1_ps(mw[g * QG_NR + n]), acc[n]);
             }
         }
     }
     float tmp[QG_NR][QG_MB];
     _Pragma("GCC unroll 8") for (int n = 0; n < QG_NR; n++) _mm512_storeu_ps(tmp[n], acc[n]);
     for (int64_t m = 0; m < mr; m++)
-        for (int64_t n = 0; n < nr; n++)
-            out[m * ldo + n] = tmp[n][m];
+        for (int64_t n = 0; n < nr; n++) out[m * ldo + n] = tmp[n][m];
 }
 
 /* one instance per kind: (G, K type, minimums) */
-#define TILE(name, G, KT, MINS)                                                                                  \
-    TARGET static void name(float *out, int64_t ldo, int64_t mr, int64_t nr, const uint8_t *ap, const float *as, \
-                            const float *am, const char *pb, int64_t K) {                                        \
-        qg_tile(out, ldo, mr, nr, ap, as, am, pb, K, G, KT, MINS);                                               \
+#define TILE(name, G, KT, MINS)                                                                                        \
+    TARGET static void name(float *out, int64_t ldo, int64_t mr, int64_t nr, const uint8_t *ap, const float *as,       \
+                            const float *am, const char *pb, int64_t K)                                                \
+    {                                                                                                                  \
+        qg_tile(out, ldo, mr, nr, ap, as, am, pb, K, G, KT, MINS);                                                     \
     }
 TILE(tile32, 32, 0, 0)
 TILE(tile32m, 32, 0, 1)
@@ -241,22 +249,22 @@ TILE(tilek32m, 32, 1, 1)
 TILE(tilek16, 16, 1, 0)
 TILE(tilek16m, 16, 1, 1)
 
-static void qg_task(void *p, int64_t begin, int64_t end) {
+static void qg_task(void *p, int64_t begin, int64_t end)
+{
     struct qg_ctx *c = p;
     (void)end;
     char *pb = c->base + c->l.panels + (size_t)begin * c->l.panel; /* this task's own panel */
     const int wt = c->wt;
     void (*tile)(float *, int64_t, int64_t, int64_t, const uint8_t *, const float *, const float *, const char *,
-                 int64_t) = wt == RLX_Q4_1 || wt == RLX_Q5_1                    ? tile32m
-                            : wt == RLX_Q4_K || wt == RLX_Q5_K                 ? tilek32m
-                            : wt == RLX_Q3_K || wt == RLX_Q6_K                 ? tilek16
-                            : wt == RLX_Q2_K                                   ? tilek16m
-                                                                               : tile32;
+                 int64_t) = wt == RLX_Q4_1 || wt == RLX_Q5_1   ? tile32m
+                            : wt == RLX_Q4_K || wt == RLX_Q5_K ? tilek32m
+                            : wt == RLX_Q3_K || wt == RLX_Q6_K ? tilek16
+                            : wt == RLX_Q2_K                   ? tilek16m
+                                                               : tile32;
     const int64_t K = c->K, mblocks = (c->mc + QG_MB - 1) / QG_MB;
     for (;;) {
         const int64_t nb = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-        if (nb >= c->nblocks)
-            return;
+        if (nb >= c->nblocks) return;
         const int64_t n0 = nb * QG_NR, nr = c->N - n0 < QG_NR ? c->N - n0 : QG_NR;
         qg_pack_b(pb, c, n0, nr);
         for (int64_t mb = 0; mb < mblocks; mb++) {
@@ -278,11 +286,12 @@ static void qg_task(void *p, int64_t begin, int64_t end) {
  * acc += cvt(sum) * (da * dw) [+ am * mw].
  * ------------------------------------------------------------------------------------------- */
 
-#define QG_MB8 8
-#define AVX2_FN __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
+#define QG_MB8      8
+#define AVX2_FN     __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 
-AVX2_TARGET static void qg_pack_a8(void *p, int64_t b0, int64_t b1) {
+AVX2_TARGET static void qg_pack_a8(void *p, int64_t b0, int64_t b1)
+{
     const struct qg_ctx *c = p;
     const int64_t K = c->K, bs = bs_of(c->wt), G = rlx_cpu_quant_group(c->wt), nb = K / bs, ng = K / G;
     int8_t *qn = (int8_t *)(c->base + c->l.qn);
@@ -297,8 +306,9 @@ AVX2_TARGET static void qg_pack_a8(void *p, int64_t b0, int64_t b1) {
             const int8_t *q = qn + (r0 + i) * K;
             for (int64_t t = 0; t < K / 4; t++)
                 for (int j = 0; j < 4; j++)
-                    ap[(t * QG_MB8 + i) * 4 + j] = (uint8_t)(c->wt == RLX_Q8_0 ? (i < rows ? q[4 * t + j] : 0)
-                                                                                : (i < rows ? q[4 * t + j] ^ 0x80 : 0x80));
+                    ap[(t * QG_MB8 + i) * 4 + j] =
+                        (uint8_t)(c->wt == RLX_Q8_0 ? (i < rows ? q[4 * t + j] : 0)
+                                                    : (i < rows ? q[4 * t + j] ^ 0x80 : 0x80));
         }
         float *ga = (float *)(c->base + c->l.as) + mb * QG_MB8 * (K / 16);
         float *gm = (float *)(c->base + c->l.am) + mb * QG_MB8 * (K / 16);
@@ -320,7 +330,8 @@ AVX2_TARGET static void qg_pack_a8(void *p, int64_t b0, int64_t b1) {
 
 /* out rows (<= 8) x weight rows nsub .. nsub + nr (nr <= 4) of the panel */
 AVX2_FN void qg_tile8(float *out, int64_t ldo, int64_t mr, int64_t nr, const uint8_t *ap, const float *ga,
-                      const float *gm, const char *pb, int nsub, int64_t K, const int G, const int mins, const int q8) {
+                      const float *gm, const char *pb, int nsub, int64_t K, const int G, const int mins, const int q8)
+{
     const int64_t ng = K / G;
     const int8_t *v = (const int8_t *)pb + nsub * K;
     const size_t gsz = rlx_align_up((size_t)(ng * QG_NR * 4));
@@ -333,25 +344,28 @@ AVX2_FN void qg_tile8(float *out, int64_t ldo, int64_t mr, int64_t nr, const uin
     _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) acc[n] = _mm256_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
         __m256i is[4];
-        _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) is[n] = q8 ? _mm256_setzero_si256()
-                                                                      : _mm256_set1_epi32(st[g * QG_NR + n]);
+        _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) is[n] =
+            q8 ? _mm256_setzero_si256() : _mm256_set1_epi32(st[g * QG_NR + n]);
         if (q8) { /* a loop, not unrolled: VPSIGNB unrolled 32 times overflows valgrind's translation */
             for (int t = 0; t < G / 4; t++) {
                 const __m256i A = _mm256_load_si256((const __m256i *)(ap + (g * (G / 4) + t) * 32));
-                _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) {
+                _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++)
+                {
                     int32_t w4;
                     memcpy(&w4, v + n * K + g * G + 4 * t, 4);
                     const __m256i wb = _mm256_set1_epi32(w4);
                     /* |w| against the signed activations negated where w < 0 (pairs <= 2 * 128 * 127) */
                     is[n] = _mm256_add_epi32(
-                        is[n], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wb), _mm256_sign_epi8(A, wb)),
-                                                 ones));
+                        is[n],
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wb), _mm256_sign_epi8(A, wb)), ones));
                 }
             }
         } else {
-            _Pragma("GCC unroll 8") for (int t = 0; t < G / 4; t++) {
+            _Pragma("GCC unroll 8") for (int t = 0; t < G / 4; t++)
+            {
                 const __m256i A = _mm256_load_si256((const __m256i *)(ap + (g * (G / 4) + t) * 32));
-                _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) {
+                _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++)
+                {
                     int32_t w4;
                     memcpy(&w4, v + n * K + g * G + 4 * t, 4);
                     is[n] = _mm256_add_epi32(is[n],
@@ -361,24 +375,24 @@ AVX2_FN void qg_tile8(float *out, int64_t ldo, int64_t mr, int64_t nr, const uin
         }
         const __m256 da = _mm256_load_ps(ga + g * QG_MB8);
         const __m256 am = mins ? _mm256_load_ps(gm + g * QG_MB8) : _mm256_setzero_ps();
-        _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) {
+        _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++)
+        {
             acc[n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[n]), _mm256_mul_ps(da, _mm256_set1_ps(dw[g * QG_NR + n])),
                                      acc[n]);
-            if (mins)
-                acc[n] = _mm256_fmadd_ps(am, _mm256_set1_ps(mw[g * QG_NR + n]), acc[n]);
+            if (mins) acc[n] = _mm256_fmadd_ps(am, _mm256_set1_ps(mw[g * QG_NR + n]), acc[n]);
         }
     }
     float tmp[4][QG_MB8];
     _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) _mm256_storeu_ps(tmp[n], acc[n]);
     for (int64_t m = 0; m < mr; m++)
-        for (int64_t n = 0; n < nr; n++)
-            out[m * ldo + n] = tmp[n][m];
+        for (int64_t n = 0; n < nr; n++) out[m * ldo + n] = tmp[n][m];
 }
 
-#define TILE8(name, G, MINS, Q8)                                                                                 \
-    AVX2_TARGET static void name(float *out, int64_t ldo, int64_t mr, int64_t nr, const uint8_t *ap,            \
-                                 const float *ga, const float *gm, const char *pb, int nsub, int64_t K) {        \
-        qg_tile8(out, ldo, mr, nr, ap, ga, gm, pb, nsub, K, G, MINS, Q8);                                        \
+#define TILE8(name, G, MINS, Q8)                                                                                       \
+    AVX2_TARGET static void name(float *out, int64_t ldo, int64_t mr, int64_t nr, const uint8_t *ap, const float *ga,  \
+                                 const float *gm, const char *pb, int nsub, int64_t K)                                 \
+    {                                                                                                                  \
+        qg_tile8(out, ldo, mr, nr, ap, ga, gm, pb, nsub, K, G, MINS, Q8);                                              \
     }
 TILE8(tile8_32, 32, 0, 0)
 TILE8(tile8_32m, 32, 1, 0)
@@ -386,20 +400,21 @@ TILE8(tile8_16, 16, 0, 0)
 TILE8(tile8_16m, 16, 1, 0)
 TILE8(tile8_q8, 32, 0, 1)
 
-static void qg_task8(void *p, int64_t begin, int64_t end) {
+static void qg_task8(void *p, int64_t begin, int64_t end)
+{
     struct qg_ctx *c = p;
     (void)end;
     char *pb = c->base + c->l.panels + (size_t)begin * c->l.panel;
     const int wt = c->wt, G = rlx_cpu_quant_group(wt);
     const int mins = wt == RLX_Q4_1 || wt == RLX_Q5_1 || wt == RLX_Q2_K || wt == RLX_Q4_K || wt == RLX_Q5_K;
     void (*tile)(float *, int64_t, int64_t, int64_t, const uint8_t *, const float *, const float *, const char *, int,
-                 int64_t) = wt == RLX_Q8_0 ? tile8_q8 : G == 16 ? (mins ? tile8_16m : tile8_16)
-                                                                 : (mins ? tile8_32m : tile8_32);
+                 int64_t) = wt == RLX_Q8_0 ? tile8_q8
+                            : G == 16      ? (mins ? tile8_16m : tile8_16)
+                                           : (mins ? tile8_32m : tile8_32);
     const int64_t K = c->K, mblocks = (c->mc + QG_MB8 - 1) / QG_MB8;
     for (;;) {
         const int64_t nb = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-        if (nb >= c->nblocks)
-            return;
+        if (nb >= c->nblocks) return;
         const int64_t n0 = nb * QG_NR, nr = c->N - n0 < QG_NR ? c->N - n0 : QG_NR;
         qg_pack_b(pb, c, n0, nr);
         for (int64_t mb = 0; mb < mblocks; mb++) {
@@ -409,20 +424,29 @@ static void qg_task8(void *p, int64_t begin, int64_t end) {
             const float *gm = (const float *)(c->base + c->l.am) + r0 * (K / 16);
             float *o = c->out + (c->m0 + r0) * c->N + n0;
             tile(o, c->N, mr, nr < 4 ? nr : 4, ap, ga, gm, pb, 0, K);
-            if (nr > 4)
-                tile(o + 4, c->N, mr, nr - 4, ap, ga, gm, pb, 4, K);
+            if (nr > 4) tile(o + 4, c->N, mr, nr - 4, ap, ga, gm, pb, 4, K);
         }
     }
 }
 
-void rlx_cpu_qgemm(float *out, const float *a, const void *w, int wt, int64_t M, int64_t K, int64_t N,
-                   float *scratch) {
+void rlx_cpu_qgemm(float *out, const float *a, const void *w, int wt, int64_t M, int64_t K, int64_t N, float *scratch)
+{
     const int vnni = rlx_cpu_avx512_vnni(), mb = vnni ? QG_MB : QG_MB8;
     const int64_t threads = rlx_pool_threads(), mc = chunk_rows(M, K), nblocks = (N + QG_NR - 1) / QG_NR;
     char *base = (char *)(((uintptr_t)scratch + RLX_ALIGN - 1) & ~(uintptr_t)(RLX_ALIGN - 1));
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
-        struct qg_ctx c = {.out = out, .a = a, .w = w, .base = base, .l = qg_layout(mc, K, threads), .wt = wt,
-                           .M = M, .K = K, .N = N, .m0 = m0, .mc = M - m0 < mc ? M - m0 : mc, .nblocks = nblocks};
+        struct qg_ctx c = {.out = out,
+                           .a = a,
+                           .w = w,
+                           .base = base,
+                           .l = qg_layout(mc, K, threads),
+                           .wt = wt,
+                           .M = M,
+                           .K = K,
+                           .N = N,
+                           .m0 = m0,
+                           .mc = M - m0 < mc ? M - m0 : mc,
+                           .nblocks = nblocks};
         atomic_init(&c.next, 0);
         rlx_parallel_for((c.mc + mb - 1) / mb, 1, vnni ? qg_pack_a : qg_pack_a8, &c);
         const int64_t ntasks = nblocks < threads ? nblocks : threads;

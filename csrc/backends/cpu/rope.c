@@ -25,7 +25,8 @@ struct rope_ctx {
     int interleaved;
 };
 
-static void rope_positions(void *p, int64_t begin, int64_t end) {
+static void rope_positions(void *p, int64_t begin, int64_t end)
+{
     const struct rope_ctx *c = p;
     const int64_t half = c->d / 2, row = c->h * c->d;
     float cs[ROPE_BLOCK], sn[ROPE_BLOCK];
@@ -56,9 +57,10 @@ static void rope_positions(void *p, int64_t begin, int64_t end) {
  * pair (a, b) = (i, i + d/2) or (2i, 2i + 1) when interleaved; out[a] = x[a] cos t - x[b] sin t,
  * out[b] = x[b] cos t + x[a] sin t */
 void rlx_cpu_rope_f32(float *out, const float *x, const int32_t *pos, const float *inv_freq, int64_t s, int64_t h,
-                      int64_t d, int interleaved) {
-    struct rope_ctx c = {.out = out, .x = x, .pos = pos, .inv_freq = inv_freq, .h = h, .d = d,
-                         .interleaved = interleaved};
+                      int64_t d, int interleaved)
+{
+    struct rope_ctx c = {
+        .out = out, .x = x, .pos = pos, .inv_freq = inv_freq, .h = h, .d = d, .interleaved = interleaved};
     /* cost per position: d/2 cos/sin pairs plus h*d cheap floats */
     rlx_parallel_for(s, rlx_cpu_row_grain(RLX_CPU_GRAIN_TRANSC, d + h * d / 8), rope_positions, &c);
 }

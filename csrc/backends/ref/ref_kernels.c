@@ -13,8 +13,8 @@
 #include <math.h>
 
 /* out (M, N) = a (M, K) @ b, b (N, K) read transposed if trans_b else b (K, N) */
-static void ref_matmul(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N,
-                       int trans_b) {
+static void ref_matmul(float *out, const float *a, const float *b, int64_t M, int64_t K, int64_t N, int trans_b)
+{
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
             double acc = 0.0;
@@ -25,24 +25,22 @@ static void ref_matmul(float *out, const float *a, const float *b, int64_t M, in
 }
 
 /* out (n, d) = table (V, d) rows ids (n) */
-static void ref_embedding(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d) {
+static void ref_embedding(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d)
+{
     for (int64_t r = 0; r < n; r++)
-        for (int64_t j = 0; j < d; j++)
-            out[r * d + j] = table[(int64_t)ids[r] * d + j];
+        for (int64_t j = 0; j < d; j++) out[r * d + j] = table[(int64_t)ids[r] * d + j];
 }
 
 /* One 16-bit weight of dtype RLX_BF16 / RLX_F16, widened exactly to f32. */
-static float ref_widen(uint16_t h, int dtype) {
-    return dtype == RLX_BF16 ? rlx_bf16_to_f32(h) : rlx_f16_to_f32(h);
-}
+static float ref_widen(uint16_t h, int dtype) { return dtype == RLX_BF16 ? rlx_bf16_to_f32(h) : rlx_f16_to_f32(h); }
 
 /* x rounded to the nearest bf16 (8 significant bits), ties to even, computed in double: u is the
  * bf16 spacing at |x| (2^(e-8) for |x| in [2^(e-1), 2^e), never below the subnormal spacing
  * 2^-133), rint rounds |x| / u to an integer, ties to even (the default rounding mode). A value
  * that rounds to 2^128 or more is inf; NaN and inf stay as they are. */
-static float ref_round_bf16(float x) {
-    if (isnan(x) || isinf(x))
-        return x;
+static float ref_round_bf16(float x)
+{
+    if (isnan(x) || isinf(x)) return x;
     int e;
     (void)frexp((double)x, &e);
     const double u = ldexp(1.0, e - 8 > -133 ? e - 8 : -133);
@@ -53,42 +51,42 @@ static float ref_round_bf16(float x) {
 /* out (M, N) = a (M, K) @ b^T, b (N, K) bf16 / f16 widened exactly; for bf16 weights each value
  * of a is first rounded to bf16 (ref_round_bf16, into scratch); products and sums in double. */
 static void ref_matmul_lowp(float *out, const float *a, const void *bv, int b_dtype, int64_t M, int64_t K, int64_t N,
-                            float *scratch) {
+                            float *scratch)
+{
     const uint16_t *b = bv;
     if (b_dtype == RLX_BF16) {
-        for (int64_t i = 0; i < M * K; i++)
-            scratch[i] = ref_round_bf16(a[i]);
+        for (int64_t i = 0; i < M * K; i++) scratch[i] = ref_round_bf16(a[i]);
         a = scratch;
     }
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
             double acc = 0.0;
-            for (int64_t k = 0; k < K; k++)
-                acc += (double)a[m * K + k] * (double)ref_widen(b[n * K + k], b_dtype);
+            for (int64_t k = 0; k < K; k++) acc += (double)a[m * K + k] * (double)ref_widen(b[n * K + k], b_dtype);
             out[m * N + n] = (float)acc;
         }
 }
 
 /* M * K floats: a rounded to bf16 */
-static size_t ref_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N) {
+static size_t ref_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N)
+{
     (void)N;
     return (size_t)(M * K);
 }
 
 /* out (n, d) f32 = table (V, d) bf16 / f16 rows ids (n), widened exactly */
-static void ref_embedding_lowp(float *out, const void *tv, int dtype, const int32_t *ids, int64_t n, int64_t d) {
+static void ref_embedding_lowp(float *out, const void *tv, int dtype, const int32_t *ids, int64_t n, int64_t d)
+{
     const uint16_t *table = tv;
     for (int64_t r = 0; r < n; r++)
-        for (int64_t j = 0; j < d; j++)
-            out[r * d + j] = ref_widen(table[(int64_t)ids[r] * d + j], dtype);
+        for (int64_t j = 0; j < d; j++) out[r * d + j] = ref_widen(table[(int64_t)ids[r] * d + j], dtype);
 }
 
 /* x rounded to the nearest f16 (11 significant bits), ties to even, computed in double as
  * ref_round_bf16: spacing 2^(e-11), never below the subnormal spacing 2^-24; a value that rounds
  * to 2^16 or more (65520 and up) is inf. */
-static float ref_round_f16(float x) {
-    if (isnan(x) || isinf(x))
-        return x;
+static float ref_round_f16(float x)
+{
+    if (isnan(x) || isinf(x)) return x;
     int e;
     (void)frexp((double)x, &e);
     const double u = ldexp(1.0, e - 11 > -24 ? e - 11 : -24);
@@ -98,7 +96,8 @@ static float ref_round_f16(float x) {
 
 /* dst (n) of dtype f32 / f16 / bf16 = src (n) rounded to nearest even (the rounded value is exact
  * in the narrow format, so encoding it takes no further rounding) */
-static void ref_convert(void *dst, int dtype, const float *src, int64_t n) {
+static void ref_convert(void *dst, int dtype, const float *src, int64_t n)
+{
     for (int64_t i = 0; i < n; i++) {
         if (dtype == RLX_F32)
             ((float *)dst)[i] = src[i];
@@ -112,51 +111,51 @@ static void ref_convert(void *dst, int dtype, const float *src, int64_t n) {
 /* out (M, N) = a (M, K) @ W^T, W (N, K) of a block type: each row of W converted by the dtype's
  * to_f32 into scratch (K floats), products and sums in double (no rounding of a). */
 static void ref_matmul_quant(float *out, const float *a, const void *b, int b_dtype, int64_t M, int64_t K, int64_t N,
-                             float *scratch) {
+                             float *scratch)
+{
     const struct rlx_dtype_traits *t = rlx_dtype_traits((enum rlx_dtype)b_dtype);
     const size_t row_bytes = (size_t)(K / t->block_size) * t->type_size;
     for (int64_t n = 0; n < N; n++) {
         t->to_f32(scratch, (const char *)b + (size_t)n * row_bytes, K);
         for (int64_t m = 0; m < M; m++) {
             double acc = 0.0;
-            for (int64_t k = 0; k < K; k++)
-                acc += (double)a[m * K + k] * (double)scratch[k];
+            for (int64_t k = 0; k < K; k++) acc += (double)a[m * K + k] * (double)scratch[k];
             out[m * N + n] = (float)acc;
         }
     }
 }
 
 /* K floats: one converted row of W */
-static size_t ref_matmul_quant_scratch(int b_dtype, int64_t M, int64_t K, int64_t N) {
+static size_t ref_matmul_quant_scratch(int b_dtype, int64_t M, int64_t K, int64_t N)
+{
     (void)b_dtype, (void)M, (void)N;
     return (size_t)K;
 }
 
 /* out (n, d) = rows ids (n) of a block-type table (V, d), converted by the dtype's to_f32 */
-static void ref_embedding_quant(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d) {
+static void ref_embedding_quant(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d)
+{
     const struct rlx_dtype_traits *t = rlx_dtype_traits((enum rlx_dtype)dtype);
     const size_t row_bytes = (size_t)(d / t->block_size) * t->type_size;
-    for (int64_t r = 0; r < n; r++)
-        t->to_f32(out + r * d, (const char *)table + (size_t)ids[r] * row_bytes, d);
+    for (int64_t r = 0; r < n; r++) t->to_f32(out + r * d, (const char *)table + (size_t)ids[r] * row_bytes, d);
 }
 
 /* out (rows, d) = x / sqrt(mean(x^2) + eps) * w (d) */
-static void ref_rmsnorm(float *out, const float *x, const float *w, int64_t rows, int64_t d, float eps) {
+static void ref_rmsnorm(float *out, const float *x, const float *w, int64_t rows, int64_t d, float eps)
+{
     for (int64_t r = 0; r < rows; r++) {
         double ss = 0.0;
-        for (int64_t j = 0; j < d; j++)
-            ss += (double)x[r * d + j] * (double)x[r * d + j];
+        for (int64_t j = 0; j < d; j++) ss += (double)x[r * d + j] * (double)x[r * d + j];
         const double inv = 1.0 / sqrt(ss / (double)d + (double)eps);
-        for (int64_t j = 0; j < d; j++)
-            out[r * d + j] = (float)((double)x[r * d + j] * inv * (double)w[j]);
+        for (int64_t j = 0; j < d; j++) out[r * d + j] = (float)((double)x[r * d + j] * inv * (double)w[j]);
     }
 }
 
 /* sum (rows, d) = a + b; out (rows, d) = rmsnorm(sum) * w (d) */
-static void ref_add_rmsnorm(float *sum, float *out, const float *a, const float *b, const float *w,
-                            int64_t rows, int64_t d, float eps) {
-    for (int64_t i = 0; i < rows * d; i++)
-        sum[i] = a[i] + b[i];
+static void ref_add_rmsnorm(float *sum, float *out, const float *a, const float *b, const float *w, int64_t rows,
+                            int64_t d, float eps)
+{
+    for (int64_t i = 0; i < rows * d; i++) sum[i] = a[i] + b[i];
     ref_rmsnorm(out, sum, w, rows, d, eps);
 }
 
@@ -164,14 +163,16 @@ static void ref_add_rmsnorm(float *sum, float *out, const float *a, const float 
  * t = (float)pos * inv_freq[i] (in float, as PyTorch); pair (a, b) = (i, i + d/2), or (2i, 2i + 1)
  * when interleaved; out[a] = x[a] cos t - x[b] sin t, out[b] = x[b] cos t + x[a] sin t */
 static void ref_rope(float *out, const float *x, const int32_t *pos, const float *inv_freq, int64_t s, int64_t h,
-                     int64_t d, int interleaved) {
+                     int64_t d, int interleaved)
+{
     const int64_t half = d / 2;
     for (int64_t t = 0; t < s; t++)
         for (int64_t hh = 0; hh < h; hh++)
             for (int64_t i = 0; i < half; i++) {
                 const float ang = (float)pos[t] * inv_freq[i];
                 const double c = cosf(ang), sn = sinf(ang);
-                const int64_t base = (t * h + hh) * d, a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+                const int64_t base = (t * h + hh) * d, a = interleaved ? 2 * i : i,
+                              b = interleaved ? 2 * i + 1 : i + half;
                 const double x0 = x[base + a], x1 = x[base + b];
                 out[base + a] = (float)(x0 * c - x1 * sn);
                 out[base + b] = (float)(x1 * c + x0 * sn);
@@ -179,68 +180,65 @@ static void ref_rope(float *out, const float *x, const int32_t *pos, const float
 }
 
 /* out (rows, n) = softmax over each row of x (rows, n) */
-static void ref_softmax(float *out, const float *x, int64_t rows, int64_t n) {
+static void ref_softmax(float *out, const float *x, int64_t rows, int64_t n)
+{
     for (int64_t r = 0; r < rows; r++) {
         double m = -INFINITY;
         for (int64_t j = 0; j < n; j++)
-            if (x[r * n + j] > m)
-                m = x[r * n + j];
+            if (x[r * n + j] > m) m = x[r * n + j];
         double sum = 0.0;
-        for (int64_t j = 0; j < n; j++)
-            sum += exp((double)x[r * n + j] - m);
-        for (int64_t j = 0; j < n; j++)
-            out[r * n + j] = (float)(exp((double)x[r * n + j] - m) / sum);
+        for (int64_t j = 0; j < n; j++) sum += exp((double)x[r * n + j] - m);
+        for (int64_t j = 0; j < n; j++) out[r * n + j] = (float)(exp((double)x[r * n + j] - m) / sum);
     }
 }
 
 /* out (n) = x * sigmoid(x) */
-static void ref_silu(float *out, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        out[i] = (float)((double)x[i] / (1.0 + exp(-(double)x[i])));
+static void ref_silu(float *out, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = (float)((double)x[i] / (1.0 + exp(-(double)x[i])));
 }
 
 /* out (n) = silu(a) * b */
-static void ref_silu_mul(float *out, const float *a, const float *b, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        out[i] = (float)((double)a[i] / (1.0 + exp(-(double)a[i])) * (double)b[i]);
+static void ref_silu_mul(float *out, const float *a, const float *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = (float)((double)a[i] / (1.0 + exp(-(double)a[i])) * (double)b[i]);
 }
 
 /* out (n) = a (n) + b[i % nb] */
-static void ref_add(float *out, const float *a, const float *b, int64_t n, int64_t nb) {
-    for (int64_t i = 0; i < n; i++)
-        out[i] = a[i] + b[i % nb];
+static void ref_add(float *out, const float *a, const float *b, int64_t n, int64_t nb)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i % nb];
 }
 
 /* out (n) = a (n) * b[i % nb] */
-static void ref_mul(float *out, const float *a, const float *b, int64_t n, int64_t nb) {
-    for (int64_t i = 0; i < n; i++)
-        out[i] = a[i] * b[i % nb];
+static void ref_mul(float *out, const float *a, const float *b, int64_t n, int64_t nb)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] * b[i % nb];
 }
 
 /* Whether key j is visible to query i (at position T - S + i) under causal, window and mask_u8. */
-static int ref_visible(const struct rlx_attn_args *a, int64_t i, int64_t j) {
+static int ref_visible(const struct rlx_attn_args *a, int64_t i, int64_t j)
+{
     const int64_t qpos = a->T - a->S + i;
-    if (a->causal && !(j <= qpos))
-        return 0;
-    if (a->window > 0 && !(j > qpos - a->window))
-        return 0;
-    if (a->mask_u8 && a->mask_u8[i * a->T + j] == 0)
-        return 0;
+    if (a->causal && !(j <= qpos)) return 0;
+    if (a->window > 0 && !(j > qpos - a->window)) return 0;
+    if (a->mask_u8 && a->mask_u8[i * a->T + j] == 0) return 0;
     return 1;
 }
 
 /* Element e of key / value row j for kv head g, widened exactly from the K/V dtype. */
-static double ref_kv(const struct rlx_attn_args *a, const void *base, int64_t j, int64_t g, int64_t e) {
+static double ref_kv(const struct rlx_attn_args *a, const void *base, int64_t j, int64_t g, int64_t e)
+{
     const int64_t at = (j * a->Hkv + g) * a->D + e;
-    if (a->kv_dtype == RLX_F32)
-        return ((const float *)base)[at];
+    if (a->kv_dtype == RLX_F32) return ((const float *)base)[at];
     return ref_widen(((const uint16_t *)base)[at], a->kv_dtype);
 }
 
 /* out (S, Hq, D): for each query i and head h (kv head h / (Hq/Hkv)):
  * score_j = scale * q[i,h] . k_j + mask_f32[i,j] for visible j, softmax over them, out = sum p_j v_j;
  * no visible key (or all scores -inf) gives zeros. scratch: T floats of scores, then weights. */
-static void ref_attention(const struct rlx_attn_args *a) {
+static void ref_attention(const struct rlx_attn_args *a)
+{
     const int64_t T = a->T, D = a->D;
     float *score = a->scratch;
     for (int64_t i = 0; i < a->S; i++)
@@ -251,22 +249,16 @@ static void ref_attention(const struct rlx_attn_args *a) {
             double m = -INFINITY;
             for (int64_t j = 0; j < T; j++) {
                 score[j] = -INFINITY;
-                if (!ref_visible(a, i, j))
-                    continue;
+                if (!ref_visible(a, i, j)) continue;
                 double s = 0.0;
-                for (int64_t e = 0; e < D; e++)
-                    s += (double)q[e] * ref_kv(a, a->k, j, g, e);
+                for (int64_t e = 0; e < D; e++) s += (double)q[e] * ref_kv(a, a->k, j, g, e);
                 s *= a->scale;
-                if (a->mask_f32)
-                    s += a->mask_f32[i * T + j];
+                if (a->mask_f32) s += a->mask_f32[i * T + j];
                 score[j] = (float)s;
-                if (s > m)
-                    m = s;
+                if (s > m) m = s;
             }
-            for (int64_t e = 0; e < D; e++)
-                o[e] = 0.0f;
-            if (m == -INFINITY)
-                continue;
+            for (int64_t e = 0; e < D; e++) o[e] = 0.0f;
+            if (m == -INFINITY) continue;
             double sum = 0.0;
             for (int64_t j = 0; j < T; j++) {
                 score[j] = score[j] == -INFINITY ? 0.0f : (float)exp((double)score[j] - m);
@@ -275,22 +267,20 @@ static void ref_attention(const struct rlx_attn_args *a) {
             for (int64_t e = 0; e < D; e++) {
                 double acc = 0.0;
                 for (int64_t j = 0; j < T; j++)
-                    if (score[j] != 0.0f)
-                        acc += (double)score[j] * ref_kv(a, a->v, j, g, e);
+                    if (score[j] != 0.0f) acc += (double)score[j] * ref_kv(a, a->v, j, g, e);
                 o[e] = (float)(acc / sum);
             }
         }
 }
 
 /* T floats: the scores of one query row */
-static size_t ref_attention_scratch(const struct rlx_attn_args *a) {
-    return (size_t)a->T;
-}
+static size_t ref_attention_scratch(const struct rlx_attn_args *a) { return (size_t)a->T; }
 
 /* out (S, n, N): row j of token s = a[s, A == 1 ? 0 : j] (K) @ w[ids[s, j]]^T, each row one call of
  * the plain product for the expert's dtype (ref_matmul, ref_matmul_lowp, ref_matmul_quant with
  * M = 1). scratch: K floats (the rounded row of a, or one converted weight row). */
-static void ref_matmul_id(const struct rlx_matmul_id_args *a) {
+static void ref_matmul_id(const struct rlx_matmul_id_args *a)
+{
     for (int64_t s = 0; s < a->S; s++)
         for (int64_t j = 0; j < a->n; j++) {
             const float *x = a->a + (s * a->A + (a->A == 1 ? 0 : j)) * a->K;
@@ -306,17 +296,15 @@ static void ref_matmul_id(const struct rlx_matmul_id_args *a) {
 }
 
 /* K floats */
-static size_t ref_matmul_id_scratch(const struct rlx_matmul_id_args *a) {
-    return (size_t)a->K;
-}
+static size_t ref_matmul_id_scratch(const struct rlx_matmul_id_args *a) { return (size_t)a->K; }
 
 /* out (S, H) = sum over j of w_j * y[s, j] (double), w_j = probs[s, ids[s, j]] / (norm ? their sum : 1) */
 static void ref_moe_combine(float *out, const float *y, const float *probs, const int32_t *ids, int64_t S, int64_t n,
-                            int64_t H, int64_t E, int norm) {
+                            int64_t H, int64_t E, int norm)
+{
     for (int64_t s = 0; s < S; s++) {
         double total = 0.0;
-        for (int64_t j = 0; j < n; j++)
-            total += probs[s * E + ids[s * n + j]];
+        for (int64_t j = 0; j < n; j++) total += probs[s * E + ids[s * n + j]];
         for (int64_t h = 0; h < H; h++) {
             double acc = 0.0;
             for (int64_t j = 0; j < n; j++) {

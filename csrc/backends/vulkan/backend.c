@@ -32,16 +32,22 @@ static rlx_status parse_arg(const char *arg, int *index, bool *staging, uint64_t
 {
     char buf[64];
     if (!arg) return RLX_OK;
-    if (strlen(arg) >= sizeof buf) return rlx_set_error(RLX_ERR_INVALID, "vulkan: device options '%s' are too long", arg);
+    if (strlen(arg) >= sizeof buf)
+        return rlx_set_error(RLX_ERR_INVALID, "vulkan: device options '%s' are too long", arg);
     strcpy(buf, arg);
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         uint64_t v;
-        if (parse_u64(tok, &v) && v < RLX_VK_MAX_DEVICES) *index = (int)v;
-        else if (strcmp(tok, "staging") == 0) *staging = true;
-        else if (strncmp(tok, "range=", 6) == 0 && parse_u64(tok + 6, &v) && v >= 1024) *range = v;
+        if (parse_u64(tok, &v) && v < RLX_VK_MAX_DEVICES)
+            *index = (int)v;
+        else if (strcmp(tok, "staging") == 0)
+            *staging = true;
+        else if (strncmp(tok, "range=", 6) == 0 && parse_u64(tok + 6, &v) && v >= 1024)
+            *range = v;
         else
-            return rlx_set_error(RLX_ERR_INVALID, "vulkan: unknown device option '%s' (expected a device index below "
-                                 "%d, 'staging' or 'range=BYTES' with BYTES >= 1024)", tok, RLX_VK_MAX_DEVICES);
+            return rlx_set_error(RLX_ERR_INVALID,
+                                 "vulkan: unknown device option '%s' (expected a device index below "
+                                 "%d, 'staging' or 'range=BYTES' with BYTES >= 1024)",
+                                 tok, RLX_VK_MAX_DEVICES);
     }
     return RLX_OK;
 }
@@ -98,8 +104,8 @@ static void put_info(char *buf, size_t cap, size_t *len, const char *pre, const 
     put(buf, cap, len, "%sdevice_memory_bytes=%llu\n%sdevice_memory_host_visible=%s\n%smax_storage_buffer_range=%u\n",
         pre, (unsigned long long)in->device_local_bytes, pre, in->device_local_host_visible ? "yes" : "no", pre,
         in->max_storage_range);
-    put(buf, cap, len, "%sstorage_offset_alignment=%llu\n%smax_workgroup_invocations=%u\n%smax_shared_memory=%u\n",
-        pre, (unsigned long long)in->storage_align, pre, in->max_wg_invocations, pre, in->max_shared);
+    put(buf, cap, len, "%sstorage_offset_alignment=%llu\n%smax_workgroup_invocations=%u\n%smax_shared_memory=%u\n", pre,
+        (unsigned long long)in->storage_align, pre, in->max_wg_invocations, pre, in->max_shared);
     put(buf, cap, len, "%smax_allocation=%llu\n%stimestamps=%s\n", pre, (unsigned long long)in->max_alloc, pre,
         in->timestamps ? "yes" : "no");
 }

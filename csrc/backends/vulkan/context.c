@@ -22,8 +22,8 @@ struct rlx_vk_shader_code {
     const char *name;
     const uint32_t *words;
     size_t bytes;
-    uint32_t wg;                 /* workgroup size (specialisation constant 0), or 0: */
-    uint32_t subgroups;          /* ... this many times the device's subgroup size */
+    uint32_t wg;        /* workgroup size (specialisation constant 0), or 0: */
+    uint32_t subgroups; /* ... this many times the device's subgroup size */
 };
 #include "rlx_vk_shaders.inc"
 
@@ -53,8 +53,10 @@ rlx_status rlx_vk_check(struct rlx_vk_context *vk, VkResult r, const char *what)
         return rlx_set_error(RLX_ERR_NOMEM, "vulkan (%s): %s failed: %s", vk->info.name, what, result_name(r));
     if (r == VK_ERROR_DEVICE_LOST) {
         atomic_store(&vk->lost, true);
-        return rlx_set_error(RLX_ERR_STATE, "vulkan (%s): the device was lost during %s; this device can run nothing "
-                             "more: open another one", vk->info.name, what);
+        return rlx_set_error(RLX_ERR_STATE,
+                             "vulkan (%s): the device was lost during %s; this device can run nothing "
+                             "more: open another one",
+                             vk->info.name, what);
     }
     return rlx_set_error(RLX_ERR_INTERNAL, "vulkan (%s): %s failed: %s (%d)", vk->info.name, what, result_name(r),
                          (int)r);
@@ -63,8 +65,10 @@ rlx_status rlx_vk_check(struct rlx_vk_context *vk, VkResult r, const char *what)
 rlx_status rlx_vk_usable(struct rlx_vk_context *vk)
 {
     if (atomic_load(&vk->lost))
-        return rlx_set_error(RLX_ERR_STATE, "vulkan (%s): the device was lost earlier; this device can run nothing "
-                             "more: open another one", vk->info.name);
+        return rlx_set_error(RLX_ERR_STATE,
+                             "vulkan (%s): the device was lost earlier; this device can run nothing "
+                             "more: open another one",
+                             vk->info.name);
     return RLX_OK;
 }
 
@@ -114,17 +118,22 @@ static rlx_status make_device(struct rlx_vk_context *vk)
         if (qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) vk->queue_family = i;
     const float priority = 1.0f;
     const VkDeviceQueueCreateInfo qci = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
-                                         .queueFamilyIndex = vk->queue_family, .queueCount = 1,
+                                         .queueFamilyIndex = vk->queue_family,
+                                         .queueCount = 1,
                                          .pQueuePriorities = &priority};
     /* exactly the features the shaders declare (spirv-dis: StorageBuffer16BitAccess, StorageBuffer8BitAccess) */
     VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
                                             .storageBuffer8BitAccess = VK_TRUE};
     VkPhysicalDeviceVulkan11Features f11 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
-                                            .pNext = &f12, .storageBuffer16BitAccess = VK_TRUE};
+                                            .pNext = &f12,
+                                            .storageBuffer16BitAccess = VK_TRUE};
     const char *exts[] = {VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME};
-    const VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .pNext = &f11,
-                                    .queueCreateInfoCount = 1, .pQueueCreateInfos = &qci,
-                                    .enabledExtensionCount = 1, .ppEnabledExtensionNames = exts};
+    const VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
+                                    .pNext = &f11,
+                                    .queueCreateInfoCount = 1,
+                                    .pQueueCreateInfos = &qci,
+                                    .enabledExtensionCount = 1,
+                                    .ppEnabledExtensionNames = exts};
     RLX_TRY(rlx_vk_check(vk, vk->ifn.vkCreateDevice(vk->phys, &dci, NULL, &vk->device), "vkCreateDevice"));
 #define LOAD_DEVICE(f) vk->fn.f = (PFN_##f)vk->ifn.vkGetDeviceProcAddr(vk->device, #f);
     RLX_VK_DEVICE_FNS(LOAD_DEVICE)
@@ -133,28 +142,34 @@ static rlx_status make_device(struct rlx_vk_context *vk)
 
     VkDescriptorSetLayoutBinding b[RLX_VK_BINDINGS];
     for (uint32_t i = 0; i < RLX_VK_BINDINGS; i++)
-        b[i] = (VkDescriptorSetLayoutBinding){.binding = i, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                              .descriptorCount = 1, .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT};
+        b[i] = (VkDescriptorSetLayoutBinding){.binding = i,
+                                              .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                              .descriptorCount = 1,
+                                              .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT};
     const VkDescriptorSetLayoutCreateInfo dl = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
                                                 .flags = VK_DESCRIPTOR_SET_LAYOUT_CREATE_PUSH_DESCRIPTOR_BIT_KHR,
-                                                .bindingCount = RLX_VK_BINDINGS, .pBindings = b};
+                                                .bindingCount = RLX_VK_BINDINGS,
+                                                .pBindings = b};
     RLX_TRY(rlx_vk_check(vk, vk->fn.vkCreateDescriptorSetLayout(vk->device, &dl, NULL, &vk->dsl),
                          "vkCreateDescriptorSetLayout"));
     const VkPushConstantRange pc = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .size = RLX_VK_PUSH_BYTES};
     const VkPipelineLayoutCreateInfo pl = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
-                                           .setLayoutCount = 1, .pSetLayouts = &vk->dsl,
-                                           .pushConstantRangeCount = 1, .pPushConstantRanges = &pc};
-    RLX_TRY(rlx_vk_check(vk, vk->fn.vkCreatePipelineLayout(vk->device, &pl, NULL, &vk->layout),
-                         "vkCreatePipelineLayout"));
+                                           .setLayoutCount = 1,
+                                           .pSetLayouts = &vk->dsl,
+                                           .pushConstantRangeCount = 1,
+                                           .pPushConstantRanges = &pc};
+    RLX_TRY(
+        rlx_vk_check(vk, vk->fn.vkCreatePipelineLayout(vk->device, &pl, NULL, &vk->layout), "vkCreatePipelineLayout"));
     const VkCommandPoolCreateInfo cp = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
                                         .flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT,
                                         .queueFamilyIndex = vk->queue_family};
     RLX_TRY(rlx_vk_check(vk, vk->fn.vkCreateCommandPool(vk->device, &cp, NULL, &vk->xfer_pool), "vkCreateCommandPool"));
     const VkCommandBufferAllocateInfo ca = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
-                                            .commandPool = vk->xfer_pool, .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                            .commandPool = vk->xfer_pool,
+                                            .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
                                             .commandBufferCount = 1};
-    RLX_TRY(rlx_vk_check(vk, vk->fn.vkAllocateCommandBuffers(vk->device, &ca, &vk->xfer_cmd),
-                         "vkAllocateCommandBuffers"));
+    RLX_TRY(
+        rlx_vk_check(vk, vk->fn.vkAllocateCommandBuffers(vk->device, &ca, &vk->xfer_cmd), "vkAllocateCommandBuffers"));
     const VkFenceCreateInfo fc = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
     return rlx_vk_check(vk, vk->fn.vkCreateFence(vk->device, &fc, NULL, &vk->xfer_fence), "vkCreateFence");
 }
@@ -198,7 +213,8 @@ static rlx_status context_create(int index, struct rlx_vk_context **out)
     VkResult r = vk->ifn.vkEnumeratePhysicalDevices(vk->instance, &n, pd);
     if ((r != VK_SUCCESS && r != VK_INCOMPLETE) || (uint32_t)index >= n) {
         context_destroy(vk);
-        return rlx_set_error(RLX_ERR_INVALID, "vulkan: there is no device %d (%u device%s)", index, n, n == 1 ? "" : "s");
+        return rlx_set_error(RLX_ERR_INVALID, "vulkan: there is no device %d (%u device%s)", index, n,
+                             n == 1 ? "" : "s");
     }
     vk->phys = pd[index];
     rlx_vk_query(&vk->ifn, vk->phys, &vk->info);
@@ -269,20 +285,23 @@ void rlx_vk_context_release(struct rlx_vk_context *vk)
 static rlx_status make_pipeline(struct rlx_vk_context *vk, enum rlx_vk_shader sh, VkPipeline *out)
 {
     const struct rlx_vk_shader_code *code = &rlx_vk_shader_code[sh];
-    const VkShaderModuleCreateInfo mi = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
-                                         .codeSize = code->bytes, .pCode = code->words};
+    const VkShaderModuleCreateInfo mi = {
+        .sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, .codeSize = code->bytes, .pCode = code->words};
     VkShaderModule mod;
     RLX_TRY(rlx_vk_check(vk, vk->fn.vkCreateShaderModule(vk->device, &mi, NULL, &mod), "vkCreateShaderModule"));
     /* specialisation: 0 = workgroup size, 1 = the device's subgroup size */
     const uint32_t values[2] = {rlx_vk_shader_wg(vk, sh), vk->info.subgroup_size};
     const VkSpecializationMapEntry map[2] = {{.constantID = 0, .offset = 0, .size = 4},
                                              {.constantID = 1, .offset = 4, .size = 4}};
-    const VkSpecializationInfo spec = {.mapEntryCount = 2, .pMapEntries = map, .dataSize = sizeof values,
-                                       .pData = values};
+    const VkSpecializationInfo spec = {
+        .mapEntryCount = 2, .pMapEntries = map, .dataSize = sizeof values, .pData = values};
     const VkComputePipelineCreateInfo ci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
-        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, .stage = VK_SHADER_STAGE_COMPUTE_BIT,
-                  .module = mod, .pName = "main", .pSpecializationInfo = &spec},
+        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                  .stage = VK_SHADER_STAGE_COMPUTE_BIT,
+                  .module = mod,
+                  .pName = "main",
+                  .pSpecializationInfo = &spec},
         .layout = vk->layout,
     };
     VkResult r = vk->fn.vkCreateComputePipelines(vk->device, VK_NULL_HANDLE, 1, &ci, NULL, out);

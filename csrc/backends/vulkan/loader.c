@@ -25,7 +25,8 @@ static void load(void)
     void *lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) lib = dlopen("libvulkan.so", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
-        snprintf(load_error, sizeof load_error, "the Vulkan loader libvulkan.so.1 is not installed (Debian: apt-get "
+        snprintf(load_error, sizeof load_error,
+                 "the Vulkan loader libvulkan.so.1 is not installed (Debian: apt-get "
                  "install libvulkan1 mesa-vulkan-drivers)");
         return;
     }
@@ -39,7 +40,8 @@ static void load(void)
     RLX_VK_GLOBAL_FNS(LOAD_GLOBAL)
 #undef LOAD_GLOBAL
     if (!load_gfn.vkCreateInstance || !load_gfn.vkEnumerateInstanceVersion) {
-        snprintf(load_error, sizeof load_error, "the Vulkan loader predates Vulkan 1.1 (vkEnumerateInstanceVersion is "
+        snprintf(load_error, sizeof load_error,
+                 "the Vulkan loader predates Vulkan 1.1 (vkEnumerateInstanceVersion is "
                  "missing); rlx needs 1.2");
         load_gipa = NULL;
     }
@@ -234,20 +236,26 @@ rlx_status rlx_vk_instance_create(bool validation, VkInstance *out, struct rlx_v
         return rlx_set_error(RLX_ERR_UNSUPPORTED, "vulkan: the loader offers Vulkan %u.%u; rlx needs 1.2",
                              VK_API_VERSION_MAJOR(version), VK_API_VERSION_MINOR(version));
     if (validation && !instance_has_layer(g, validation_layer))
-        return rlx_set_error(RLX_ERR_UNSUPPORTED, "vulkan: RLX_VULKAN_VALIDATION=1 asks for %s, which is not installed "
-                             "(Debian: apt-get install vulkan-validationlayers)", validation_layer);
-    const VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "rlx",
-                                   .pEngineName = "rlx", .apiVersion = VK_API_VERSION_1_2};
+        return rlx_set_error(RLX_ERR_UNSUPPORTED,
+                             "vulkan: RLX_VULKAN_VALIDATION=1 asks for %s, which is not installed "
+                             "(Debian: apt-get install vulkan-validationlayers)",
+                             validation_layer);
+    const VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO,
+                                   .pApplicationName = "rlx",
+                                   .pEngineName = "rlx",
+                                   .apiVersion = VK_API_VERSION_1_2};
     const VkDebugUtilsMessengerCreateInfoEXT dbg = {
         .sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT,
-        .messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT,
+        .messageSeverity =
+            VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT,
         .messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
                        VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT,
         .pfnUserCallback = on_message,
     };
     /* synchronisation validation too: a missing barrier is a validation message like any other */
     const VkValidationFeatureEnableEXT enables[] = {VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT};
-    const VkValidationFeaturesEXT features = {.sType = VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT, .pNext = &dbg,
+    const VkValidationFeaturesEXT features = {.sType = VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT,
+                                              .pNext = &dbg,
                                               .enabledValidationFeatureCount = 1,
                                               .pEnabledValidationFeatures = enables};
     const char *layers[] = {validation_layer};
@@ -265,7 +273,7 @@ rlx_status rlx_vk_instance_create(bool validation, VkInstance *out, struct rlx_v
     VkResult r = g->vkCreateInstance(&ci, NULL, &inst);
     if (r == VK_ERROR_INCOMPATIBLE_DRIVER)
         return rlx_set_error(RLX_ERR_UNSUPPORTED, "vulkan: no Vulkan driver is installed (Debian: apt-get install "
-                             "mesa-vulkan-drivers, or the GPU vendor's driver)");
+                                                  "mesa-vulkan-drivers, or the GPU vendor's driver)");
     if (r != VK_SUCCESS)
         return rlx_set_error(RLX_ERR_UNSUPPORTED, "vulkan: vkCreateInstance failed (VkResult %d)%s", (int)r,
                              validation ? " with the validation layer" : "");
@@ -323,7 +331,8 @@ static void probe(void)
             p->preferred = i;
     }
     rlx_vk_instance_destroy(inst, &f, none);
-    if (p->n == 0) snprintf(p->why_none, sizeof p->why_none, "vulkan: the driver reports no physical device");
+    if (p->n == 0)
+        snprintf(p->why_none, sizeof p->why_none, "vulkan: the driver reports no physical device");
     else if (p->preferred < 0)
         snprintf(p->why_none, sizeof p->why_none, "vulkan: no device rlx can run on (device 0, %.64s, lacks %.150s)",
                  p->dev[0].name, p->dev[0].why_not);

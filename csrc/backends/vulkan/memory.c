@@ -14,7 +14,7 @@
 #include "core/core.h"
 
 #define STAGING_MIN ((VkDeviceSize)1 << 20)
-#define STAGING_MAX ((VkDeviceSize)64 << 20)   /* bigger transfers go in pieces of this size */
+#define STAGING_MAX ((VkDeviceSize)64 << 20) /* bigger transfers go in pieces of this size */
 
 static bool find_type(const struct rlx_vk_context *vk, uint32_t bits, VkMemoryPropertyFlags want, uint32_t *out)
 {
@@ -42,13 +42,15 @@ rlx_status rlx_vk_buf_create(struct rlx_vk_context *vk, VkDeviceSize bytes, bool
     RLX_TRY(rlx_vk_usable(vk));
     const VkDeviceSize size = bytes < 16 ? 16 : (bytes + 15) & ~(VkDeviceSize)15;
     if (size < bytes || size > vk->info.max_alloc)
-        return rlx_set_error(RLX_ERR_NOMEM, "vulkan (%s): a buffer of %llu bytes exceeds the device's largest "
-                             "allocation (maxMemoryAllocationSize %llu bytes)", vk->info.name,
-                             (unsigned long long)bytes, (unsigned long long)vk->info.max_alloc);
+        return rlx_set_error(RLX_ERR_NOMEM,
+                             "vulkan (%s): a buffer of %llu bytes exceeds the device's largest "
+                             "allocation (maxMemoryAllocationSize %llu bytes)",
+                             vk->info.name, (unsigned long long)bytes, (unsigned long long)vk->info.max_alloc);
     struct rlx_vk_buf *b = rlx_calloc(1, sizeof *b);
     if (!b) return RLX_ERR_NOMEM;
     b->size = size;
-    const VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = size,
+    const VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                                   .size = size,
                                    .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
                                             VK_BUFFER_USAGE_TRANSFER_DST_BIT,
                                    .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
@@ -59,18 +61,20 @@ rlx_status rlx_vk_buf_create(struct rlx_vk_context *vk, VkDeviceSize bytes, bool
     uint32_t type = 0;
     if (s == RLX_OK) {
         vk->fn.vkGetBufferMemoryRequirements(vk->device, b->buf, &req);
-        const VkMemoryPropertyFlags want = host ? VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
-                                                : VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
+        const VkMemoryPropertyFlags want =
+            host ? VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+                 : VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
         if (!find_type(vk, req.memoryTypeBits, want, &type))
             s = rlx_set_error(RLX_ERR_UNSUPPORTED, "vulkan (%s): no %s memory type for storage buffers", vk->info.name,
                               host ? "host-visible coherent" : "device-local");
     }
     if (s == RLX_OK) {
-        const VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = req.size,
-                                         .memoryTypeIndex = type};
+        const VkMemoryAllocateInfo ai = {
+            .sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = req.size, .memoryTypeIndex = type};
         s = rlx_vk_check(vk, vk->fn.vkAllocateMemory(vk->device, &ai, NULL, &b->mem), what);
     }
-    if (s == RLX_OK) s = rlx_vk_check(vk, vk->fn.vkBindBufferMemory(vk->device, b->buf, b->mem, 0), "vkBindBufferMemory");
+    if (s == RLX_OK)
+        s = rlx_vk_check(vk, vk->fn.vkBindBufferMemory(vk->device, b->buf, b->mem, 0), "vkBindBufferMemory");
     if (s == RLX_OK && (map || host) && type_mappable(vk, type))
         s = rlx_vk_check(vk, vk->fn.vkMapMemory(vk->device, b->mem, 0, VK_WHOLE_SIZE, 0, &b->map), "vkMapMemory");
     if (s != RLX_OK) {

@@ -37,15 +37,26 @@ rlx_status rlx_vk_op_attention(struct rlx_vk_rec *r, const struct rlx_graph *g, 
     const struct rlx_tensor *q = &v[nd->in[0]], *k = &v[nd->in[1]], *out = &v[id];
     const int64_t S = q->shape[0], Hq = q->shape[1], D = q->shape[2], T = k->shape[0], Hkv = k->shape[1];
     if (T < S)
-        return rlx_set_error(RLX_ERR_SHAPE, "node %d (attention): %lld keys for %lld queries; the queries are the "
-                             "last positions of the keys (T >= S)", id, (long long)T, (long long)S);
+        return rlx_set_error(RLX_ERR_SHAPE,
+                             "node %d (attention): %lld keys for %lld queries; the queries are the "
+                             "last positions of the keys (T >= S)",
+                             id, (long long)T, (long long)S);
     if (S == 0 || Hq == 0 || D == 0) return RLX_OK;
     const int64_t window = nd->attrs.window > INT32_MAX ? INT32_MAX : nd->attrs.window;
     const struct rlx_tensor *mask = nd->n_in == 4 ? &v[nd->in[3]] : NULL;
     struct pc_attention pc = {
-        .S = rlx_vk_u32(S), .T = rlx_vk_u32(T), .Hq = rlx_vk_u32(Hq), .Hkv = rlx_vk_u32(Hkv), .D = rlx_vk_u32(D),
-        .group = rlx_vk_u32(Hq / Hkv), .scale = nd->attrs.scale, .causal = nd->attrs.causal != 0,
-        .window = (int32_t)window, .mask_kind = !mask ? 0u : mask->dtype == RLX_F32 ? 1u : 2u,
+        .S = rlx_vk_u32(S),
+        .T = rlx_vk_u32(T),
+        .Hq = rlx_vk_u32(Hq),
+        .Hkv = rlx_vk_u32(Hkv),
+        .D = rlx_vk_u32(D),
+        .group = rlx_vk_u32(Hq / Hkv),
+        .scale = nd->attrs.scale,
+        .causal = nd->attrs.causal != 0,
+        .window = (int32_t)window,
+        .mask_kind = !mask                    ? 0u
+                     : mask->dtype == RLX_F32 ? 1u
+                                              : 2u,
         .groups = rlx_vk_u32(S * Hq),
     };
     struct rlx_vk_bind b[5] = {
@@ -64,8 +75,12 @@ rlx_status rlx_vk_op_cache_write(struct rlx_vk_rec *r, const struct rlx_graph *g
     const struct rlx_tensor *state = &v[nd->in[0]], *rows = &v[nd->in[1]];
     const int64_t S = rows->shape[0], row = S ? rlx_tensor_numel(rows) / S : 0;
     if (S == 0 || row == 0) return RLX_OK;
-    struct pc_cache_write pc = {.dtype = (uint32_t)state->dtype, .S = rlx_vk_u32(S), .row = rlx_vk_u32(row),
-                                .T = rlx_vk_u32(state->shape[0]), .node = rlx_vk_u32(id), .items = rlx_vk_u32(S * row)};
+    struct pc_cache_write pc = {.dtype = (uint32_t)state->dtype,
+                                .S = rlx_vk_u32(S),
+                                .row = rlx_vk_u32(row),
+                                .T = rlx_vk_u32(state->shape[0]),
+                                .node = rlx_vk_u32(id),
+                                .items = rlx_vk_u32(S * row)};
     struct rlx_vk_bind b[4] = {
         rlx_vk_tensor(state, true, &pc.s_off),
         rlx_vk_tensor(rows, false, &pc.r_off),

@@ -21,8 +21,8 @@ rlx_status rlx_vk_op_gather_last(struct rlx_vk_rec *r, const struct rlx_graph *g
     const struct rlx_tensor *x = &v[g->nodes[id].in[0]], *out = &v[id];
     if (x->shape[0] < 1) return rlx_set_error(RLX_ERR_SHAPE, "node %d (gather_last): the input has no rows", id);
     const uint64_t row = rlx_vk_tbytes(out);
-    const VkBufferCopy c = {.srcOffset = x->offset + (uint64_t)(x->shape[0] - 1) * row, .dstOffset = out->offset,
-                            .size = row};
+    const VkBufferCopy c = {
+        .srcOffset = x->offset + (uint64_t)(x->shape[0] - 1) * row, .dstOffset = out->offset, .size = row};
     return rlx_vk_record_copy(r, rlx_vk_tbuf(out), rlx_vk_tbuf(x), &c, row ? 1 : 0);
 }
 
@@ -35,7 +35,8 @@ static rlx_status copy_runs(struct rlx_vk_rec *r, const struct rlx_tensor *dst, 
     RLX_TRY(rlx_vk_need_regions(r, (size_t)outer));
     for (int64_t o = 0; o < outer; o++)
         r->regions[o] = (VkBufferCopy){.srcOffset = src_at + (uint64_t)o * src_stride,
-                                       .dstOffset = dst_at + (uint64_t)o * dst_stride, .size = inner};
+                                       .dstOffset = dst_at + (uint64_t)o * dst_stride,
+                                       .size = inner};
     if (dst_stride == inner && src_stride == inner) { /* one contiguous run */
         r->regions[0].size = inner * (uint64_t)outer;
         outer = 1;

@@ -32,7 +32,8 @@ static_assert(RLX_F32 == 0 && RLX_F16 == 1 && RLX_BF16 == 2 && RLX_I32 == 3 && R
                   RLX_Q4_0 == 6 && RLX_Q4_1 == 7 && RLX_Q5_0 == 8 && RLX_Q5_1 == 9 && RLX_Q2_K == 10 &&
                   RLX_Q3_K == 11 && RLX_Q4_K == 12 && RLX_Q5_K == 13 && RLX_Q6_K == 14 && RLX_DTYPE_COUNT == 15,
               "common.glsl's DT_* ids");
-static_assert(RLX_VK_SH_MATVEC_Q6_K - RLX_VK_SH_MATVEC_F32 == 12 && RLX_VK_SH_MATMUL_Q6_K - RLX_VK_SH_MATMUL_F32 == 12 &&
+static_assert(RLX_VK_SH_MATVEC_Q6_K - RLX_VK_SH_MATVEC_F32 == 12 &&
+                  RLX_VK_SH_MATMUL_Q6_K - RLX_VK_SH_MATMUL_F32 == 12 &&
                   RLX_VK_SH_EMBEDDING_Q6_K - RLX_VK_SH_EMBEDDING_F32 == 12,
               "shaders.list lists one variant per weight dtype, in dtype order");
 
@@ -53,9 +54,10 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static rlx_status too_big(const struct rlx_vk_rec *r, const char *what, uint64_t bytes)
 {
-    return rlx_set_error(RLX_ERR_UNSUPPORTED, "node %d (%s): %s of %llu bytes exceeds the %llu bytes one binding may "
-                         "span on this device (maxStorageBufferRange)", r->node, r->op, what,
-                         (unsigned long long)bytes, (unsigned long long)rlx_vk_span_limit(r));
+    return rlx_set_error(RLX_ERR_UNSUPPORTED,
+                         "node %d (%s): %s of %llu bytes exceeds the %llu bytes one binding may "
+                         "span on this device (maxStorageBufferRange)",
+                         r->node, r->op, what, (unsigned long long)bytes, (unsigned long long)rlx_vk_span_limit(r));
 }
 
 rlx_status rlx_vk_op_matmul(struct rlx_vk_rec *r, const struct rlx_graph *g, int id, const struct rlx_tensor *v)
@@ -80,22 +82,37 @@ rlx_status rlx_vk_op_matmul(struct rlx_vk_rec *r, const struct rlx_graph *g, int
         const int64_t mr = min64(am, M - m0);
         for (int64_t n0 = 0; n0 < N; n0 += wn) {
             const int64_t nr = min64(wn, N - n0);
-            struct pc_matmul pc = {.M = rlx_vk_u32(mr), .K = rlx_vk_u32(K), .N = rlx_vk_u32(nr), .w_row = w_row,
-                                   .o_stride = rlx_vk_u32(N), .trans_b = trans, .tiles_n = rlx_vk_u32((nr + 63) / 64)};
-            const uint64_t groups = vec ? (uint64_t)nr * (uint64_t)((mr + 3) / 4) : pc.tiles_n * (uint64_t)((mr + 63) / 64);
+            struct pc_matmul pc = {.M = rlx_vk_u32(mr),
+                                   .K = rlx_vk_u32(K),
+                                   .N = rlx_vk_u32(nr),
+                                   .w_row = w_row,
+                                   .o_stride = rlx_vk_u32(N),
+                                   .trans_b = trans,
+                                   .tiles_n = rlx_vk_u32((nr + 63) / 64)};
+            const uint64_t groups =
+                vec ? (uint64_t)nr * (uint64_t)((mr + 3) / 4) : pc.tiles_n * (uint64_t)((mr + 63) / 64);
             pc.groups = rlx_vk_u32((int64_t)groups);
             struct rlx_vk_bind b[3] = {
-                {.buf = rlx_vk_tbuf(w), .offset = w->offset + (uint64_t)n0 * wrow,
-                 .bytes = trans ? (uint64_t)nr * wrow : rlx_vk_tbytes(w), .off = &pc.w_off,
+                {.buf = rlx_vk_tbuf(w),
+                 .offset = w->offset + (uint64_t)n0 * wrow,
+                 .bytes = trans ? (uint64_t)nr * wrow : rlx_vk_tbytes(w),
+                 .off = &pc.w_off,
                  .unit = block ? 1u : (uint32_t)rlx_dtype_traits(w->dtype)->type_size},
-                {.buf = rlx_vk_tbuf(a), .offset = a->offset + (uint64_t)(m0 * K) * 4, .bytes = (uint64_t)(mr * K) * 4,
-                 .off = &pc.a_off, .unit = 4},
-                {.buf = rlx_vk_tbuf(out), .offset = out->offset + (uint64_t)(m0 * N + n0) * 4,
-                 .bytes = (uint64_t)((mr - 1) * N + nr) * 4, .write = true, .off = &pc.o_off, .unit = 4},
+                {.buf = rlx_vk_tbuf(a),
+                 .offset = a->offset + (uint64_t)(m0 * K) * 4,
+                 .bytes = (uint64_t)(mr * K) * 4,
+                 .off = &pc.a_off,
+                 .unit = 4},
+                {.buf = rlx_vk_tbuf(out),
+                 .offset = out->offset + (uint64_t)(m0 * N + n0) * 4,
+                 .bytes = (uint64_t)((mr - 1) * N + nr) * 4,
+                 .write = true,
+                 .off = &pc.o_off,
+                 .unit = 4},
             };
             if (vec) {
-                struct pc_matvec mv = {.M = pc.M, .K = pc.K, .N = pc.N, .w_row = pc.w_row, .o_stride = pc.o_stride,
-                                       .groups = pc.groups};
+                struct pc_matvec mv = {
+                    .M = pc.M, .K = pc.K, .N = pc.N, .w_row = pc.w_row, .o_stride = pc.o_stride, .groups = pc.groups};
                 b[0].off = &mv.w_off, b[1].off = &mv.a_off, b[2].off = &mv.o_off;
                 RLX_TRY(rlx_vk_dispatch(r, sh, b, 3, &mv, sizeof mv, groups));
             } else {
@@ -122,17 +139,32 @@ rlx_status rlx_vk_op_embedding(struct rlx_vk_rec *r, const struct rlx_graph *g, 
         const int64_t nr = min64(nr_max, n - r0);
         for (int64_t v0 = 0; v0 < V; v0 += vr) {
             const int64_t rows = min64(vr, V - v0);
-            struct pc_embedding pc = {.n = rlx_vk_u32(nr), .d = rlx_vk_u32(d), .vocab = rlx_vk_u32(V),
-                                      .v0 = rlx_vk_u32(v0), .vrows = rlx_vk_u32(rows),
-                                      .w_row = block ? (uint32_t)wrow : rlx_vk_u32(d), .node = rlx_vk_u32(id),
-                                      .r0 = rlx_vk_u32(r0), .items = rlx_vk_u32(block ? nr * (d / 16) : nr * d)};
+            struct pc_embedding pc = {.n = rlx_vk_u32(nr),
+                                      .d = rlx_vk_u32(d),
+                                      .vocab = rlx_vk_u32(V),
+                                      .v0 = rlx_vk_u32(v0),
+                                      .vrows = rlx_vk_u32(rows),
+                                      .w_row = block ? (uint32_t)wrow : rlx_vk_u32(d),
+                                      .node = rlx_vk_u32(id),
+                                      .r0 = rlx_vk_u32(r0),
+                                      .items = rlx_vk_u32(block ? nr * (d / 16) : nr * d)};
             struct rlx_vk_bind b[4] = {
-                {.buf = rlx_vk_tbuf(table), .offset = table->offset + (uint64_t)v0 * wrow, .bytes = (uint64_t)rows * wrow,
-                 .off = &pc.w_off, .unit = block ? 1u : (uint32_t)rlx_dtype_traits(table->dtype)->type_size},
-                {.buf = rlx_vk_tbuf(ids), .offset = ids->offset + (uint64_t)r0 * 4, .bytes = (uint64_t)nr * 4,
-                 .off = &pc.ids_off, .unit = 4},
-                {.buf = rlx_vk_tbuf(out), .offset = out->offset + (uint64_t)(r0 * d) * 4, .bytes = (uint64_t)(nr * d) * 4,
-                 .write = true, .off = &pc.o_off, .unit = 4},
+                {.buf = rlx_vk_tbuf(table),
+                 .offset = table->offset + (uint64_t)v0 * wrow,
+                 .bytes = (uint64_t)rows * wrow,
+                 .off = &pc.w_off,
+                 .unit = block ? 1u : (uint32_t)rlx_dtype_traits(table->dtype)->type_size},
+                {.buf = rlx_vk_tbuf(ids),
+                 .offset = ids->offset + (uint64_t)r0 * 4,
+                 .bytes = (uint64_t)nr * 4,
+                 .off = &pc.ids_off,
+                 .unit = 4},
+                {.buf = rlx_vk_tbuf(out),
+                 .offset = out->offset + (uint64_t)(r0 * d) * 4,
+                 .bytes = (uint64_t)(nr * d) * 4,
+                 .write = true,
+                 .off = &pc.o_off,
+                 .unit = 4},
                 rlx_vk_status(r),
             };
             RLX_TRY(rlx_vk_dispatch(r, sh, b, 4, &pc, sizeof pc, rlx_vk_groups(r, sh, pc.items)));

@@ -41,8 +41,7 @@ static int64_t topk_rows_per_dispatch(uint64_t limit, const struct rlx_tensor *x
     return min64(rlx_vk_rows(x), (int64_t)(limit / ((uint64_t)n * PAIR)));
 }
 
-uint64_t rlx_vk_scratch_bytes(const struct rlx_vk_rec *r, const struct rlx_graph *g, int id,
-                              const struct rlx_tensor *v)
+uint64_t rlx_vk_scratch_bytes(const struct rlx_vk_rec *r, const struct rlx_graph *g, int id, const struct rlx_tensor *v)
 {
     const struct rlx_node *nd = &g->nodes[id];
     if (nd->op != RLX_OP_TOPK) return 0;
@@ -59,7 +58,8 @@ rlx_status rlx_vk_op_topk(struct rlx_vk_rec *r, const struct rlx_graph *g, int i
     if (rows == 0) return RLX_OK;
     const int64_t per = topk_rows_per_dispatch(rlx_vk_span_limit(r), x);
     if (per < 1)
-        return rlx_set_error(RLX_ERR_UNSUPPORTED, "node %d (%s): the %llu bytes of one row's (value, index) pairs "
+        return rlx_set_error(RLX_ERR_UNSUPPORTED,
+                             "node %d (%s): the %llu bytes of one row's (value, index) pairs "
                              "exceed the %llu bytes one binding may span on this device (maxStorageBufferRange)",
                              r->node, r->op, (unsigned long long)((uint64_t)n * PAIR),
                              (unsigned long long)rlx_vk_span_limit(r));
@@ -68,14 +68,21 @@ rlx_status rlx_vk_op_topk(struct rlx_vk_rec *r, const struct rlx_graph *g, int i
         const int64_t m = min64(per, rows - r0);
         struct pc_topk pc = {.rows = rlx_vk_u32(m), .n = rlx_vk_u32(n), .k = rlx_vk_u32(k)};
         struct rlx_vk_bind b[3] = {
-            {.buf = rlx_vk_tbuf(x), .offset = x->offset + (uint64_t)(r0 * n) * 4, .bytes = (uint64_t)(m * n) * 4,
-             .off = &pc.x_off, .unit = 4},
-            {.buf = rlx_vk_tbuf(out), .offset = out->offset + (uint64_t)(r0 * k) * 4, .bytes = (uint64_t)(m * k) * 4,
-             .write = true, .off = &pc.o_off, .unit = 4},
+            {.buf = rlx_vk_tbuf(x),
+             .offset = x->offset + (uint64_t)(r0 * n) * 4,
+             .bytes = (uint64_t)(m * n) * 4,
+             .off = &pc.x_off,
+             .unit = 4},
+            {.buf = rlx_vk_tbuf(out),
+             .offset = out->offset + (uint64_t)(r0 * k) * 4,
+             .bytes = (uint64_t)(m * k) * 4,
+             .write = true,
+             .off = &pc.o_off,
+             .unit = 4},
             {.buf = r->scratch, .offset = 0, .bytes = (uint64_t)m * (uint64_t)n * PAIR, .write = true, .unit = PAIR},
         };
-        RLX_TRY(rlx_vk_dispatch(r, RLX_VK_SH_TOPK, b, 3, &pc, sizeof pc,
-                                rlx_vk_groups(r, RLX_VK_SH_TOPK, (uint64_t)m)));
+        RLX_TRY(
+            rlx_vk_dispatch(r, RLX_VK_SH_TOPK, b, 3, &pc, sizeof pc, rlx_vk_groups(r, RLX_VK_SH_TOPK, (uint64_t)m)));
     }
     return RLX_OK;
 }
@@ -94,21 +101,32 @@ rlx_status rlx_vk_op_matmul_id(struct rlx_vk_rec *r, const struct rlx_graph *g, 
     /* experts per dispatch (K == 0: the shader sums nothing and every row is zeros) */
     const int64_t per = expert ? min64(E, (int64_t)(limit / expert)) : E;
     if (per < 1)
-        return rlx_set_error(RLX_ERR_UNSUPPORTED, "node %d (%s): one expert's weight of %llu bytes exceeds the %llu "
-                             "bytes one binding may span on this device (maxStorageBufferRange)", r->node, r->op,
-                             (unsigned long long)expert, (unsigned long long)limit);
+        return rlx_set_error(RLX_ERR_UNSUPPORTED,
+                             "node %d (%s): one expert's weight of %llu bytes exceeds the %llu "
+                             "bytes one binding may span on this device (maxStorageBufferRange)",
+                             r->node, r->op, (unsigned long long)expert, (unsigned long long)limit);
     const enum rlx_vk_shader sh = rlx_vk_weight_shader(RLX_VK_SH_MATMUL_ID_F32, w->dtype);
     const uint32_t unit = block ? 1u : (uint32_t)tr->type_size;
     for (int64_t e0 = 0; e0 < E; e0 += per) {
         const int64_t ec = min64(per, E - e0);
-        struct pc_matmul_id pc = {.R = rlx_vk_u32(R), .n = rlx_vk_u32(n), .A = rlx_vk_u32(A), .K = rlx_vk_u32(K),
-                                  .N = rlx_vk_u32(N), .E = rlx_vk_u32(E), .e0 = rlx_vk_u32(e0),
-                                  .experts = rlx_vk_u32(ec), .w_row = rlx_vk_u32(block ? (int64_t)wrow : K),
-                                  .w_expert = rlx_vk_u32(block ? (int64_t)expert : N * K), .node = rlx_vk_u32(id),
+        struct pc_matmul_id pc = {.R = rlx_vk_u32(R),
+                                  .n = rlx_vk_u32(n),
+                                  .A = rlx_vk_u32(A),
+                                  .K = rlx_vk_u32(K),
+                                  .N = rlx_vk_u32(N),
+                                  .E = rlx_vk_u32(E),
+                                  .e0 = rlx_vk_u32(e0),
+                                  .experts = rlx_vk_u32(ec),
+                                  .w_row = rlx_vk_u32(block ? (int64_t)wrow : K),
+                                  .w_expert = rlx_vk_u32(block ? (int64_t)expert : N * K),
+                                  .node = rlx_vk_u32(id),
                                   .groups = rlx_vk_u32(R * N)};
         struct rlx_vk_bind b[5] = {
-            {.buf = rlx_vk_tbuf(w), .offset = w->offset + (uint64_t)e0 * expert, .bytes = (uint64_t)ec * expert,
-             .off = &pc.w_off, .unit = unit},
+            {.buf = rlx_vk_tbuf(w),
+             .offset = w->offset + (uint64_t)e0 * expert,
+             .bytes = (uint64_t)ec * expert,
+             .off = &pc.w_off,
+             .unit = unit},
             rlx_vk_tensor(a, false, &pc.a_off),
             rlx_vk_tensor(ids, false, &pc.ids_off),
             rlx_vk_tensor(out, true, &pc.o_off),
@@ -125,11 +143,19 @@ rlx_status rlx_vk_op_moe_combine(struct rlx_vk_rec *r, const struct rlx_graph *g
     const struct rlx_tensor *y = &v[nd->in[0]], *probs = &v[nd->in[1]], *ids = &v[nd->in[2]], *out = &v[id];
     const int64_t S = y->shape[0], n = y->shape[1], H = y->shape[2], E = probs->shape[1];
     if (S == 0 || H == 0) return RLX_OK;
-    struct pc_moe_combine pc = {.S = rlx_vk_u32(S), .n = rlx_vk_u32(n), .H = rlx_vk_u32(H), .E = rlx_vk_u32(E),
-                                .norm = nd->attrs.norm != 0, .node = rlx_vk_u32(id), .items = rlx_vk_u32(S * H)};
+    struct pc_moe_combine pc = {.S = rlx_vk_u32(S),
+                                .n = rlx_vk_u32(n),
+                                .H = rlx_vk_u32(H),
+                                .E = rlx_vk_u32(E),
+                                .norm = nd->attrs.norm != 0,
+                                .node = rlx_vk_u32(id),
+                                .items = rlx_vk_u32(S * H)};
     struct rlx_vk_bind b[5] = {
-        rlx_vk_tensor(y, false, &pc.y_off), rlx_vk_tensor(probs, false, &pc.p_off),
-        rlx_vk_tensor(ids, false, &pc.ids_off), rlx_vk_tensor(out, true, &pc.o_off), rlx_vk_status(r),
+        rlx_vk_tensor(y, false, &pc.y_off),
+        rlx_vk_tensor(probs, false, &pc.p_off),
+        rlx_vk_tensor(ids, false, &pc.ids_off),
+        rlx_vk_tensor(out, true, &pc.o_off),
+        rlx_vk_status(r),
     };
     return rlx_vk_dispatch(r, RLX_VK_SH_MOE_COMBINE, b, 5, &pc, sizeof pc,
                            rlx_vk_groups(r, RLX_VK_SH_MOE_COMBINE, (uint64_t)(S * H)));

@@ -57,8 +57,11 @@ rlx_status rlx_vk_op_rope(struct rlx_vk_rec *r, const struct rlx_graph *g, int i
     const struct rlx_node *nd = &g->nodes[id];
     const struct rlx_tensor *out = &v[id];
     const int64_t items = rlx_tensor_numel(out) / 2;
-    struct pc_rope pc = {.s = rlx_vk_u32(out->shape[0]), .h = rlx_vk_u32(out->shape[1]), .d = rlx_vk_u32(out->shape[2]),
-                         .interleaved = nd->attrs.interleaved != 0, .items = rlx_vk_u32(items)};
+    struct pc_rope pc = {.s = rlx_vk_u32(out->shape[0]),
+                         .h = rlx_vk_u32(out->shape[1]),
+                         .d = rlx_vk_u32(out->shape[2]),
+                         .interleaved = nd->attrs.interleaved != 0,
+                         .items = rlx_vk_u32(items)};
     struct rlx_vk_bind b[4] = {
         rlx_vk_tensor(&v[nd->in[0]], false, &pc.x_off),
         rlx_vk_tensor(&v[nd->in[1]], false, &pc.p_off),
@@ -96,7 +99,8 @@ rlx_status rlx_vk_op_eltwise(struct rlx_vk_rec *r, const struct rlx_graph *g, in
         rlx_vk_tensor(out, true, &pc.o_off),
     };
     if (n == 0) return RLX_OK;
-    return rlx_vk_dispatch(r, RLX_VK_SH_ELTWISE, b, 3, &pc, sizeof pc, rlx_vk_groups(r, RLX_VK_SH_ELTWISE, (uint64_t)n));
+    return rlx_vk_dispatch(r, RLX_VK_SH_ELTWISE, b, 3, &pc, sizeof pc,
+                           rlx_vk_groups(r, RLX_VK_SH_ELTWISE, (uint64_t)n));
 }
 
 rlx_status rlx_vk_op_convert(struct rlx_vk_rec *r, const struct rlx_graph *g, int id, const struct rlx_tensor *v)
@@ -109,5 +113,6 @@ rlx_status rlx_vk_op_convert(struct rlx_vk_rec *r, const struct rlx_graph *g, in
         rlx_vk_tensor(out, true, &pc.o_off),
     };
     if (n == 0) return RLX_OK;
-    return rlx_vk_dispatch(r, RLX_VK_SH_CONVERT, b, 2, &pc, sizeof pc, rlx_vk_groups(r, RLX_VK_SH_CONVERT, (uint64_t)n));
+    return rlx_vk_dispatch(r, RLX_VK_SH_CONVERT, b, 2, &pc, sizeof pc,
+                           rlx_vk_groups(r, RLX_VK_SH_CONVERT, (uint64_t)n));
 }

@@ -19,13 +19,13 @@ struct vk_plan {
     VkCommandPool pool;
     VkCommandBuffer cmd;
     VkFence fence;
-    struct rlx_vk_buf *status;      /* host-visible uint[4]: flag, node, index, value */
-    struct rlx_vk_buf *scratch;     /* device memory the kernels of a run share (topk's pairs), grown on demand */
-    VkQueryPool queries;            /* timestamps when profiling: one per live node, plus one */
+    struct rlx_vk_buf *status;  /* host-visible uint[4]: flag, node, index, value */
+    struct rlx_vk_buf *scratch; /* device memory the kernels of a run share (topk's pairs), grown on demand */
+    VkQueryPool queries;        /* timestamps when profiling: one per live node, plus one */
     uint32_t n_queries;
-    int *query_node;                /* (n_queries) the node that ends at each timestamp */
-    uint64_t *ticks;                /* (n_queries) the timestamps read back */
-    struct rlx_vk_rec rec;          /* scratch kept between runs */
+    int *query_node;       /* (n_queries) the node that ends at each timestamp */
+    uint64_t *ticks;       /* (n_queries) the timestamps read back */
+    struct rlx_vk_rec rec; /* scratch kept between runs */
 };
 
 /* The recorder of each op; NULL: nothing to record (leaves, aliases, a second output). Locked to
@@ -137,7 +137,8 @@ rlx_status rlx_vk_plan_compile(void *ctx, const struct rlx_graph *g, void **stat
     rlx_status s = rlx_vk_check(vk, vk->fn.vkCreateCommandPool(vk->device, &cp, NULL, &p->pool), "vkCreateCommandPool");
     if (s == RLX_OK) {
         const VkCommandBufferAllocateInfo ca = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
-                                                .commandPool = p->pool, .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                                .commandPool = p->pool,
+                                                .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
                                                 .commandBufferCount = 1};
         s = rlx_vk_check(vk, vk->fn.vkAllocateCommandBuffers(vk->device, &ca, &p->cmd), "vkAllocateCommandBuffers");
     }
@@ -176,8 +177,8 @@ static rlx_status need_queries(struct rlx_vk_dev *d, struct vk_plan *p, const st
     p->query_node = rlx_calloc(need, sizeof *p->query_node);
     p->ticks = rlx_calloc(need, sizeof *p->ticks);
     if (!p->query_node || !p->ticks) return RLX_ERR_NOMEM;
-    const VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
-                                      .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = need};
+    const VkQueryPoolCreateInfo qi = {
+        .sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = need};
     RLX_TRY(rlx_vk_check(vk, vk->fn.vkCreateQueryPool(vk->device, &qi, NULL, &p->queries), "vkCreateQueryPool"));
     p->n_queries = need;
     return RLX_OK;
@@ -273,9 +274,10 @@ rlx_status rlx_vk_plan_run(void *ctx, void *state, const struct rlx_graph *g, co
     if (st[0]) return reported(g, values, st);
     if (profile) {
         uint64_t *ticks = p->ticks;
-        RLX_TRY(rlx_vk_check(vk, vk->fn.vkGetQueryPoolResults(vk->device, p->queries, 0, n_stamps,
-                                                                sizeof *ticks * n_stamps, ticks, sizeof *ticks,
-                                                                VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
+        RLX_TRY(rlx_vk_check(vk,
+                             vk->fn.vkGetQueryPoolResults(vk->device, p->queries, 0, n_stamps, sizeof *ticks * n_stamps,
+                                                          ticks, sizeof *ticks,
+                                                          VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
                              "vkGetQueryPoolResults"));
         for (uint32_t k = 1; k < n_stamps; k++)
             node_seconds[p->query_node[k]] = (double)(ticks[k] - ticks[k - 1]) * vk->info.timestamp_period * 1e-9;

@@ -29,8 +29,12 @@ int64_t rlx_vk_rows(const struct rlx_tensor *t)
 struct rlx_vk_bind rlx_vk_tensor(const struct rlx_tensor *t, bool write, uint32_t *off)
 {
     const struct rlx_dtype_traits *tr = rlx_dtype_traits(t->dtype);
-    return (struct rlx_vk_bind){.buf = rlx_vk_tbuf(t), .offset = t->offset, .bytes = rlx_vk_tbytes(t), .write = write,
-                                .off = off, .unit = tr->block_size > 1 ? 1u : (uint32_t)tr->type_size};
+    return (struct rlx_vk_bind){.buf = rlx_vk_tbuf(t),
+                                .offset = t->offset,
+                                .bytes = rlx_vk_tbytes(t),
+                                .write = write,
+                                .off = off,
+                                .unit = tr->block_size > 1 ? 1u : (uint32_t)tr->type_size};
 }
 
 /* Descriptor offsets are multiples of this (and of 16, so that every view's elements align). */
@@ -42,8 +46,8 @@ static uint64_t align_of(const struct rlx_vk_rec *r)
 
 struct rlx_vk_bind rlx_vk_status(const struct rlx_vk_rec *r)
 {
-    return (struct rlx_vk_bind){.buf = r->status, .offset = 0, .bytes = 16, .write = true, .unit = 4,
-                                .untracked = true};
+    return (struct rlx_vk_bind){
+        .buf = r->status, .offset = 0, .bytes = 16, .write = true, .unit = 4, .untracked = true};
 }
 
 uint64_t rlx_vk_groups(const struct rlx_vk_rec *r, enum rlx_vk_shader sh, uint64_t items)
@@ -97,10 +101,10 @@ rlx_status rlx_vk_dispatch(struct rlx_vk_rec *r, enum rlx_vk_shader sh, struct r
         uint64_t range = (rest + (b[i].bytes ? b[i].bytes : 4) + 3) / 4 * 4;
         if (range > b[i].buf->size - base) range = b[i].buf->size - base;
         if (range > r->dev->max_range)
-            return rlx_set_error(RLX_ERR_UNSUPPORTED, "node %d (%s): an operand of %llu bytes exceeds the %llu bytes one "
-                                 "binding may span on this device (maxStorageBufferRange)", r->node, r->op,
-                                 (unsigned long long)b[i].bytes,
-                                 (unsigned long long)r->dev->max_range);
+            return rlx_set_error(RLX_ERR_UNSUPPORTED,
+                                 "node %d (%s): an operand of %llu bytes exceeds the %llu bytes one "
+                                 "binding may span on this device (maxStorageBufferRange)",
+                                 r->node, r->op, (unsigned long long)b[i].bytes, (unsigned long long)r->dev->max_range);
         if (b[i].off) {
             assert(rest % b[i].unit == 0);
             *b[i].off += (uint32_t)(rest / b[i].unit);
@@ -108,12 +112,14 @@ rlx_status rlx_vk_dispatch(struct rlx_vk_rec *r, enum rlx_vk_shader sh, struct r
             assert(rest == 0);
         }
         info[i] = (VkDescriptorBufferInfo){.buffer = b[i].buf->buf, .offset = base, .range = range};
-        wr[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, .dstBinding = (uint32_t)i,
-                                       .descriptorCount = 1, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+        wr[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
+                                       .dstBinding = (uint32_t)i,
+                                       .descriptorCount = 1,
+                                       .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                                        .pBufferInfo = &info[i]};
         if (!b[i].untracked)
-            sp[n_sp++] = (struct rlx_vk_span){.buf = b[i].buf->buf, .lo = b[i].offset, .hi = b[i].offset + b[i].bytes,
-                                              .write = b[i].write};
+            sp[n_sp++] = (struct rlx_vk_span){
+                .buf = b[i].buf->buf, .lo = b[i].offset, .hi = b[i].offset + b[i].bytes, .write = b[i].write};
     }
     const uint64_t max_x = in->max_wg_count[0];
     const uint64_t gx = groups < max_x ? groups : max_x, gy = (groups + gx - 1) / gx;
@@ -138,8 +144,8 @@ rlx_status rlx_vk_record_copy(struct rlx_vk_rec *r, const struct rlx_vk_buf *dst
                               const VkBufferCopy *regions, uint32_t n)
 {
     if (n == 0) return RLX_OK;
-    struct rlx_vk_span sp[2] = {{.buf = src->buf, .lo = UINT64_MAX, .hi = 0}, {.buf = dst->buf, .lo = UINT64_MAX,
-                                                                                .hi = 0, .write = true}};
+    struct rlx_vk_span sp[2] = {{.buf = src->buf, .lo = UINT64_MAX, .hi = 0},
+                                {.buf = dst->buf, .lo = UINT64_MAX, .hi = 0, .write = true}};
     for (uint32_t i = 0; i < n; i++) {
         const VkBufferCopy *c = &regions[i];
         if (c->srcOffset < sp[0].lo) sp[0].lo = c->srcOffset;

@@ -20,7 +20,7 @@
 
 #include "backends/vulkan/vk.h"
 
-struct rlx_vk_span {           /* bytes [lo, hi) of a buffer, read or written since the last barrier */
+struct rlx_vk_span { /* bytes [lo, hi) of a buffer, read or written since the last barrier */
     VkBuffer buf;
     uint64_t lo, hi;
     bool write;
@@ -30,14 +30,14 @@ struct rlx_vk_rec {
     struct rlx_vk_dev *dev;
     struct rlx_vk_context *vk;
     VkCommandBuffer cmd;
-    const struct rlx_vk_buf *status;   /* the plan's status words (uint[4]: flag, node, index, value) */
-    const struct rlx_vk_buf *scratch;  /* the plan's scratch (rlx_vk_scratch_bytes of every node), or NULL */
-    struct rlx_vk_span *seen;          /* (n_seen) */
+    const struct rlx_vk_buf *status;  /* the plan's status words (uint[4]: flag, node, index, value) */
+    const struct rlx_vk_buf *scratch; /* the plan's scratch (rlx_vk_scratch_bytes of every node), or NULL */
+    struct rlx_vk_span *seen;         /* (n_seen) */
     int n_seen, cap_seen;
-    VkBufferCopy *regions;             /* (cap_regions) scratch of the copy recorders */
+    VkBufferCopy *regions; /* (cap_regions) scratch of the copy recorders */
     size_t cap_regions;
     VkPipeline bound;
-    int node;                          /* the node being recorded and its op's name (for messages) */
+    int node; /* the node being recorded and its op's name (for messages) */
     const char *op;
 };
 
@@ -46,10 +46,10 @@ struct rlx_vk_bind {
     const struct rlx_vk_buf *buf;
     uint64_t offset, bytes;
     bool write;
-    uint32_t *off;                     /* push constant that receives the range's start past the bound
+    uint32_t *off;  /* push constant that receives the range's start past the bound
                                           base, in units of `unit` bytes; NULL for ranges at offset 0 */
-    uint32_t unit;                     /* bytes of one element of the shader's view (1, 2 or 4) */
-    bool untracked;                    /* the status words: claimed with an atomic, written by one
+    uint32_t unit;  /* bytes of one element of the shader's view (1, 2 or 4) */
+    bool untracked; /* the status words: claimed with an atomic, written by one
                                           invocation of the whole run; never a hazard */
 };
 
@@ -80,7 +80,7 @@ struct rlx_vk_bind rlx_vk_status(const struct rlx_vk_rec *r);
 uint64_t rlx_vk_groups(const struct rlx_vk_rec *r, enum rlx_vk_shader sh, uint64_t items);
 /* Bytes one binding may span on this device, less the alignment a start may need. */
 uint64_t rlx_vk_span_limit(const struct rlx_vk_rec *r);
-int64_t rlx_vk_rows(const struct rlx_tensor *t);   /* the product of all dims but the last */
+int64_t rlx_vk_rows(const struct rlx_tensor *t); /* the product of all dims but the last */
 /* A count the shaders hold in 32 bits (checked by the caller's range limits). */
 static inline uint32_t rlx_vk_u32(int64_t v)
 {
@@ -99,8 +99,7 @@ rlx_status rlx_vk_plan_run(void *ctx, void *state, const struct rlx_graph *g, co
 /* ---- op recorders ------------------------------------------------------------------------ */
 
 /* One live node into r (the values are placed for this run). */
-typedef rlx_status (*rlx_vk_op_fn)(struct rlx_vk_rec *r, const struct rlx_graph *g, int id,
-                                   const struct rlx_tensor *v);
+typedef rlx_status (*rlx_vk_op_fn)(struct rlx_vk_rec *r, const struct rlx_graph *g, int id, const struct rlx_tensor *v);
 rlx_status rlx_vk_op_matmul(struct rlx_vk_rec *r, const struct rlx_graph *g, int id, const struct rlx_tensor *v);
 rlx_status rlx_vk_op_embedding(struct rlx_vk_rec *r, const struct rlx_graph *g, int id, const struct rlx_tensor *v);
 rlx_status rlx_vk_op_rmsnorm(struct rlx_vk_rec *r, const struct rlx_graph *g, int id, const struct rlx_tensor *v);

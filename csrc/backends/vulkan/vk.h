@@ -32,75 +32,79 @@
 
 /* ---- entry points --------------------------------------------------------------------------- */
 
-#define RLX_VK_GLOBAL_FNS(X)                                                                       \
-    X(vkCreateInstance)                                                                            \
-    X(vkEnumerateInstanceVersion)                                                                  \
-    X(vkEnumerateInstanceLayerProperties)                                                          \
+#define RLX_VK_GLOBAL_FNS(X)                                                                                           \
+    X(vkCreateInstance)                                                                                                \
+    X(vkEnumerateInstanceVersion)                                                                                      \
+    X(vkEnumerateInstanceLayerProperties)                                                                              \
     X(vkEnumerateInstanceExtensionProperties)
 
-#define RLX_VK_INSTANCE_FNS(X)                                                                     \
-    X(vkDestroyInstance)                                                                           \
-    X(vkEnumeratePhysicalDevices)                                                                  \
-    X(vkGetPhysicalDeviceProperties2)                                                              \
-    X(vkGetPhysicalDeviceFeatures2)                                                                \
-    X(vkGetPhysicalDeviceMemoryProperties)                                                         \
-    X(vkGetPhysicalDeviceQueueFamilyProperties)                                                    \
-    X(vkEnumerateDeviceExtensionProperties)                                                        \
-    X(vkCreateDevice)                                                                              \
+#define RLX_VK_INSTANCE_FNS(X)                                                                                         \
+    X(vkDestroyInstance)                                                                                               \
+    X(vkEnumeratePhysicalDevices)                                                                                      \
+    X(vkGetPhysicalDeviceProperties2)                                                                                  \
+    X(vkGetPhysicalDeviceFeatures2)                                                                                    \
+    X(vkGetPhysicalDeviceMemoryProperties)                                                                             \
+    X(vkGetPhysicalDeviceQueueFamilyProperties)                                                                        \
+    X(vkEnumerateDeviceExtensionProperties)                                                                            \
+    X(vkCreateDevice)                                                                                                  \
     X(vkGetDeviceProcAddr)
 
-#define RLX_VK_DEVICE_FNS(X)                                                                       \
-    X(vkDestroyDevice)                                                                             \
-    X(vkGetDeviceQueue)                                                                            \
-    X(vkDeviceWaitIdle)                                                                            \
-    X(vkCreateBuffer)                                                                              \
-    X(vkDestroyBuffer)                                                                             \
-    X(vkGetBufferMemoryRequirements)                                                               \
-    X(vkAllocateMemory)                                                                            \
-    X(vkFreeMemory)                                                                                \
-    X(vkBindBufferMemory)                                                                          \
-    X(vkMapMemory)                                                                                 \
-    X(vkUnmapMemory)                                                                               \
-    X(vkCreateCommandPool)                                                                         \
-    X(vkDestroyCommandPool)                                                                        \
-    X(vkAllocateCommandBuffers)                                                                    \
-    X(vkResetCommandPool)                                                                          \
-    X(vkBeginCommandBuffer)                                                                        \
-    X(vkEndCommandBuffer)                                                                          \
-    X(vkCmdCopyBuffer)                                                                             \
-    X(vkCmdFillBuffer)                                                                             \
-    X(vkCmdPipelineBarrier)                                                                        \
-    X(vkCmdBindPipeline)                                                                           \
-    X(vkCmdPushConstants)                                                                          \
-    X(vkCmdPushDescriptorSetKHR)                                                                   \
-    X(vkCmdDispatch)                                                                               \
-    X(vkCmdWriteTimestamp)                                                                         \
-    X(vkCmdResetQueryPool)                                                                         \
-    X(vkCreateQueryPool)                                                                           \
-    X(vkDestroyQueryPool)                                                                          \
-    X(vkGetQueryPoolResults)                                                                       \
-    X(vkCreateFence)                                                                               \
-    X(vkDestroyFence)                                                                              \
-    X(vkResetFences)                                                                               \
-    X(vkWaitForFences)                                                                             \
-    X(vkQueueSubmit)                                                                               \
-    X(vkCreateShaderModule)                                                                        \
-    X(vkDestroyShaderModule)                                                                       \
-    X(vkCreateComputePipelines)                                                                    \
-    X(vkDestroyPipeline)                                                                           \
-    X(vkCreatePipelineLayout)                                                                      \
-    X(vkDestroyPipelineLayout)                                                                     \
-    X(vkCreateDescriptorSetLayout)                                                                 \
+#define RLX_VK_DEVICE_FNS(X)                                                                                           \
+    X(vkDestroyDevice)                                                                                                 \
+    X(vkGetDeviceQueue)                                                                                                \
+    X(vkDeviceWaitIdle)                                                                                                \
+    X(vkCreateBuffer)                                                                                                  \
+    X(vkDestroyBuffer)                                                                                                 \
+    X(vkGetBufferMemoryRequirements)                                                                                   \
+    X(vkAllocateMemory)                                                                                                \
+    X(vkFreeMemory)                                                                                                    \
+    X(vkBindBufferMemory)                                                                                              \
+    X(vkMapMemory)                                                                                                     \
+    X(vkUnmapMemory)                                                                                                   \
+    X(vkCreateCommandPool)                                                                                             \
+    X(vkDestroyCommandPool)                                                                                            \
+    X(vkAllocateCommandBuffers)                                                                                        \
+    X(vkResetCommandPool)                                                                                              \
+    X(vkBeginCommandBuffer)                                                                                            \
+    X(vkEndCommandBuffer)                                                                                              \
+    X(vkCmdCopyBuffer)                                                                                                 \
+    X(vkCmdFillBuffer)                                                                                                 \
+    X(vkCmdPipelineBarrier)                                                                                            \
+    X(vkCmdBindPipeline)                                                                                               \
+    X(vkCmdPushConstants)                                                                                              \
+    X(vkCmdPushDescriptorSetKHR)                                                                                       \
+    X(vkCmdDispatch)                                                                                                   \
+    X(vkCmdWriteTimestamp)                                                                                             \
+    X(vkCmdResetQueryPool)                                                                                             \
+    X(vkCreateQueryPool)                                                                                               \
+    X(vkDestroyQueryPool)                                                                                              \
+    X(vkGetQueryPoolResults)                                                                                           \
+    X(vkCreateFence)                                                                                                   \
+    X(vkDestroyFence)                                                                                                  \
+    X(vkResetFences)                                                                                                   \
+    X(vkWaitForFences)                                                                                                 \
+    X(vkQueueSubmit)                                                                                                   \
+    X(vkCreateShaderModule)                                                                                            \
+    X(vkDestroyShaderModule)                                                                                           \
+    X(vkCreateComputePipelines)                                                                                        \
+    X(vkDestroyPipeline)                                                                                               \
+    X(vkCreatePipelineLayout)                                                                                          \
+    X(vkDestroyPipelineLayout)                                                                                         \
+    X(vkCreateDescriptorSetLayout)                                                                                     \
     X(vkDestroyDescriptorSetLayout)
 
 #define RLX_VK_FIELD(f) PFN_##f f;
-struct rlx_vk_gfn { RLX_VK_GLOBAL_FNS(RLX_VK_FIELD) };
+struct rlx_vk_gfn {
+    RLX_VK_GLOBAL_FNS(RLX_VK_FIELD)
+};
 struct rlx_vk_ifn {
     RLX_VK_INSTANCE_FNS(RLX_VK_FIELD)
-    PFN_vkCreateDebugUtilsMessengerEXT vkCreateDebugUtilsMessengerEXT;   /* with validation only */
+    PFN_vkCreateDebugUtilsMessengerEXT vkCreateDebugUtilsMessengerEXT; /* with validation only */
     PFN_vkDestroyDebugUtilsMessengerEXT vkDestroyDebugUtilsMessengerEXT;
 };
-struct rlx_vk_dfn { RLX_VK_DEVICE_FNS(RLX_VK_FIELD) };
+struct rlx_vk_dfn {
+    RLX_VK_DEVICE_FNS(RLX_VK_FIELD)
+};
 
 /* ---- loader and probe (loader.c) ------------------------------------------------------------ */
 
@@ -109,17 +113,17 @@ struct rlx_vk_dfn { RLX_VK_DEVICE_FNS(RLX_VK_FIELD) };
 /* What a physical device offers and whether rlx can run on it. */
 struct rlx_vk_info {
     char name[VK_MAX_PHYSICAL_DEVICE_NAME_SIZE];
-    char driver[2 * VK_MAX_DRIVER_NAME_SIZE + 4];  /* "name / info" */
-    const char *type;                              /* "discrete", "integrated", "virtual", "cpu", "other" */
+    char driver[2 * VK_MAX_DRIVER_NAME_SIZE + 4]; /* "name / info" */
+    const char *type;                             /* "discrete", "integrated", "virtual", "cpu", "other" */
     uint32_t api_version, vendor_id, device_id;
     uint32_t subgroup_size;
     uint32_t max_storage_range, max_wg_invocations, max_wg_count[3], max_shared;
     uint64_t storage_align, max_alloc, device_local_bytes;
-    bool device_local_host_visible;                /* the device-local heap is host-visible too */
+    bool device_local_host_visible; /* the device-local heap is host-visible too */
     bool timestamps;
-    float timestamp_period;                        /* ns per tick */
+    float timestamp_period; /* ns per tick */
     bool usable;
-    char why_not[256];                             /* when !usable: what was missing */
+    char why_not[256]; /* when !usable: what was missing */
 };
 
 /* Loads libvulkan once per process; RLX_ERR_UNSUPPORTED with the reason when it cannot. */
@@ -135,10 +139,10 @@ void rlx_vk_instance_destroy(VkInstance inst, const struct rlx_vk_ifn *f, VkDebu
 void rlx_vk_query(const struct rlx_vk_ifn *f, VkPhysicalDevice pd, struct rlx_vk_info *out);
 /* The process-wide probe (made once, without validation): the physical devices, or why none. */
 struct rlx_vk_probe {
-    int n;                                         /* physical devices seen */
+    int n; /* physical devices seen */
     struct rlx_vk_info dev[RLX_VK_MAX_DEVICES];
-    int preferred;                                 /* the usable device "vulkan" opens, or -1 */
-    char why_none[512];                            /* when no device is usable */
+    int preferred;      /* the usable device "vulkan" opens, or -1 */
+    char why_none[512]; /* when no device is usable */
 };
 const struct rlx_vk_probe *rlx_vk_probe(void);
 
@@ -150,12 +154,12 @@ void rlx_vk_validation_record(const char *msg);
 
 /* ---- context (context.c) -------------------------------------------------------------------- */
 
-#define RLX_VK_BINDINGS 6        /* storage buffers per dispatch, bindings 0..5 */
-#define RLX_VK_PUSH_BYTES 128    /* push constant block of every shader (the minimum any device has) */
+#define RLX_VK_BINDINGS   6   /* storage buffers per dispatch, bindings 0..5 */
+#define RLX_VK_PUSH_BYTES 128 /* push constant block of every shader (the minimum any device has) */
 
 struct rlx_vk_context {
-    int index;                   /* physical device index */
-    int refs;                    /* rlx devices open on it (guarded by the registry lock) */
+    int index; /* physical device index */
+    int refs;  /* rlx devices open on it (guarded by the registry lock) */
     VkInstance instance;
     struct rlx_vk_ifn ifn;
     VkDebugUtilsMessengerEXT messenger;
@@ -169,13 +173,13 @@ struct rlx_vk_context {
     VkDescriptorSetLayout dsl;
     VkPipelineLayout layout;
     VkPipeline pipelines[RLX_VK_SHADER_COUNT]; /* made on first use */
-    pthread_mutex_t lock;        /* the transfer command buffer, staging, pipelines */
-    pthread_mutex_t queue_lock;  /* vkQueueSubmit (the queue is externally synchronised) */
+    pthread_mutex_t lock;                      /* the transfer command buffer, staging, pipelines */
+    pthread_mutex_t queue_lock;                /* vkQueueSubmit (the queue is externally synchronised) */
     VkCommandPool xfer_pool;
     VkCommandBuffer xfer_cmd;
     VkFence xfer_fence;
-    struct rlx_vk_buf *staging;  /* host-visible, grown on demand */
-    atomic_bool lost;            /* the device was lost: every later call fails */
+    struct rlx_vk_buf *staging; /* host-visible, grown on demand */
+    atomic_bool lost;           /* the device was lost: every later call fails */
 };
 
 /* The context of physical device `index` (-1: the preferred one), made on first use and kept for
@@ -189,7 +193,7 @@ rlx_status rlx_vk_pipeline(struct rlx_vk_context *vk, enum rlx_vk_shader sh, VkP
 /* A VkResult as a status with a message naming what failed ("vkAllocateMemory of 123 bytes"):
  * out of memory -> RLX_ERR_NOMEM; device lost -> RLX_ERR_STATE (and the context is marked lost). */
 rlx_status rlx_vk_check(struct rlx_vk_context *vk, VkResult r, const char *what);
-rlx_status rlx_vk_usable(struct rlx_vk_context *vk);   /* RLX_ERR_STATE once the device was lost */
+rlx_status rlx_vk_usable(struct rlx_vk_context *vk); /* RLX_ERR_STATE once the device was lost */
 /* Submits cmd and waits for it (the queue lock is held only for the submission). */
 rlx_status rlx_vk_submit_wait(struct rlx_vk_context *vk, VkCommandBuffer cmd, VkFence fence);
 
@@ -199,15 +203,15 @@ rlx_status rlx_vk_submit_wait(struct rlx_vk_context *vk, VkCommandBuffer cmd, Vk
 struct rlx_vk_buf {
     VkBuffer buf;
     VkDeviceMemory mem;
-    VkDeviceSize size;           /* bytes of the VkBuffer (the requested size rounded up to 16) */
-    void *map;                   /* host address when mapped, else NULL */
+    VkDeviceSize size; /* bytes of the VkBuffer (the requested size rounded up to 16) */
+    void *map;         /* host address when mapped, else NULL */
 };
 
 /* The backend instance an rlx device holds (its ctx). */
 struct rlx_vk_dev {
-    struct rlx_vk_context *vk;   /* shared, referenced */
-    bool staging;                /* ":staging": device memory never mapped, transfers staged */
-    uint64_t max_range;          /* bytes one binding may span: maxStorageBufferRange, or less (":range=N") */
+    struct rlx_vk_context *vk; /* shared, referenced */
+    bool staging;              /* ":staging": device memory never mapped, transfers staged */
+    uint64_t max_range;        /* bytes one binding may span: maxStorageBufferRange, or less (":range=N") */
 };
 
 rlx_status rlx_vk_buf_create(struct rlx_vk_context *vk, VkDeviceSize bytes, bool host, bool map,

@@ -64,10 +64,10 @@ struct rlx_transport {
  * each recv as a whole (a deadline computed once per message, however slowly its bytes arrive).
  * token may be NULL or "" (no token). */
 struct rlx_tcp_opts {
-    size_t max_message_bytes;   /* 0 = 1 GiB */
-    int timeout_ms;             /* <= 0 = 60000 */
-    const char *token;          /* NULL or "" = none; copied, so it may be freed after create */
-    int allow_remote;           /* without a token: also talk to non-loopback peers (0 = loopback only) */
+    size_t max_message_bytes; /* 0 = 1 GiB */
+    int timeout_ms;           /* <= 0 = 60000 */
+    const char *token;        /* NULL or "" = none; copied, so it may be freed after create */
+    int allow_remote;         /* without a token: also talk to non-loopback peers (0 = loopback only) */
 };
 rlx_status rlx_tcp_transport_create(int rank, int world, const char *const *addrs, int listen_fd,
                                     const struct rlx_tcp_opts *opts, struct rlx_transport **out);

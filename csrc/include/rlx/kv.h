@@ -22,11 +22,11 @@ struct rlx_buffer;
  * dtype; RLX_ERR_RANGE when the maximum's byte count would overflow. */
 rlx_status rlx_kv_cache_create(struct rlx_device *dev, int64_t n_layers, int64_t row, int64_t max_capacity,
                                enum rlx_dtype dtype, struct rlx_kv_cache **out);
-void rlx_kv_cache_free(struct rlx_kv_cache *kv);   /* NULL is a no-op */
+void rlx_kv_cache_free(struct rlx_kv_cache *kv); /* NULL is a no-op */
 
 /* Accessors; 0 for a NULL cache. */
 int64_t rlx_kv_cache_len(const struct rlx_kv_cache *kv);
-int64_t rlx_kv_cache_capacity(const struct rlx_kv_cache *kv);     /* positions allocated now */
+int64_t rlx_kv_cache_capacity(const struct rlx_kv_cache *kv); /* positions allocated now */
 int64_t rlx_kv_cache_max_capacity(const struct rlx_kv_cache *kv);
 int64_t rlx_kv_cache_row(const struct rlx_kv_cache *kv);
 int64_t rlx_kv_cache_layers(const struct rlx_kv_cache *kv);

@@ -16,8 +16,8 @@
 #include "rlx/rlx.h"
 #include "rlx/sample.h"
 
-#define RLX_MAX_LAYERS 256
-#define RLX_MAX_WINDOWS 4   /* distinct sliding-window sizes a masked plan may need */
+#define RLX_MAX_LAYERS  256
+#define RLX_MAX_WINDOWS 4 /* distinct sliding-window sizes a masked plan may need */
 
 struct rlx_model_config {
     int64_t vocab_size, hidden_size, intermediate_size;
@@ -25,19 +25,19 @@ struct rlx_model_config {
     int64_t max_position_embeddings;
     float rms_norm_eps;
     bool tie_word_embeddings;
-    bool attention_bias;      /* bias on q, k, v and o projections */
-    bool mlp_bias;            /* bias on gate, up and down projections */
-    bool qk_norm;             /* Qwen3: RMSNorm over each head of q and k before RoPE */
-    bool rope_interleaved;    /* q / k rows in llama.cpp's permuted order (GGUF Llama files): RoPE turns
+    bool attention_bias;                  /* bias on q, k, v and o projections */
+    bool mlp_bias;                        /* bias on gate, up and down projections */
+    bool qk_norm;                         /* Qwen3: RMSNorm over each head of q and k before RoPE */
+    bool rope_interleaved;                /* q / k rows in llama.cpp's permuted order (GGUF Llama files): RoPE turns
                                  adjacent pairs instead of halves; the same model, read without a copy */
     int64_t layer_window[RLX_MAX_LAYERS]; /* sliding window of each layer; 0 = full attention */
     /* Mixture of experts (Qwen3-MoE): a sparse layer's MLP is a router (E, H) choosing, per token, the
      * n_experts_used experts of highest softmax probability, whose SwiGLU MLPs (gate / up (F, H),
      * down (H, F), F = moe_intermediate_size) are summed weighted by those probabilities
      * (renormalised to sum 1 when norm_topk_prob). Dense layers keep the MLP of intermediate_size. */
-    int64_t n_experts, n_experts_used, moe_intermediate_size;   /* ignored when no layer is sparse */
+    int64_t n_experts, n_experts_used, moe_intermediate_size; /* ignored when no layer is sparse */
     bool norm_topk_prob;
-    bool layer_sparse[RLX_MAX_LAYERS];    /* layer l's MLP is the mixture */
+    bool layer_sparse[RLX_MAX_LAYERS]; /* layer l's MLP is the mixture */
 };
 /* RLX_ERR_INVALID naming the field when a size is not positive, heads do not divide, eps is not a
  * finite number >= 0, or (with a sparse layer) the expert counts do not hold 1 <= n_experts_used <=
@@ -65,19 +65,19 @@ struct rlx_block_spec {
     int64_t layer_begin, layer_end;
     unsigned flags;
     struct rlx_dim seq, kv_rows;
-    enum rlx_dtype kv_dtype;      /* f32, f16 or bf16 */
+    enum rlx_dtype kv_dtype; /* f32, f16 or bf16 */
 };
 
 /* Where a built block's interface is: node ids in the graph (compiling keeps them) and output
  * indices. Layers are local: index l is layer layer_begin + l. */
 struct rlx_block_io {
-    int x;                              /* input "ids" or "hidden" */
-    int pos;                            /* input "pos" */
-    int y;                              /* output index of "logits" or "hidden" */
+    int x;   /* input "ids" or "hidden" */
+    int pos; /* input "pos" */
+    int y;   /* output index of "logits" or "hidden" */
     int n_layers;
-    int k_cache[RLX_MAX_LAYERS], v_cache[RLX_MAX_LAYERS];   /* CACHE: the state nodes */
+    int k_cache[RLX_MAX_LAYERS], v_cache[RLX_MAX_LAYERS]; /* CACHE: the state nodes */
     int n_masks;
-    int mask[RLX_MAX_WINDOWS];          /* MASK: input nodes, one per distinct window */
+    int mask[RLX_MAX_WINDOWS];            /* MASK: input nodes, one per distinct window */
     int64_t mask_window[RLX_MAX_WINDOWS]; /* the window each mask is for (0 = full attention) */
 };
 
@@ -88,25 +88,25 @@ rlx_status rlx_decoder_build(const struct rlx_model_config *cfg, const struct rl
 
 /* The weights a block reads, in build order, each once. */
 enum rlx_param_kind {
-    RLX_PARAM_MATRIX = 0,   /* a matmul weight or embedding table: any real-valued dtype (f32, f16, bf16, q8_0) */
-    RLX_PARAM_VECTOR = 1,   /* a norm weight or a bias: f32 */
-    RLX_PARAM_DERIVED = 2,  /* computed from the config by the caller, not read from a file: rope.inv_freq, f32 */
-    RLX_PARAM_EXPERTS = 3,  /* a mixture's experts stacked (E, out_features, in_features), any real-valued dtype:
+    RLX_PARAM_MATRIX = 0,  /* a matmul weight or embedding table: any real-valued dtype (f32, f16, bf16, q8_0) */
+    RLX_PARAM_VECTOR = 1,  /* a norm weight or a bias: f32 */
+    RLX_PARAM_DERIVED = 2, /* computed from the config by the caller, not read from a file: rope.inv_freq, f32 */
+    RLX_PARAM_EXPERTS = 3, /* a mixture's experts stacked (E, out_features, in_features), any real-valued dtype:
                                one tensor (a GGUF file's), or E parts named part_fmt (a Hugging Face file's) */
 };
 struct rlx_param_info {
-    char name[RLX_NAME_MAX];            /* Hugging Face name ("model.layers.0.self_attn.q_proj.weight"); stacked
+    char name[RLX_NAME_MAX]; /* Hugging Face name ("model.layers.0.self_attn.q_proj.weight"); stacked
                                            experts: "model.layers.0.mlp.experts.gate_proj.weight" */
     int ndim;
-    int64_t shape[3];                   /* (out_features, in_features) for projections, (E, out, in) for experts */
+    int64_t shape[3]; /* (out_features, in_features) for projections, (E, out, in) for experts */
     enum rlx_param_kind kind;
-    char part_fmt[RLX_NAME_MAX];        /* EXPERTS: the name of part e with "%d" for e, as a Hugging Face file
+    char part_fmt[RLX_NAME_MAX]; /* EXPERTS: the name of part e with "%d" for e, as a Hugging Face file
                                            names it ("model.layers.0.mlp.experts.%d.gate_proj.weight"); else "" */
 };
 /* *out: an array of *n entries for the block [begin, end) with ends (RLX_BLOCK_EMBED |
  * RLX_BLOCK_HEAD), freed with rlx_decoder_params_free. */
-rlx_status rlx_decoder_params(const struct rlx_model_config *cfg, int64_t layer_begin, int64_t layer_end,
-                              unsigned ends, struct rlx_param_info **out, int *n);
+rlx_status rlx_decoder_params(const struct rlx_model_config *cfg, int64_t layer_begin, int64_t layer_end, unsigned ends,
+                              struct rlx_param_info **out, int *n);
 void rlx_decoder_params_free(struct rlx_param_info *p);
 
 /* ---------------------------------------------------------------------------------------------
@@ -123,11 +123,11 @@ struct rlx_model;
  * DYNAMIC; decode plans (positions after a cached past) take ONESHOT, BUCKETED or DYNAMIC; the
  * recomputing forward (no cache) follows the prefill policy. */
 enum rlx_plan_policy {
-    RLX_POLICY_ONESHOT = 0,   /* specialised to the exact shape; one kept per kind, recompiled on change */
-    RLX_POLICY_LRU = 1,       /* specialised; the `capacity` most recently used kept (prefill) */
-    RLX_POLICY_BUCKETED = 2,  /* decode: the cache rows read rounded up to a power of two (capped at max_past),
+    RLX_POLICY_ONESHOT = 0,  /* specialised to the exact shape; one kept per kind, recompiled on change */
+    RLX_POLICY_LRU = 1,      /* specialised; the `capacity` most recently used kept (prefill) */
+    RLX_POLICY_BUCKETED = 2, /* decode: the cache rows read rounded up to a power of two (capped at max_past),
                                  the rows past the sequence hidden by a mask; one plan per bucket: O(log n) compiles */
-    RLX_POLICY_DYNAMIC = 3,   /* symbolic SEQ / PAST, compiled once and bound per call */
+    RLX_POLICY_DYNAMIC = 3,  /* symbolic SEQ / PAST, compiled once and bound per call */
 };
 
 /* A model of the block [layer_begin, layer_end) (the whole model: 0, n_layers) with ends

@@ -32,15 +32,15 @@ typedef int rlx_status;
 
 enum {
     RLX_OK = 0,
-    RLX_ERR_INVALID = -1,     /* bad argument: unknown name, wrong arity, bad attribute value */
-    RLX_ERR_SHAPE = -2,       /* shapes do not fit together */
-    RLX_ERR_DTYPE = -3,       /* wrong element type */
-    RLX_ERR_RANGE = -4,       /* a value out of range: token id, position, context length */
-    RLX_ERR_NOMEM = -5,       /* allocation failed or a memory budget refused */
-    RLX_ERR_UNSUPPORTED = -6, /* valid request that this build or backend does not implement */
-    RLX_ERR_STATE = -7,       /* call not valid in the object's current state */
-    RLX_ERR_IO = -8,          /* file or network failure */
-    RLX_ERR_INTERNAL = -9,    /* a bug in rlx */
+    RLX_ERR_INVALID = -1,      /* bad argument: unknown name, wrong arity, bad attribute value */
+    RLX_ERR_SHAPE = -2,        /* shapes do not fit together */
+    RLX_ERR_DTYPE = -3,        /* wrong element type */
+    RLX_ERR_RANGE = -4,        /* a value out of range: token id, position, context length */
+    RLX_ERR_NOMEM = -5,        /* allocation failed or a memory budget refused */
+    RLX_ERR_UNSUPPORTED = -6,  /* valid request that this build or backend does not implement */
+    RLX_ERR_STATE = -7,        /* call not valid in the object's current state */
+    RLX_ERR_IO = -8,           /* file or network failure */
+    RLX_ERR_INTERNAL = -9,     /* a bug in rlx */
     RLX_ERR_INTERRUPTED = -10, /* rlx_interrupt() stopped the work; the object is as before the call */
 };
 
@@ -79,24 +79,24 @@ enum rlx_dtype {
     RLX_I32 = 3,
     RLX_U8 = 4,
     /* the GGUF block types (ggml's layouts; csrc/core/quants.c): elements per block / bytes */
-    RLX_Q8_0 = 5,   /* 32 / 34: f16 scale, 32 int8 */
-    RLX_Q4_0 = 6,   /* 32 / 18 */
-    RLX_Q4_1 = 7,   /* 32 / 20 */
-    RLX_Q5_0 = 8,   /* 32 / 22 */
-    RLX_Q5_1 = 9,   /* 32 / 24 */
-    RLX_Q2_K = 10,  /* 256 / 84 */
-    RLX_Q3_K = 11,  /* 256 / 110 */
-    RLX_Q4_K = 12,  /* 256 / 144 */
-    RLX_Q5_K = 13,  /* 256 / 176 */
-    RLX_Q6_K = 14,  /* 256 / 210 */
+    RLX_Q8_0 = 5,  /* 32 / 34: f16 scale, 32 int8 */
+    RLX_Q4_0 = 6,  /* 32 / 18 */
+    RLX_Q4_1 = 7,  /* 32 / 20 */
+    RLX_Q5_0 = 8,  /* 32 / 22 */
+    RLX_Q5_1 = 9,  /* 32 / 24 */
+    RLX_Q2_K = 10, /* 256 / 84 */
+    RLX_Q3_K = 11, /* 256 / 110 */
+    RLX_Q4_K = 12, /* 256 / 144 */
+    RLX_Q5_K = 13, /* 256 / 176 */
+    RLX_Q6_K = 14, /* 256 / 210 */
     RLX_DTYPE_COUNT
 };
 
 struct rlx_dtype_traits {
-    const char *name;          /* "f32", "q8_0" */
-    int64_t block_size;        /* elements per block */
-    size_t type_size;          /* bytes per block */
-    bool is_float;             /* holds real numbers (f32, f16, bf16, the block types) */
+    const char *name;   /* "f32", "q8_0" */
+    int64_t block_size; /* elements per block */
+    size_t type_size;   /* bytes per block */
+    bool is_float;      /* holds real numbers (f32, f16, bf16, the block types) */
     /* dst (n) f32 = the n elements at src converted exactly (integers, f16, bf16) or dequantised
      * (block types); n a whole number of blocks. */
     void (*to_f32)(float *dst, const void *src, int64_t n);
@@ -109,7 +109,7 @@ struct rlx_dtype_traits {
 
 /* The traits of dt, or NULL when dt is out of range. */
 const struct rlx_dtype_traits *rlx_dtype_traits(enum rlx_dtype dt);
-const char *rlx_dtype_name(enum rlx_dtype dt);        /* "f32"; "?" when out of range */
+const char *rlx_dtype_name(enum rlx_dtype dt); /* "f32"; "?" when out of range */
 /* Bytes of n elements of dt. RLX_ERR_INVALID when n is negative or not a whole number of blocks,
  * RLX_ERR_RANGE when the count does not fit a size_t. */
 rlx_status rlx_dtype_bytes(enum rlx_dtype dt, int64_t n, size_t *out);
@@ -139,16 +139,16 @@ rlx_status rlx_quantize(enum rlx_dtype dt, const float *x, int64_t rows, int64_t
  * to values at run time, usually inferred from input shapes.
  * ------------------------------------------------------------------------------------------- */
 
-#define RLX_MAX_DIMS 4
-#define RLX_MAX_SYMS 8
+#define RLX_MAX_DIMS   4
+#define RLX_MAX_SYMS   8
 #define RLX_MAX_INPUTS 6
-#define RLX_NAME_MAX 96
+#define RLX_NAME_MAX   96
 
 enum { RLX_SYM_BATCH = 0, RLX_SYM_SEQ = 1, RLX_SYM_PAST = 2, RLX_SYM_FIRST_USER = 3 };
 
 struct rlx_dim {
-    int64_t c;                       /* constant term */
-    int32_t coef[RLX_MAX_SYMS];      /* coefficient of each symbol */
+    int64_t c;                  /* constant term */
+    int32_t coef[RLX_MAX_SYMS]; /* coefficient of each symbol */
 };
 
 /* A dim that is the constant n / the symbol s. */
@@ -165,47 +165,47 @@ bool rlx_dim_equal(const struct rlx_dim *a, const struct rlx_dim *b);
  * ------------------------------------------------------------------------------------------- */
 
 enum rlx_op {
-    RLX_OP_INPUT = 0,    /* named runtime input (any dtype) */
-    RLX_OP_PARAM,        /* named weight, bound with rlx_plan_set_param (any dtype) */
-    RLX_OP_MATMUL,       /* a (..., K) @ b -> (..., N); b (N, K) if trans_b else (K, N); b may be bf16 / f16
+    RLX_OP_INPUT = 0,   /* named runtime input (any dtype) */
+    RLX_OP_PARAM,       /* named weight, bound with rlx_plan_set_param (any dtype) */
+    RLX_OP_MATMUL,      /* a (..., K) @ b -> (..., N); b (N, K) if trans_b else (K, N); b may be bf16 / f16
                             (then trans_b): widened exactly, accumulated in f32 */
-    RLX_OP_EMBEDDING,    /* table (V, D) f32 / bf16 / f16, ids i32 (...) -> f32 (..., D); an id outside [0, V)
+    RLX_OP_EMBEDDING,   /* table (V, D) f32 / bf16 / f16, ids i32 (...) -> f32 (..., D); an id outside [0, V)
                             is RLX_ERR_RANGE at run */
-    RLX_OP_RMSNORM,      /* x (..., D), w (D) -> x / sqrt(mean(x^2) + eps) * w */
-    RLX_OP_ROPE,         /* x (S, H, D), pos i32 (S), inv_freq (D/2) -> RoPE: element i rotated with i + D/2
+    RLX_OP_RMSNORM,     /* x (..., D), w (D) -> x / sqrt(mean(x^2) + eps) * w */
+    RLX_OP_ROPE,        /* x (S, H, D), pos i32 (S), inv_freq (D/2) -> RoPE: element i rotated with i + D/2
                             (rotate-half, Hugging Face's layout), or with attrs.interleaved element 2i with
                             2i + 1 (the layout of q / k rows that llama.cpp's converter permutes) */
-    RLX_OP_SOFTMAX,      /* x (..., N) -> softmax over the last axis */
-    RLX_OP_SILU,         /* x -> x * sigmoid(x) */
-    RLX_OP_ADD,          /* a (...), b (suffix of a's shape) -> a + b broadcast over the leading dims */
-    RLX_OP_MUL,          /* as ADD, elementwise product */
-    RLX_OP_ATTENTION,    /* q (S, Hq, D) f32, k (T, Hkv, D), v (T, Hkv, D) [, mask (S, T) f32 additive or u8
+    RLX_OP_SOFTMAX,     /* x (..., N) -> softmax over the last axis */
+    RLX_OP_SILU,        /* x -> x * sigmoid(x) */
+    RLX_OP_ADD,         /* a (...), b (suffix of a's shape) -> a + b broadcast over the leading dims */
+    RLX_OP_MUL,         /* as ADD, elementwise product */
+    RLX_OP_ATTENTION,   /* q (S, Hq, D) f32, k (T, Hkv, D), v (T, Hkv, D) [, mask (S, T) f32 additive or u8
                             1=attend] -> (S, Hq, D) f32; Hq % Hkv == 0; k and v f32, f16 or bf16 (one dtype):
                             the keys of positions 0..T-1, the queries at positions T-S..T-1 (T >= S, checked
                             at run) */
-    RLX_OP_GATHER_LAST,  /* x (S, ...) -> (1, ...): the last row along axis 0 */
-    RLX_OP_CONCAT,       /* a, b -> concatenated along attrs.axis (any dtype, same dtype) */
-    RLX_OP_SLICE,        /* x -> x[start : start+len] along attrs.axis (any dtype); start < 0 counts from the end */
-    RLX_OP_RESHAPE,      /* x -> same data, shape attrs.shape (element counts must agree; any dtype) */
-    RLX_OP_SILU_MUL,     /* fused by the compiler: silu(a) * b */
-    RLX_OP_ADD_RMSNORM,  /* fused by the compiler: (a, b, w) -> a + b; also writes rmsnorm(a+b)*w into
+    RLX_OP_GATHER_LAST, /* x (S, ...) -> (1, ...): the last row along axis 0 */
+    RLX_OP_CONCAT,      /* a, b -> concatenated along attrs.axis (any dtype, same dtype) */
+    RLX_OP_SLICE,       /* x -> x[start : start+len] along attrs.axis (any dtype); start < 0 counts from the end */
+    RLX_OP_RESHAPE,     /* x -> same data, shape attrs.shape (element counts must agree; any dtype) */
+    RLX_OP_SILU_MUL,    /* fused by the compiler: silu(a) * b */
+    RLX_OP_ADD_RMSNORM, /* fused by the compiler: (a, b, w) -> a + b; also writes rmsnorm(a+b)*w into
                             its companion RLX_OP_FUSED_OUT node */
-    RLX_OP_FUSED_OUT,    /* fused by the compiler: a second output written by its input node's kernel */
-    RLX_OP_STATE,        /* named memory that outlives a run (a KV cache), bound per run by its owner;
+    RLX_OP_FUSED_OUT,   /* fused by the compiler: a second output written by its input node's kernel */
+    RLX_OP_STATE,       /* named memory that outlives a run (a KV cache), bound per run by its owner;
                             read by ops and written only by CACHE_WRITE; any dtype, dims may be symbolic */
-    RLX_OP_CACHE_WRITE,  /* state (T, ...), rows f32 (S, ...), pos i32 (S) -> the state itself, after
+    RLX_OP_CACHE_WRITE, /* state (T, ...), rows f32 (S, ...), pos i32 (S) -> the state itself, after
                             row pos[i] of it was set to rows[i] converted to its dtype (f32, f16 or bf16,
                             rounding to nearest even); a pos outside [0, T) is RLX_ERR_RANGE at run */
-    RLX_OP_CONVERT,      /* x f32 -> attrs.dtype (f32, f16 or bf16), each value rounded to nearest even */
-    RLX_OP_TOPK,         /* x f32 (..., N) -> i32 (..., attrs.k): the indices of the k largest values of each row,
+    RLX_OP_CONVERT,     /* x f32 -> attrs.dtype (f32, f16 or bf16), each value rounded to nearest even */
+    RLX_OP_TOPK,        /* x f32 (..., N) -> i32 (..., attrs.k): the indices of the k largest values of each row,
                             largest first, chosen exactly as torch.topk on the CPU chooses them (ties included:
                             libstdc++'s nth_element / partial_sort over (value, index) pairs; NaN counts as the
                             largest); 1 <= k <= N */
-    RLX_OP_MATMUL_ID,    /* a (S, A, K) f32 with A = 1 or n, ids i32 (S, n), w (E, N, K) -> (S, n, N): row j of token
+    RLX_OP_MATMUL_ID,   /* a (S, A, K) f32 with A = 1 or n, ids i32 (S, n), w (E, N, K) -> (S, n, N): row j of token
                             s is a[s, A == 1 ? 0 : j] @ w[ids[s, j]]^T (the experts of a mixture, stacked; w of
                             any real-valued dtype, read as MATMUL reads a trans_b weight); only the experts named
                             are read; an id outside [0, E) is RLX_ERR_RANGE at run */
-    RLX_OP_MOE_COMBINE,  /* y (S, n, H), probs (S, E), ids i32 (S, n) -> (S, H): sum over j of w[s, j] * y[s, j],
+    RLX_OP_MOE_COMBINE, /* y (S, n, H), probs (S, E), ids i32 (S, n) -> (S, H): sum over j of w[s, j] * y[s, j],
                             in slot order, w[s, j] = probs[s, ids[s, j]], divided by the sum of the n values
                             (in slot order) when attrs.norm; an id outside [0, E) is RLX_ERR_RANGE at run */
     RLX_OP_COUNT
@@ -213,22 +213,22 @@ enum rlx_op {
 
 /* Attributes of an op; each op reads the fields its comment names, the rest stay zero. */
 struct rlx_attrs {
-    float eps;                         /* RMSNORM, ADD_RMSNORM */
-    float scale;                       /* ATTENTION: scores scale (usually 1/sqrt(D)) */
-    int32_t trans_b;                   /* MATMUL */
-    int32_t causal;                    /* ATTENTION: key j visible to query i only if j <= P + i */
-    int64_t window;                    /* ATTENTION: > 0: also require j > P + i - window */
-    int32_t axis;                      /* CONCAT, SLICE (negative counts from the end) */
-    int64_t start, len;                /* SLICE */
-    int32_t ndim;                      /* RESHAPE: target rank */
-    struct rlx_dim shape[RLX_MAX_DIMS];/* RESHAPE: target shape */
-    int32_t dtype;                     /* CONVERT: the enum rlx_dtype to convert to */
-    int32_t interleaved;               /* ROPE: rotate adjacent pairs (2i, 2i+1) */
-    int32_t k;                         /* TOPK: how many indices per row */
-    int32_t norm;                      /* MOE_COMBINE: renormalise the selected probabilities to sum 1 */
+    float eps;                          /* RMSNORM, ADD_RMSNORM */
+    float scale;                        /* ATTENTION: scores scale (usually 1/sqrt(D)) */
+    int32_t trans_b;                    /* MATMUL */
+    int32_t causal;                     /* ATTENTION: key j visible to query i only if j <= P + i */
+    int64_t window;                     /* ATTENTION: > 0: also require j > P + i - window */
+    int32_t axis;                       /* CONCAT, SLICE (negative counts from the end) */
+    int64_t start, len;                 /* SLICE */
+    int32_t ndim;                       /* RESHAPE: target rank */
+    struct rlx_dim shape[RLX_MAX_DIMS]; /* RESHAPE: target shape */
+    int32_t dtype;                      /* CONVERT: the enum rlx_dtype to convert to */
+    int32_t interleaved;                /* ROPE: rotate adjacent pairs (2i, 2i+1) */
+    int32_t k;                          /* TOPK: how many indices per row */
+    int32_t norm;                       /* MOE_COMBINE: renormalise the selected probabilities to sum 1 */
 };
 
-const char *rlx_op_name(enum rlx_op op);               /* "matmul"; "?" when out of range */
+const char *rlx_op_name(enum rlx_op op); /* "matmul"; "?" when out of range */
 rlx_status rlx_op_parse(const char *name, enum rlx_op *out);
 
 /* ---------------------------------------------------------------------------------------------
@@ -262,8 +262,8 @@ rlx_status rlx_graph_output(struct rlx_graph *g, int id, const char *name);
 
 int rlx_graph_node_count(const struct rlx_graph *g);
 /* Inspection of a node; returns RLX_ERR_INVALID for a bad id. name may be "" for unnamed nodes. */
-rlx_status rlx_graph_node_info(const struct rlx_graph *g, int id, enum rlx_op *op, enum rlx_dtype *dt,
-                               int *ndim, struct rlx_dim *shape /* RLX_MAX_DIMS */, const char **name);
+rlx_status rlx_graph_node_info(const struct rlx_graph *g, int id, enum rlx_op *op, enum rlx_dtype *dt, int *ndim,
+                               struct rlx_dim *shape /* RLX_MAX_DIMS */, const char **name);
 /* Writes a readable listing into buf (always NUL-terminated, truncated to cap); returns the
  * length the full listing needs (excluding the NUL). */
 size_t rlx_graph_dump(const struct rlx_graph *g, char *buf, size_t cap);
@@ -314,12 +314,12 @@ bool rlx_device_zero_copy(const struct rlx_device *d);
  * ------------------------------------------------------------------------------------------- */
 
 struct rlx_compile_opts {
-    bool fuse;                   /* run the fusion pass (default true) */
+    bool fuse;                     /* run the fusion pass (default true) */
     int64_t sym_cap[RLX_MAX_SYMS]; /* upper bound of each symbol: memory is planned once at the caps and
                                     a binding above a cap is RLX_ERR_RANGE; 0 = none */
-    size_t memory_budget;        /* > 0: a run whose arena would exceed this many bytes is refused with
+    size_t memory_budget;          /* > 0: a run whose arena would exceed this many bytes is refused with
                                     RLX_ERR_NOMEM before anything is allocated; 0 = none */
-    const char *budget_hint;     /* appended to that refusal (how to change the budget); may be NULL.
+    const char *budget_hint;       /* appended to that refusal (how to change the budget); may be NULL.
                                     Borrowed for the duration of rlx_compile (copied). */
 };
 /* Defaults: fuse on, no caps, no budget. */
@@ -393,8 +393,7 @@ size_t rlx_plan_planned_bytes(const struct rlx_plan *p);
 size_t rlx_plan_unshared_bytes(const struct rlx_plan *p);
 /* Estimated peak bytes of a run with the given symbol values (arena + workspace), without
  * running: used by callers to enforce a memory budget before they compile bigger plans. */
-rlx_status rlx_plan_estimate_bytes(const struct rlx_plan *p, const int64_t sym_values[RLX_MAX_SYMS],
-                                   size_t *out);
+rlx_status rlx_plan_estimate_bytes(const struct rlx_plan *p, const int64_t sym_values[RLX_MAX_SYMS], size_t *out);
 
 /* Profiling: when on, each run records every node's wall time; rlx_plan_profile adds them up per
  * op into seconds_by_op (RLX_OP_COUNT entries) for the last run. */
@@ -412,7 +411,7 @@ rlx_status rlx_plan_profile(const struct rlx_plan *p, double *seconds_by_op);
 struct rlx_weights;
 
 rlx_status rlx_weights_create(struct rlx_device *dev, struct rlx_weights **out);
-void rlx_weights_free(struct rlx_weights *w);   /* after the plans bound to it */
+void rlx_weights_free(struct rlx_weights *w); /* after the plans bound to it */
 /* Adds or replaces a weight. In place (zero-copy) where the device reads host memory: the memory
  * must then stay alive and unchanged as long as the store holds it; else uploaded now. A block
  * type's weight with a NaN or infinite scale is refused (RLX_ERR_INVALID naming the block). Plans bound
@@ -423,12 +422,13 @@ rlx_status rlx_weights_set(struct rlx_weights *w, const char *name, const struct
  * device that reads host memory every part is used in place (kept alive and unchanged as above) and
  * the weight is readable by RLX_OP_MATMUL_ID only (binding a plan that reads it otherwise fails,
  * naming the node); elsewhere the parts are uploaded into one buffer, a weight like any other. */
-rlx_status rlx_weights_set_parts(struct rlx_weights *w, const char *name, int64_t n, const struct rlx_host_tensor *parts);
+rlx_status rlx_weights_set_parts(struct rlx_weights *w, const char *name, int64_t n,
+                                 const struct rlx_host_tensor *parts);
 /* The dtype and shape of a weight; RLX_ERR_INVALID naming it when the store lacks it. */
 rlx_status rlx_weights_info(const struct rlx_weights *w, const char *name, enum rlx_dtype *dt, int *ndim,
                             int64_t shape[RLX_MAX_DIMS]);
 int rlx_weights_count(const struct rlx_weights *w);
-size_t rlx_weights_bytes(const struct rlx_weights *w);   /* sum of the weights' sizes */
+size_t rlx_weights_bytes(const struct rlx_weights *w); /* sum of the weights' sizes */
 /* Files that change under a loaded model. A weight used in place may be a view of a memory-mapped
  * file; rlx_weights_add_source records such a file with its identity at load (st_dev, st_ino,
  * size, mtime in ns). rlx_weights_check fails with RLX_ERR_IO naming the file when it has been

@@ -35,8 +35,7 @@ size_t rlx_sample_scratch_floats(int64_t vocab);
  * rlx_rng_uniform(seed, sample_index). scratch: rlx_sample_scratch_floats(vocab) floats; idx: vocab
  * int32. Never allocates. Errors: bad options (RLX_ERR_INVALID), vocab < 1, non-finite logits
  * everywhere (RLX_ERR_RANGE). */
-rlx_status rlx_sample(const float *logits, int64_t vocab, const struct rlx_sample_opts *o,
-                      const int32_t *history, int64_t n_hist, uint64_t sample_index,
-                      float *scratch, int32_t *idx, int32_t *out_token);
+rlx_status rlx_sample(const float *logits, int64_t vocab, const struct rlx_sample_opts *o, const int32_t *history,
+                      int64_t n_hist, uint64_t sample_index, float *scratch, int32_t *idx, int32_t *out_token);
 
 #endif
