@@ -33,7 +33,7 @@ static int n_pass, n_fail;
 static const struct rlx_kernels *CPU = &rlx_cpu_kernels, *REF = &rlx_ref_kernels;
 
 static void result(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int under_valgrind(void);
+static int under_valgrind(void); /* or TSan */
 
 static void result(int ok, const char *fmt, ...)
 {
@@ -608,12 +608,17 @@ static void test_pointwise(void)
     }
 }
 
-/* Whether the program runs under valgrind (its preload library is in LD_PRELOAD): big shapes are
- * skipped there. */
+/* Whether the program runs under valgrind (its preload library is in LD_PRELOAD) or is a
+ * ThreadSanitizer build: big shapes are skipped there (both run 20-50x slower, and look for
+ * memory and thread errors, which the smaller shapes reach the same code for). */
 static int under_valgrind(void)
 {
+#ifdef __SANITIZE_THREAD__
+    return 1;
+#else
     const char *p = getenv("LD_PRELOAD");
     return p && strstr(p, "vgpreload") != NULL;
+#endif
 }
 
 /* K / V of T rows in kv_dtype: f32 values, or the same values rounded to f16 / bf16 halves. */
