@@ -51,7 +51,7 @@ Design (what a skeptic asks, and what this does about it):
   refused unless --allow-dirty, which is recorded), llama-cpp-python's version, ggml's library
   versions and system info, each engine's read-back settings, the CPU model and ISA flags, rlx's
   dispatch ISA, the thread settings and environment, the load average at every round, the read
-  bandwidth (C probe, common.py) per thread count, each worker's peak RSS (ru_maxrss of its
+  bandwidth (C probe, common.py) per thread count, each worker's peak RSS (VmHWM of its
   own process) and the KV bytes, every timing of every round, and the gate's numbers.
 
 Suites:
@@ -535,7 +535,7 @@ def markdown(record: dict) -> str:
                          f"{g('rlx', 'kv_bytes')} | {g('llama.cpp fa=off', 'rss_mib')} | "
                          f"{g('llama.cpp fa=on', 'rss_mib')} | {g('llama.cpp fa=on', 'kv_bytes')} |")
     L.append("")
-    L.append("Peak RSS per worker process (MiB, ru_maxrss of each engine's own process):")
+    L.append("Peak RSS per worker process (MiB, VmHWM of each engine's own process):")
     L.append("")
     for c in record["cells"]:
         snap = c.get("mem", {})

@@ -16,7 +16,7 @@ What is measured (per model, weight dtype, thread count and engine):
   over the KV cache and an argmax (rlx: generate_cached; llama.cpp: Llama.eval([tok]) + argmax
   of llama_get_logits_ith; transformers: forward with past_key_values + argmax);
 - time to first token: a fresh 128-token prompt to its first greedy token;
-- peak RSS of the process (ru_maxrss) and its RSS after imports, before the model is loaded.
+- peak RSS of the process (VmHWM: its own; ru_maxrss would carry the parent's) and its RSS after imports, before the model is loaded.
 
 Every (engine, model, dtype, threads) cell runs in a fresh subprocess (so RSS is per engine),
 started with OMP/OPENBLAS/MKL/RLX_NUM_THREADS set; inside it rlx.set_num_threads(t),

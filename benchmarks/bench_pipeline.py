@@ -38,7 +38,6 @@ import argparse
 import datetime
 import json
 import os
-import resource
 import socket
 import statistics
 import subprocess
@@ -66,7 +65,12 @@ MAX_PAST = 64
 
 
 def rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    """Peak RSS of this process: VmHWM (ru_maxrss is inherited from the launcher across fork/exec)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def current_rss_mb() -> float:

@@ -572,8 +572,13 @@ def fmt(x, digits: int = 1) -> str:
 
 
 def peak_rss_mib() -> float:
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    """This process's own peak RSS: VmHWM, the high-water mark of its address space (ru_maxrss is
+    inherited from the parent across fork and exec, so a child reports at least the parent's)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def current_rss_mib() -> float:

@@ -18,7 +18,7 @@ Commands ({"cmd": ..., args}; the answer always has "ok", and "error" when it is
     extend    ids: appends ids to the context in one pass   -> seconds, logits' path (out)
     decode    n (context length kept), tok, steps: the context is cut back to n positions, tok is
               fed, `steps` greedy tokens are generated      -> seconds for the steps, the tokens
-    mem       -> rss_mib, peak_rss_mib (this process's ru_maxrss), kv_bytes (in use now)
+    mem       -> rss_mib, peak_rss_mib (this process's VmHWM), kv_bytes (in use now)
     profile   n, tok (rlx only): per-op seconds of one decode step at context n
     profile_prefill  ids (rlx only): per-op seconds of a fresh prefill of ids (the context is lost)
     quit
@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import resource
 import sys
 import time
 import traceback
@@ -55,7 +54,14 @@ def rss_mib() -> float:
 
 
 def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    """This process's own peak RSS: VmHWM, not ru_maxrss, which a child inherits from its parent across
+    fork and exec (a worker spawned while the coordinator held the 1 GiB bandwidth probe reported
+    >= 1124 MiB whatever it loaded)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 class RlxEngine:
