@@ -103,20 +103,6 @@ def models(tmp_path_factory) -> dict[str, Path]:
     return {"llama": make_hf(root / "llama", LLAMA), "qwen3": make_hf(root / "qwen3", QWEN3, seed=1)}
 
 
-def skip_without_block_kernels(device: str) -> None:
-    """The cpu backend refuses block-type weights until its kernels land; the tests then run there
-    too, with nothing to edit."""
-    cfg = rlx.Qwen3Config(vocab_size=32, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
-                          num_attention_heads=2, num_key_value_heads=1, head_dim=16)
-    w = {n: np.full(s, 0.1, np.float32) for n, s in expected_weights(cfg).items()}
-    try:
-        rlx.Generator(cfg, w, device=device, dtype="q8_0").prefill_get_last_logits([1])
-    except rlx.Error as e:
-        if "does not support" in str(e):
-            pytest.skip(f"the {device} backend does not run block-type weights yet ({e})")
-        raise
-
-
 # ---------------------------------------------------------------------------------------------
 # The 32-element types, bf16 and f16: bytes identical to gguf-py
 # ---------------------------------------------------------------------------------------------
@@ -489,7 +475,6 @@ LOGIT_BOUNDS = {"q8_0": (1e-3, 0.85), "q6_k": (1e-2, 0.7), "q4_k_m": (0.12, 0.4)
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_logits_from_quantised_files(models, tmp_path, device, arch):
-    skip_without_block_kernels(device)
     ids = [int(i) for i in np.random.default_rng(0).integers(0, 256, 32)]
     p = log_softmax(teacher_forced(rlx.Generator.from_pretrained(models[arch], device=device, kv_dtype="f32"), ids))
     kl = {}
@@ -516,7 +501,6 @@ def test_dtype_at_load_equals_the_file(models, tmp_path, device, arch, recipe):
     2.9 %): within 5 % there, with the same greedy token where the margin exceeds the difference."""
     from rlx.quantize import quantize_weights
 
-    skip_without_block_kernels(device)
     src = models[arch]
     cfg = rlx.load_config(src)
     mem = rlx.Generator(cfg, rlx.load_weights(src), device=device, dtype=recipe, kv_dtype="f32")
@@ -615,7 +599,6 @@ def test_stories_tokenizer_from_the_file(tmp_path):
 
 @needs_stories
 def test_dtype_at_load_from_a_directory(device):
-    skip_without_block_kernels(device)
     a = rlx.load(STORIES / "hf", device=device, dtype="q8_0")
     assert a.generator.weight_dtypes == {"q8_0": 31, "f16": 5}  # ffn_down (172 columns) falls back
     assert a.generate("Once upon a time", max_new_tokens=16) == \
