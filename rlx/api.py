@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from rlx import completions
+from rlx.batching import Batcher
 from rlx.chat_template import ChatTemplate
 from rlx.config import ModelConfig, load_config
 from rlx.engine import Generation, GenerationOptions, Stream
@@ -114,6 +115,7 @@ class Model:
             if len(ids) == 1:
                 eos.add(ids[0])
         self.eos_token_ids = frozenset(eos)
+        self.batcher = Batcher()  # every generation's steps: concurrent calls are batched
         self._lock = threading.Lock()
         self._idle: list[RlxSequence] = []   # least recently used first
         self._stats = dict(requests=0, prompt_tokens=0, cached_tokens=0, completion_tokens=0)
