@@ -9,8 +9,10 @@
  * state and attends over the cache; without it, K/V are rounded to the cache dtype so that both
  * compute the same function. Each matrix param takes its dtype from the weight store (a GGUF file
  * mixes them per tensor). The Hugging Face tensor names are made here and nowhere else:
- * rlx_decoder_params lists them by building a block and reading its params back. Builds graphs
- * only: never runs, never allocates tensors.
+ * rlx_decoder_params lists them by building a block and reading its params back. A batch block
+ * (spec->batch) is the same layers over the rows of several sequences: only attention is split per
+ * sequence (its rows sliced out, written into and attended over its own cache, concatenated back).
+ * Builds graphs only: never runs, never allocates tensors.
  */
 #include <math.h>
 #include <stdint.h>
