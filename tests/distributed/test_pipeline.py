@@ -499,15 +499,22 @@ def _check_peer_error(e: BaseException) -> None:
     assert re.search(r"rank \d+ closed the connection|timed out|time ?out", str(e)), str(e)
 
 
+@pytest.mark.parametrize("many", [False, True], ids=["generate", "generate_many"])
 @pytest.mark.parametrize("failing", [0, 1, 2])
 @have_stories
-def test_rank_that_raises_mid_generation(stories, failing):
+def test_rank_that_raises_mid_generation(stories, failing, many):
+    """generate_many (4 requests in flight) fails as generate does: every other rank raises
+    within the timeout."""
     cfg, weights, exp = stories
     stages = make_stages(rlx.PipelineDecodeStage, cfg, weights, 3)
     stages[failing] = FailingStage(stages[failing])
+    prompt = exp["prompt_tokens"]
 
     def body(r, co):
-        return co.generate(stages[r], exp["prompt_tokens"], 64, greedy_fn(stages[r]))
+        st = stages[r]
+        if many:
+            return co.generate_many(st, [prompt, prompt[:2], prompt[1:], prompt], 64, lambda lg, j: st.sample(lg))
+        return co.generate(st, prompt, 64, greedy_fn(st))
 
     results, errors, ended = run_ranks(3, body, timeout=FAULT_TIMEOUT)
     assert not results, results

@@ -252,3 +252,28 @@ def test_batcher_sends_each_error_to_its_own_call():
     assert isinstance(results["empty"], rlx.Error) and "no context" in str(results["empty"])
     np.testing.assert_allclose(results["good"], want, rtol=0, atol=TOL)
     assert b.batches == 0  # the failed batch is not counted
+
+
+STORIES = __import__("pathlib").Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K" / "hf"
+
+
+@pytest.mark.skipif(not (STORIES / "config.json").is_file(), reason="no stories260K beside the repo")
+def test_model_generate_and_create_completion_take_several_prompts():
+    """Model.generate / create_completion with a list of prompts: each text is the prompt's own
+    (generated alone), the completion's choices in prompt order with summed usage, and the
+    prompts' steps went through the Batcher together."""
+    m = rlx.load(STORIES)
+    prompts = ["Once upon a time", "The cat sat", "Tom and Lily went to the park"]
+    alone = [m.generate(p, max_new_tokens=30, temperature=0) for p in prompts]
+    assert m.generate(prompts, max_new_tokens=30, temperature=0) == alone
+    assert m.stats["batched_steps"] > 0
+    ids = [m.tokenizer.encode(p) for p in prompts]
+    r = m.create_completion(ids, max_tokens=30, temperature=0)
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in r["choices"]] == alone
+    assert r["usage"]["prompt_tokens"] == sum(len(i) for i in ids)
+    assert r["usage"]["total_tokens"] == r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"]
+    with pytest.raises(ValueError, match="outside the vocabulary"):  # checked before any runs
+        m.create_completion([ids[0], [10**6]], max_tokens=3)
+    with pytest.raises(ValueError, match="takes one prompt"):
+        m.generate(prompts, stream=True)
