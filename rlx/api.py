@@ -123,7 +123,8 @@ class Model:
 
     # -- text in, text out -----------------------------------------------------------------------
 
-    def generate(self, prompt: str | list[int] | list[str] | list[list[int]], max_new_tokens: int = 64, temperature: float | None = None,
+    def generate(self, prompt: str | list[int] | list[str] | list[list[int]], max_new_tokens: int = 64,
+                 temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
                  repetition_penalty: float | None = None, seed: int | None = None, stream: bool = False, *,
                  do_sample: bool | None = None, stop_strings: str | Sequence[str] | None = None,
@@ -154,7 +155,8 @@ class Model:
         deltas = TextStream(_text_deltas(gen), gen)
         return deltas if stream else "".join(deltas)
 
-    def create_completion(self, prompt: str | list[int] | list[str] | list[list[int]], max_tokens: int | None = 16, *,
+    def create_completion(self, prompt: str | list[int] | list[str] | list[list[int]],
+                          max_tokens: int | None = 16, *,
                           temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
                           min_p: float | None = None, repeat_penalty: float | None = None,
                           stop: str | Sequence[str] | None = None, seed: int | None = None, stream: bool = False,
