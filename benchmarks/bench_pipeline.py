@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_pipeline.py                 # hop latency + world 1..4 (README table)
     .venv/bin/python benchmarks/bench_pipeline.py --worlds 1 2 --new 8 --hops 500   # quicker
     .venv/bin/python benchmarks/bench_pipeline.py --readme        # also rewrite README's "Pipeline" table
+    .venv/bin/python benchmarks/bench_pipeline.py --worlds 1 2 4 --many --threads 1   # + requests in flight
 
 What is measured:
 - per-hop latency: rank 0 and rank 1 (two processes, TcpTransport on 127.0.0.1) bounce a
@@ -177,6 +178,42 @@ def rank_decode(args, transport) -> dict:
             "per_token_ms": per_tok, "ids": ids}
 
 
+def rank_many(args, transport) -> dict:
+    """Micro-batched decode: `world` requests in flight (PipelineCoordinator.generate_many), each a
+    distinct --prompt-token prompt and --new greedy tokens; one untimed warm-up round, then a timed
+    one. Aggregate tok/s = requests x new / seconds (their prefills included)."""
+    import rlx
+    from rlx.config import config_from_dict
+    from rlx.distributed import PipelineCoordinator, ProcessGroup
+
+    rank, world = transport.rank, transport.world
+    cfg = config_from_dict(QWEN3_06B)
+    stage = rlx.PipelineDecodeStage(cfg, "cpu", rank, world, block_weights(cfg, _spec(cfg, rank, world)))
+    stage = stage.with_decode_cache(MAX_PAST)
+    co = PipelineCoordinator(ProcessGroup(transport))
+    n_req = args.inflight or world
+    prompts = [[int(x) for x in np.random.default_rng(1 + j).integers(0, cfg.vocab_size, args.prompt)]
+               for j in range(n_req)]
+    co.barrier()
+    co.generate_many(stage, prompts, 4, lambda logits, j: stage.sample(logits))  # warm-up: compiles
+    co.barrier()
+    before = dict(co.timings)
+    t0 = time.perf_counter()
+    ids = co.generate_many(stage, prompts, args.new, lambda logits, j: stage.sample(logits))
+    seconds = time.perf_counter() - t0
+    co.barrier()
+    steps = co.timings["steps"] - before["steps"]
+    per_step = {k: (co.timings[k] - before[k]) / max(steps, 1) * 1e3 for k in ("compute", "send", "wait")}
+    return {"rank": rank, "requests": n_req, "seconds": seconds, "tok_s": n_req * args.new / seconds,
+            "per_step_ms": per_step, "ids": ids}
+
+
+def _spec(cfg, rank, world):
+    from rlx.distributed import BlockSpec, block_role, pipeline_layer_range
+
+    return BlockSpec.for_role(block_role(rank, world), pipeline_layer_range(cfg.num_hidden_layers, rank, world))
+
+
 def rank_main(args) -> int:
     import rlx
     from rlx.distributed import TcpTransport
@@ -186,7 +223,7 @@ def rank_main(args) -> int:
     listener = socket.socket(fileno=args.listen_fd)
     with TcpTransport(args.rank, args.world, args.addrs.split(","), listener=listener, timeout=600) as t:
         listener.close()
-        res = rank_hop(args, t) if args.mode == "hop" else rank_decode(args, t)
+        res = {"hop": rank_hop, "decode": rank_decode, "many": rank_many}[args.mode](args, t)
     res["threads"] = rlx.get_num_threads()
     print("RESULT " + json.dumps(res), flush=True)
     return 0
@@ -210,7 +247,8 @@ def launch(args, mode: str, world: int) -> list[dict]:
             fd = listeners[r].fileno()
             cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--rank", str(r), "--world", str(world),
                    "--addrs", ",".join(addrs), "--listen-fd", str(fd), "--threads", str(args.threads),
-                   "--prompt", str(args.prompt), "--new", str(args.new), "--hops", str(args.hops)]
+                   "--prompt", str(args.prompt), "--new", str(args.new), "--hops", str(args.hops),
+                   "--inflight", str(args.inflight)]
             procs.append(subprocess.Popen(cmd, pass_fds=(fd,), stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT))
         for s in listeners:
             s.close()
@@ -270,6 +308,23 @@ def report(data: dict) -> str:
     lines.append("")
     peak = {w: max(r["peak_rss_mb"] for r in ranks) for w, ranks in data["decode"].items()}
     total = {w: sum(r["peak_rss_mb"] for r in ranks) for w, ranks in data["decode"].items()}
+    if data.get("many"):
+        one = data["decode"].get("1", [None])[0]
+        lines.append("")
+        lines.append("Micro-batched (PipelineCoordinator.generate_many, `world` requests in flight): aggregate "
+                     "tok/s of all requests (prefills included), against W x world 1's one-request decode tok/s "
+                     "(the issue's target: >= 0.8).")
+        lines.append("")
+        lines.append("| world | requests | aggregate tok/s | / (W x world-1 tok/s) | per rank: compute / send / wait "
+                     "ms per step |")
+        lines.append("|---|---|---|---|---|")
+        for w, ranks in sorted(data["many"].items(), key=lambda kv: int(kv[0])):
+            r0 = ranks[0]
+            share = f"{r0['tok_s'] / (int(w) * one['tok_s']):.2f}" if one else "-"
+            cells = [f"r{r['rank']}: {r['per_step_ms']['compute']:.1f} / {r['per_step_ms']['send']:.2f} / "
+                     f"{r['per_step_ms']['wait']:.1f}" for r in ranks]
+            lines.append(f"| {w} | {r0['requests']} | {r0['tok_s']:.2f} | {share} | " + "<br>".join(cells) + " |")
+    lines.append("")
     lines.append("Largest rank's peak RSS vs world 1: " + ", ".join(
         f"world {w} {peak[w]:.0f} MB ({peak[w] / peak['1']:.2f}x; all ranks together {total[w]:.0f} MB)"
         for w in sorted(peak, key=int)) if "1" in peak else "")
@@ -285,7 +340,10 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--readme", action="store_true", help="print the README table only (no file written)")
     # internal: one rank
-    p.add_argument("--mode", choices=["hop", "decode"], default=None)
+    p.add_argument("--many", action="store_true",
+                   help="also micro-batched decode: world requests in flight (generate_many) per world")
+    p.add_argument("--inflight", type=int, default=0, help="requests in flight with --many (default: world)")
+    p.add_argument("--mode", choices=["hop", "decode", "many"], default=None)
     p.add_argument("--rank", type=int)
     p.add_argument("--world", type=int)
     p.add_argument("--addrs")
@@ -312,6 +370,15 @@ def main() -> int:
               file=sys.stderr, flush=True)
     ids = {tuple(ranks[0]["ids"]) for ranks in data["decode"].values()}
     data["same_tokens_every_world"] = len(ids) == 1
+    if args.many:
+        data["many"] = {}
+        for w in args.worlds:
+            print(f"[bench_pipeline] micro-batched world {w}...", file=sys.stderr, flush=True)
+            ranks = launch(args, "many", w)
+            assert len({json.dumps(r["ids"]) for r in ranks}) == 1, f"world {w}: ranks disagree on the tokens"
+            data["many"][str(w)] = ranks
+            print(f"[bench_pipeline]   {ranks[0]['tok_s']:.2f} tok/s aggregate, {ranks[0]['requests']} in flight",
+                  file=sys.stderr, flush=True)
     data["load_after"] = loadavg()
     text = report(data)
     print(text)
