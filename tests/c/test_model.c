@@ -8,7 +8,8 @@
  * to the device once for any number of plans and sequences, and a decode step moves a constant
  * number of bytes whatever the past; bad input fails with a status and leaves everything usable. A
  * mixture-of-experts variant (one sparse layer, experts set as parts) checks cached == naive and
- * cpu == ref under every policy, and the refusals of bad parts.
+ * cpu == ref under every policy, and the refusals of bad parts. Batches of ragged sequences (one
+ * entering in chunks) give each sequence's own logits.
  * Runs under valgrind in `make test`. (Parity with transformers and llama2.c is proven in
  * tests/models.)
  */
@@ -546,6 +547,69 @@ static void test_moe(struct rlx_device **devs)
     CHECK(rlx_model_config_check(&bad) == RLX_OK, "a dense model ignores the expert fields: %s", rlx_last_error());
 }
 
+/* A batch: three sequences of ragged lengths advanced together (their prompts in one plan, one
+ * chunked, then decode steps) give the logits each gives alone; bad batches fail with a status and
+ * change nothing. */
+static void test_batch(struct rlx_device *dev)
+{
+    const char *device = rlx_device_name(dev);
+    struct rlx_model_config c = tiny;
+    struct rlx_model *m = NULL;
+    CHECK(rlx_model_create(&c, dev, 0, c.n_layers, RLX_BLOCK_EMBED | RLX_BLOCK_HEAD, &m) == RLX_OK, "create");
+    if (!m) return;
+    n_bufs = 0;
+    load(&m, 1, &c);
+    const int32_t prompts[3][6] = {{1, 7, 3, 30, 2, 9}, {4}, {11, 12, 13}};
+    const int64_t lens[3] = {6, 1, 3};
+    struct rlx_seq *alone[3] = {NULL}, *seqs[3] = {NULL};
+    for (int b = 0; b < 3; b++) {
+        CHECK(rlx_seq_create(m, RLX_F32, &alone[b]) == RLX_OK && rlx_seq_create(m, RLX_F32, &seqs[b]) == RLX_OK,
+              "sequences");
+        CHECK(rlx_seq_prefill(alone[b], prompts[b], lens[b]) == RLX_OK &&
+                  rlx_seq_prefill(seqs[b], prompts[b], lens[b]) == RLX_OK,
+              "prefill");
+    }
+    const float *lg[3];
+    /* chunk 4: sequence 0 (6 positions) needs two steps, the others finish in the first */
+    CHECK(rlx_seq_batch_logits(seqs, 3, 4, lg) == RLX_OK, "batch chunked: %s", rlx_last_error());
+    CHECK(lg[0] == NULL && lg[1] && lg[2] && rlx_kv_cache_len(rlx_seq_kv(seqs[0])) == 4, "sequence 0 still entering");
+    for (int step = 0; step < 4; step++) {
+        CHECK(rlx_seq_batch_logits(seqs, 3, 4, lg) == RLX_OK, "batch step %d: %s", step, rlx_last_error());
+        for (int b = 0; b < 3; b++) {
+            const float *want;
+            CHECK(lg[b] != NULL && rlx_seq_logits_cached(alone[b], &want) == RLX_OK, "logits");
+            if (!lg[b]) continue;
+            double err = 0;
+            for (int i = 0; i < 37; i++) err = fmax(err, fabs(want[i] - lg[b][i]));
+            CHECK(err < 1e-5, "%s batch step %d sequence %d: max diff %g from alone", device, step, b, err);
+            int32_t t = argmax(want, 37);
+            CHECK(rlx_seq_append(alone[b], &t, 1) == RLX_OK && rlx_seq_append(seqs[b], &t, 1) == RLX_OK, "append");
+        }
+    }
+    /* refusals: a repeated sequence, a sequence without context, another KV dtype, too many */
+    struct rlx_seq *twice[2] = {seqs[0], seqs[0]}, *other = NULL, *empty = NULL;
+    CHECK(rlx_seq_batch_logits(twice, 2, 0, lg) == RLX_ERR_INVALID, "the same sequence twice");
+    CHECK(rlx_seq_create(m, RLX_F16, &other) == RLX_OK && rlx_seq_prefill(other, prompts[1], 1) == RLX_OK, "f16");
+    struct rlx_seq *mixed[2] = {seqs[1], other};
+    CHECK(rlx_seq_batch_logits(mixed, 2, 0, lg) == RLX_ERR_INVALID, "mixed KV dtypes");
+    CHECK(rlx_seq_create(m, RLX_F32, &empty) == RLX_OK, "empty");
+    struct rlx_seq *with_empty[2] = {seqs[1], empty};
+    CHECK(rlx_seq_batch_logits(with_empty, 2, 0, lg) == RLX_ERR_STATE, "a sequence without context");
+    CHECK(rlx_seq_batch_logits(seqs, 0, 0, lg) == RLX_ERR_INVALID &&
+              rlx_seq_batch_logits(seqs, RLX_MAX_BATCH + 1, 0, lg) == RLX_ERR_INVALID,
+          "batch sizes outside 1..RLX_MAX_BATCH");
+    CHECK(rlx_seq_len(seqs[1]) == 5 && rlx_kv_cache_len(rlx_seq_kv(seqs[1])) == 4, "refusals changed nothing");
+    CHECK(rlx_seq_batch_logits(seqs, 3, 0, lg) == RLX_OK && lg[0] && lg[1] && lg[2], "still usable");
+    rlx_seq_free(other);
+    rlx_seq_free(empty);
+    for (int b = 0; b < 3; b++) {
+        rlx_seq_free(alone[b]);
+        rlx_seq_free(seqs[b]);
+    }
+    rlx_model_free(m);
+    for (int i = 0; i < n_bufs; i++) free(bufs[i]);
+}
+
 int main(void)
 {
     srand(3);
@@ -559,6 +623,7 @@ int main(void)
             for (int k = 0; k < 3; k++)
                 if (k == 0 || p == 1) test_cached_equals_naive(devs[d], policies[p], kvs[k]);
         test_sequences(devs[d]);
+        test_batch(devs[d]);
         test_blocks(devs[d]);
         test_threads(devs[d]);
     }
