@@ -261,24 +261,68 @@ def check_readback(workers: list[Worker], infos: dict, kv: str, threads: int) ->
 
 # ================================================================================ cells ====
 
-def gguf_facts(path: str) -> dict:
-    """Shape facts of a GGUF file for the tables and the ceiling: layers, KV heads and head size,
-    vocabulary, bytes of weights one decode step reads (every 2-D tensor once, the tied
-    embedding as the LM head; an untied embedding only gives one row)."""
+def decode_bytes(path: str) -> dict:
+    """Bytes of weights one decode step must read, from a GGUF file's tensor table, by part:
+    attention (q, k, v, o of every layer), dense MLPs, a mixture's routers (read whole) and experts
+    (of each stacked (E, out, in) expert tensor, the k of E experts a token chooses: nbytes * k / E),
+    norms, the LM head (output.weight, or the tied embedding) and one embedding row. Returns
+    {"parts": {part: bytes}, "active": their sum, "all": every tensor's bytes (a step that read
+    every expert), "experts": E, "experts_per_token": k}. The KV cache is not counted."""
     from rlx import gguf as rg
     gf = rg.GGUFFile(path)
     cfg = rg.model_config(gf)
     tied = "lm_head.weight" not in gf.tensors
-    per_token = 0
+    E, k = getattr(cfg, "num_experts", 0), getattr(cfg, "num_experts_per_tok", 0)
+    parts = dict.fromkeys(("attention", "dense MLP", "router", "experts (k of E)", "norms", "LM head",
+                           "embedding row"), 0)
     for name, t in gf.tensors.items():
-        if len(t.shape) != 2:
-            continue
-        if name == "model.embed_tokens.weight" and not tied:
-            continue
-        per_token += t.nbytes
+        if name == "model.embed_tokens.weight":
+            parts["embedding row"] += t.nbytes // t.shape[0]
+            if tied:
+                parts["LM head"] += t.nbytes
+        elif name == "lm_head.weight":
+            parts["LM head"] += t.nbytes
+        elif len(t.shape) == 3:
+            parts["experts (k of E)"] += t.nbytes * k // E
+        elif name.endswith(".mlp.gate.weight"):
+            parts["router"] += t.nbytes
+        elif len(t.shape) == 1:
+            parts["norms"] += t.nbytes
+        elif ".self_attn." in name:
+            parts["attention"] += t.nbytes
+        elif ".mlp." in name:
+            parts["dense MLP"] += t.nbytes
+        else:
+            raise ValueError(f"{path}: tensor '{name}' has no part in decode_bytes")
+    return {"parts": parts, "active": sum(parts.values()), "all": sum(t.nbytes for t in gf.tensors.values()),
+            "experts": E, "experts_per_token": k}
+
+
+def decode_bytes_table(path: str) -> str:
+    """decode_bytes(path) as a Markdown table (MB = 1e6 bytes)."""
+    d = decode_bytes(path)
+    L = [f"Weights one decode step reads, from the tensor table of {os.path.basename(path)} (MB = 1e6 bytes):", "",
+         "| part | MB per token |", "|---|---|"]
+    for part, b in d["parts"].items():
+        if b:
+            note = f" ({d['experts_per_token']} of {d['experts']})" if part.startswith("experts") else ""
+            L.append(f"| {part.replace(' (k of E)', '')}{note} | {b / 1e6:.1f} |")
+    L.append(f"| **active total** | **{d['active'] / 1e6:.1f}** |")
+    L.append(f"| every weight of the file (every expert read) | {d['all'] / 1e6:.1f} |")
+    return "\n".join(L) + "\n"
+
+
+def gguf_facts(path: str) -> dict:
+    """Shape facts of a GGUF file for the tables and the ceiling: layers, KV heads and head size,
+    vocabulary, bytes of weights one decode step reads (decode_bytes: a mixture's chosen experts
+    only; the tied embedding as the LM head, an untied one gives one row) and their parts."""
+    from rlx import gguf as rg
+    gf = rg.GGUFFile(path)
+    cfg = rg.model_config(gf)
+    d = decode_bytes(path)
     return {"layers": cfg.num_hidden_layers, "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-            "vocab": cfg.vocab_size, "weights_per_token_bytes": per_token, "file_bytes": os.path.getsize(path),
-            "types": sorted({t.type_name for t in gf.tensors.values()})}
+            "vocab": cfg.vocab_size, "weights_per_token_bytes": d["active"], "decode_bytes": d,
+            "file_bytes": os.path.getsize(path), "types": sorted({t.type_name for t in gf.tensors.values()})}
 
 
 def start_group(model: str, wtype: str, gguf: str, kv: str, threads: int, n_ctx: int, fa_list, logdir: str, log):
@@ -462,6 +506,39 @@ def speed(r: dict, label: str, key: str) -> float:
     return r["tokens"] / float(np.median(r["times_s"][label]))
 
 
+def bytes_per_token_lines(record: dict) -> list[str]:
+    """The bytes-per-decoded-token table: per decode cell, the weights a step must read (the file's
+    tensor table: decode_bytes) plus the KV cache at that context, the bandwidth ceiling they give,
+    and for each engine its tok/s and the bytes per token that tok/s implies at the measured read
+    bandwidth (bandwidth / tok/s: what the engine could have read per token, an upper bound)."""
+    L = ["", "Bytes per decoded token (weights a step must read, from the file's tensor table, plus the KV cache at "
+         "the context; implied = read bandwidth / measured tok/s, the most an engine can have read per token; "
+         "GB = 1e9 bytes):", "",
+         "| model | KV | thr | metric | must read GB | of which weights | all weights GB | read BW GB/s "
+         "| ceiling tok/s | rlx implied GB | llama.cpp FA off implied GB | FA on implied GB |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = 0
+    for c in record["cells"]:
+        f, bw = c.get("facts", {}), record["bandwidth"].get(str(c.get("threads")), {}).get("gbps")
+        if not c.get("metrics") or "decode_bytes" not in f or not bw:
+            continue
+        kvp = 2 * f["layers"] * f["kv_heads"] * f["head_dim"] * {"f32": 4, "f16": 2, "bf16": 2}[c["kv"]]
+        for key, r in c["metrics"].items():
+            if not key.startswith("tg@"):
+                continue
+            need = f["weights_per_token_bytes"] + kvp * int(key[3:])
+
+            def implied(lab):
+                return f"{bw / speed(r, lab, key):.3f}" if lab in r["times_s"] else "—"
+
+            L.append(f"| {c['model']} | {c['kv']} | {c['threads']} | {metric_label(key)} | {need / 1e9:.3f} "
+                     f"| {f['weights_per_token_bytes'] / 1e9:.3f} | {f['decode_bytes']['all'] / 1e9:.3f} | {bw:.1f} "
+                     f"| {bw * 1e9 / need:.1f} | {implied('rlx')} | {implied('llama.cpp fa=off')} "
+                     f"| {implied('llama.cpp fa=on')} |")
+            rows += 1
+    return L if rows else []
+
+
 def markdown(record: dict) -> str:
     L = []
     m = record["machine"]
@@ -514,6 +591,7 @@ def markdown(record: dict) -> str:
                  f"{v['top1_agree']}/{v['rows']}" for p, v in g["peers"].items()]
         L.append(f"- {c['model']} {c['weights']} KV {c['kv']} t{c['threads']}: {'PASS' if g['pass'] else 'FAIL'} — "
                  + "; ".join(parts))
+    L += bytes_per_token_lines(record)
     mems = [c for c in record["cells"] if c.get("suite") == "long" and c.get("mem")]
     if mems:
         L.append("")

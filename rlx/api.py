@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from rlx import completions
+from rlx.batching import Batcher
 from rlx.chat_template import ChatTemplate
 from rlx.config import ModelConfig, load_config
 from rlx.engine import Generation, GenerationOptions, Stream
@@ -114,6 +115,7 @@ class Model:
             if len(ids) == 1:
                 eos.add(ids[0])
         self.eos_token_ids = frozenset(eos)
+        self.batcher = Batcher()  # every generation's steps: concurrent calls are batched
         self._lock = threading.Lock()
         self._idle: list[RlxSequence] = []   # least recently used first
         self._stats = dict(requests=0, prompt_tokens=0, cached_tokens=0, completion_tokens=0)
@@ -121,18 +123,31 @@ class Model:
 
     # -- text in, text out -----------------------------------------------------------------------
 
-    def generate(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float | None = None,
+    def generate(self, prompt: str | list[int] | list[str] | list[list[int]], max_new_tokens: int = 64,
+                 temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
                  repetition_penalty: float | None = None, seed: int | None = None, stream: bool = False, *,
                  do_sample: bool | None = None, stop_strings: str | Sequence[str] | None = None,
                  logits_processor: Callable | Sequence[Callable] | None = None,
-                 stopping_criteria: Callable | Sequence[Callable] | None = None) -> str | TextStream:
+                 stopping_criteria: Callable | Sequence[Callable] | None = None) -> str | list[str] | TextStream:
         """The text generated after prompt (transformers' names). With stream=True, a TextStream of
-        text deltas whose concatenation is that text. Arguments are checked before anything runs."""
+        text deltas whose concatenation is that text. Several prompts (a list of strings or of id
+        lists): the list of their texts, generated together (continuous batching through the
+        model's Batcher). Arguments are checked before anything runs."""
         if not isinstance(stream, bool):
             raise TypeError(f"stream must be a bool, got {type(stream).__name__}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+        if completions.is_prompt_batch(prompt):  # several prompts: run together, their steps batched
+            if stream:
+                raise ValueError("stream=True takes one prompt")
+            kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                      repetition_penalty=repetition_penalty, seed=seed, do_sample=do_sample,
+                      stop_strings=stop_strings, logits_processor=logits_processor,
+                      stopping_criteria=stopping_criteria)
+            streams = [self.generate(p if isinstance(p, str) else list(p), max_new_tokens, stream=True, **kw)
+                       for p in prompt]  # every prompt checked before any runs
+            return completions.run_concurrently([lambda s=s: "".join(s) for s in streams])
         gen = Generation(self, completions.prompt_ids(self, prompt), GenerationOptions(
             max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repeat_penalty=repetition_penalty, do_sample=do_sample, seed=seed, stop=stop_strings or (),
@@ -140,7 +155,8 @@ class Model:
         deltas = TextStream(_text_deltas(gen), gen)
         return deltas if stream else "".join(deltas)
 
-    def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, *,
+    def create_completion(self, prompt: str | list[int] | list[str] | list[list[int]],
+                          max_tokens: int | None = 16, *,
                           temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
                           min_p: float | None = None, repeat_penalty: float | None = None,
                           stop: str | Sequence[str] | None = None, seed: int | None = None, stream: bool = False,
@@ -152,7 +168,8 @@ class Model:
         """An OpenAI text completion (llama-cpp-python's names): a dict, or with stream=True a
         Stream of chunks. max_tokens None: up to the end of the context. logprobs=n: each token's
         logprob and its n best alternatives; with echo, the prompt's too (one step per prompt
-        token). See rlx.completions."""
+        token). Several prompts (a list of strings or of id lists): one response with a choice per
+        prompt (``index`` i), generated together (not with stream=True). See rlx.completions."""
         self._check_open()
         return completions.completion(
             self, prompt, max_tokens, stream=stream, echo=echo, logprobs=logprobs, stream_options=stream_options,
@@ -205,10 +222,13 @@ class Model:
     @property
     def stats(self) -> dict:
         """Totals over the calls that finished: requests, prompt_tokens, cached_tokens (prompt
-        tokens served from a kept sequence), prefill_tokens (prompt tokens run), completion_tokens."""
+        tokens served from a kept sequence), prefill_tokens (prompt tokens run), completion_tokens;
+        and batched_steps / batched_rows: the plan steps that advanced several calls' sequences at
+        once, and the sequences they advanced in all."""
         with self._lock:
             s = dict(self._stats)
         s["prefill_tokens"] = s["prompt_tokens"] - s["cached_tokens"]
+        s["batched_steps"], s["batched_rows"] = self.batcher.batches, self.batcher.batched_rows
         return s
 
     def _check_open(self) -> None:

@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from rlx.engine import Generation, GenerationOptions, Piece, Stream, TokenLogprob
 
-__all__ = ["Call", "completion", "chat_completion", "prepare_completion", "prepare_chat_completion", "prompt_ids"]
+__all__ = ["BatchCall", "Call", "completion", "chat_completion", "is_prompt_batch", "prepare_completion",
+           "prepare_chat_completion", "prompt_ids", "run_concurrently"]
 
 # The keyword arguments both kinds take, mapped onto GenerationOptions.
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "stop", "presence_penalty",
@@ -40,8 +41,7 @@ def prompt_ids(model, prompt: Any) -> list[int]:
         return model.tokenizer.encode(prompt)
     if isinstance(prompt, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
         return list(prompt)
-    raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}"
-                    + (" of str (one prompt per call)" if isinstance(prompt, (list, tuple)) else ""))
+    raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
 
 
 def _check_stream_options(stream: bool, stream_options: dict | None) -> bool:
@@ -105,19 +105,80 @@ def _check_sampling(sampling: dict) -> None:
         raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
 
 
-def completion(model, prompt: str | list[int], max_tokens: int | None = 16, *, stream: bool = False,
-               **kwargs: Any) -> dict | Stream:
+def is_prompt_batch(prompt: Any) -> bool:
+    """Several prompts (OpenAI's list of strings or of token-id lists), not one."""
+    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and all(
+        isinstance(p, str) or (isinstance(p, (list, tuple)) and not isinstance(p, str)) for p in prompt)
+
+
+def run_concurrently(fns: Sequence[Callable[[], Any]]) -> list:
+    """Each fn on a thread of its own, the results in order (the first exception is raised after
+    all ended). Generations running at once share batched plan steps (rlx.batching.Batcher)."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(fns), thread_name_prefix="rlx-batch") as pool:
+        futures = [pool.submit(f) for f in fns]
+        concurrent.futures.wait(futures)
+    return [f.result() for f in futures]
+
+
+class _Generations:
+    """The generations of a BatchCall as one (what the server reads): cancel() cancels all;
+    finish_reason is None when any was cancelled."""
+
+    def __init__(self, gens: list[Generation]):
+        self.gens = gens
+
+    def cancel(self) -> None:
+        for g in self.gens:
+            g.cancel()
+
+    @property
+    def finish_reason(self) -> str | None:
+        reasons = [g.finish_reason for g in self.gens]
+        return None if None in reasons else reasons[0]
+
+
+class BatchCall:
+    """Checked completions of several prompts, run together: ``result()`` is one response whose
+    choices are the prompts' in order (``index`` i) and whose usage is their sum."""
+
+    def __init__(self, calls: list[Call]):
+        self.calls = calls
+        self.generation = _Generations([c.generation for c in calls])
+
+    def result(self) -> dict:
+        results = run_concurrently([c.result for c in self.calls])
+        out = dict(results[0])
+        out["choices"] = [dict(r["choices"][0], index=i) for i, r in enumerate(results)]
+        usage = {k: sum(r["usage"][k] for r in results) for k in ("prompt_tokens", "completion_tokens",
+                                                                  "total_tokens")}
+        usage["prompt_tokens_details"] = {
+            "cached_tokens": sum(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in results)}
+        out["usage"] = usage
+        return out
+
+
+def completion(model, prompt: str | list[int] | list[str] | list[list[int]], max_tokens: int | None = 16, *,
+               stream: bool = False, **kwargs: Any) -> dict | Stream:
     """See the module docstring and prepare_completion."""
     call = prepare_completion(model, prompt, max_tokens, stream=stream, **kwargs)
     return call.stream() if stream else call.result()
 
 
-def prepare_completion(model, prompt: str | list[int], max_tokens: int | None = 16, *, stream: bool = False,
-                       echo: bool = False, logprobs: int | None = None, stream_options: dict | None = None,
-                       **sampling: Any) -> Call:
+def prepare_completion(model, prompt: str | list[int] | list[str] | list[list[int]], max_tokens: int | None = 16,
+                       *, stream: bool = False, echo: bool = False, logprobs: int | None = None,
+                       stream_options: dict | None = None, **sampling: Any) -> Call | BatchCall:
     """A checked text completion; sampling keywords: temperature, top_p, top_k, min_p,
     repeat_penalty, seed, stop, presence_penalty, frequency_penalty, logit_bias,
-    logits_processor, stopping_criteria."""
+    logits_processor, stopping_criteria. Several prompts (a list of strings or of id lists): a
+    BatchCall, every prompt checked before any runs; not with stream=True."""
+    if is_prompt_batch(prompt):
+        if stream:
+            raise ValueError("stream=True takes one prompt; several prompts are answered in one response")
+        return BatchCall([prepare_completion(model, p if isinstance(p, str) else list(p), max_tokens, echo=echo,
+                                             logprobs=logprobs, stream_options=stream_options, **sampling)
+                          for p in prompt])
     _check_sampling(sampling)
     include_usage = _check_stream_options(stream, stream_options)
     if not isinstance(echo, bool):

@@ -10,13 +10,14 @@ longest prefix with the prompt, truncated there and extended, or a fresh one), s
 "length" (max_tokens, or the end of the context); the sequence goes back to the model for the next
 call to reuse. ``cancel()`` (from another thread) ends it before the next token.
 
-Per step, in this order: the forward pass; if asked, the raw logits' log-softmax (float64) for
+Per step, in this order: the forward pass (through the model's Batcher, rlx/batching.py: calls
+running at the same time on other threads, e.g. the server's requests, share one batched plan
+step); if asked, the raw logits' log-softmax (float64) for
 logprobs; logit_bias; presence / frequency penalties (OpenAI's: minus count x frequency and,
 once seen, minus presence, over the tokens generated in this call); the caller's
 logits_processor(input_ids, scores); then the C sampler (repetition_penalty over the whole
 history, temperature, top_k, top_p, min_p; the draw from the (seed, position) stream); then
-stopping_criteria(input_ids, scores) with the new token in input_ids. Without any of these
-hooks a step is one plain cached step. Logprobs are those of the model's raw distribution
+stopping_criteria(input_ids, scores) with the new token in input_ids. Logprobs are those of the model's raw distribution
 (before any processor or temperature), as llama-cpp-python reports them.
 """
 
@@ -250,13 +251,14 @@ class Generation:
                     self.finish_reason = None
                     return
                 pos = len(ids) + len(self.new_ids)
-                if not hooks:
-                    tok, scores, lp = seq.step_cached(self.opts), None, None
-                else:
+                logits = model.batcher.logits(seq)  # batched with the other calls' steps, if any
+                scores = lp = None
+                if hooks:
                     captured: dict = {}
-                    adjust = self._adjust(history[:pos], counts, bias, captured)
-                    tok = seq.step_cached_adjust(self.opts, pos, adjust)
+                    self._adjust(history[:pos], counts, bias, captured)(logits)
                     scores, lp = captured["scores"], captured.get("logprobs")
+                tok = seq._c.sample(logits, self.opts, pos)
+                seq.append(tok)
                 if tok in model.eos_token_ids:
                     self.finish_reason = "stop"
                     break

@@ -37,6 +37,7 @@ from typing import Sequence as Seq
 import numpy as np
 
 from rlx import _C
+from rlx import batching as _batching
 from rlx import dtypes as _dtypes
 from rlx.config import ModelConfig, load_config
 from rlx.weights import _c_config, check_weights, dtype_summary, load_weights, watch_sources
@@ -281,6 +282,25 @@ class Generator(Sequence):
         unless given)."""
         kv = self.kv_dtype_default if kv_dtype is None else _kv_dtype(kv_dtype)
         return Sequence(_C.Sequence(self._model, kv), self._config)
+
+    # -- many sequences at once (rlx/batching.py) -------------------------------------------------
+
+    def logits_batch(self, seqs: Seq[Sequence], chunk: int = 0) -> list[np.ndarray | None]:
+        """The next-token logits of up to 16 sequences of this model, their uncached positions run
+        in one plan; see rlx.batching.logits_batch."""
+        return _batching.logits_batch(seqs, chunk)
+
+    def step_batch(self, seqs: Seq[Sequence], opts: SampleOpts | Seq[SampleOpts] | None = None,
+                   chunk: int = 0) -> list[int | None]:
+        """One token for each of up to 16 sequences of this model, in one plan; see
+        rlx.batching.step_batch."""
+        return _batching.step_batch(seqs, opts, chunk)
+
+    def generate_batch(self, prompts: Seq[Seq[int]], max_tokens: int,
+                       opts: SampleOpts | Seq[SampleOpts] | None = None, **kwargs) -> list[list[int]]:
+        """New ids for each prompt by continuous batching (stop_ids, max_batch, chunk, on_token);
+        see rlx.batching.generate_batch."""
+        return _batching.generate_batch(self, prompts, max_tokens, opts, **kwargs)
 
     # -- compiled plans -------------------------------------------------------------------------
 

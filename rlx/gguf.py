@@ -61,7 +61,7 @@ from rlx.config import ModelConfig, config_from_dict
 from rlx.errors import ConfigError, WeightsError
 from rlx.weights import map_file
 
-__all__ = ["ARCHITECTURES", "TENSOR_NAMES", "GGUFFile", "GGUFTensor", "config_from_gguf", "gguf_name",
+__all__ = ["ARCHITECTURES", "TENSOR_NAMES", "GGUFFile", "GGUFTensor", "config_from_gguf", "gguf_arch", "gguf_name",
            "llama3_rope_factors", "permute_qk", "unpermute_qk"]
 
 _MAGIC = b"GGUF"
@@ -103,6 +103,15 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
 
 # general.architecture -> Hugging Face model_type, where the two differ
 MODEL_TYPES = {"qwen3moe": "qwen3_moe"}
+
+
+def gguf_arch(model_type: str) -> str:
+    """The GGUF general.architecture of a Hugging Face model_type ("qwen3_moe" -> "qwen3moe"; the
+    inverse of MODEL_TYPES); KeyError for a model_type no architecture of ARCHITECTURES runs."""
+    arch = {t: a for a, t in MODEL_TYPES.items()}.get(model_type, model_type)
+    if arch not in ARCHITECTURES:
+        raise KeyError(model_type)
+    return arch
 
 _ALL = frozenset({"llama", "qwen3", "qwen3moe"})
 _QWEN3 = frozenset({"qwen3", "qwen3moe"})

@@ -31,6 +31,12 @@ chooses it (`tensor_type`), checked against llama.cpp's own choices in the tests
   matrices. "More bits" layers: i < n/8, i >= 7n/8, or (i - n/8) % 3 == 2 (n layers; for 16
   layers: 0, 1, 4, 7, 10, 13, 14, 15). A Llama of 80 layers with GQA (llama.cpp's "70B") gets q5_k
   for an attn_v of q3_k / q4_k. Norms, biases and rope_freqs (1-D) are never quantised (F32).
+  A mixture of experts (Qwen3-MoE): the stacked experts ffn_gate_exps / ffn_up_exps / ffn_down_exps
+  (E, out, in) take the rules of ffn_gate / ffn_up / ffn_down by their layer (so q4_k_m gives the
+  "more bits" layers' ffn_down_exps q6_k); the router ffn_gate_inp is never quantised (F32, as
+  llama.cpp's converter writes it and llama-quantize keeps it). A model of exactly 8 experts gets
+  llama.cpp's Mixtral rules: attn_v and attn_k q8_0 in every recipe with rules, attn_output q5_k for
+  q2_k / q3_k_s / q3_k_m / q4_k_s / q4_k_m (other recipes keep the type of most matrices there).
   Shape fallbacks (a row of in_features values must be whole blocks): an output whose rows are not
   whole blocks of the recipe's type is q8_0; then q2_k, q3_k -> q4_0, q4_k -> q5_0, q5_k -> q5_1,
   q6_k -> q8_0, and a 32-block type that still does not fit -> f16 (stories260K, hidden 64 and
@@ -41,10 +47,13 @@ quantize for bf16 / f16 / Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1, and llama.cpp's refe
 for the K types (no importance matrix). Rows are quantised in chunks on `threads` threads (the
 core releases the GIL).
 
-The file: general.architecture "llama" or "qwen3", every hyperparameter key rlx's reader and
-llama.cpp read, general.file_type and general.quantization_version; Llama q / k rows permuted as
-llama.cpp's converter does (rlx.gguf.permute_qk); Llama 3 RoPE scaling as the rope_freqs tensor;
-no output.weight when the embeddings are tied. Tokenizer: from a GGUF source every key is copied
+The file: general.architecture "llama", "qwen3" or "qwen3moe", every hyperparameter key rlx's reader
+and llama.cpp read (a mixture adds expert_count, expert_used_count and expert_feed_forward_length),
+general.file_type and general.quantization_version; Llama q / k rows permuted as llama.cpp's
+converter does (rlx.gguf.permute_qk); Llama 3 RoPE scaling as the rope_freqs tensor; no
+output.weight when the embeddings are tied; a mixture's experts stacked per projection and layer,
+blk.N.ffn_{gate,up,down}_exps.weight of GGUF dims [in, out, E] (a Hugging Face file's E parts are
+read in place and stacked as the rows are quantised). Tokenizer: from a GGUF source every key is copied
 (tokenizer.* included); from a Hugging Face directory, a SentencePiece model (tokenizer.model or a
 single *.model) is written as tokenizer.ggml.model "llama" (pieces, scores, token types), a
 byte-level BPE tokenizer.json as "gpt2" with pre "llama-bpe" (Llama 3) or "qwen2" (Qwen2 / Qwen3),
@@ -57,9 +66,9 @@ Memory: tensor by tensor, in chunks of rows; never an f32 copy of the whole mode
 single tensor's output is held while it is written). The file is written as dst + ".part" and
 renamed when complete; a failure removes it.
 
-Errors: an unknown type (ValueError naming the known ones), an unsupported architecture, a
-mixture of experts (Qwen3-MoE: not written yet, nor quantised in memory) or a config GGUF cannot
-hold (rlx.ConfigError; WeightsError from quantize_weights), an unreadable source, NaN / inf in a tensor, values
+Errors: an unknown type (ValueError naming the known ones), an unsupported architecture, or a
+config GGUF cannot hold (rlx.ConfigError: a sliding window, RoPE scaling other than Llama 3's, a
+mixture with dense layers or without norm_topk_prob), an unreadable source, NaN / inf in a tensor, values
 too large for a type's f16 scales, or a quantised source without allow_requantize
 (rlx.WeightsError naming the file and tensor).
 
@@ -156,9 +165,10 @@ def _fit(dtype: str, cols: int) -> str:
 def tensor_type(type: str | Recipe, name: str, shape: tuple[int, ...], cfg, tied: bool | None = None) -> str | None:
     """The rlx dtype that `type` gives GGUF tensor `name` of (Hugging Face) shape `shape` in a model
     of config `cfg` (tied: whether token_embd is also the output; default cfg.tie_word_embeddings),
-    or None for a tensor that is not quantised (1-D: norms, biases, rope_freqs)."""
+    or None for a tensor that is not quantised (1-D: norms, biases, rope_freqs; a mixture's router
+    ffn_gate_inp). Stacked experts (E, out, in) are typed as the matrix of their projection."""
     r = type if isinstance(type, Recipe) else recipe(type)
-    if len(shape) < 2 or not name.endswith("weight") or "_norm.weight" in name:
+    if len(shape) < 2 or not name.endswith("weight") or "_norm.weight" in name or "ffn_gate_inp" in name:
         return None
     new = r.default
     if new in _PLAIN:
@@ -169,6 +179,7 @@ def tensor_type(type: str | Recipe, name: str, shape: tuple[int, ...], cfg, tied
     m = re.match(r"blk\.(\d+)\.", name)
     i, n = (int(m.group(1)) if m else 0), cfg.num_hidden_layers
     gqa = cfg.num_attention_heads // cfg.num_key_value_heads
+    experts8 = getattr(cfg, "num_experts", 0) == 8  # llama.cpp's rules for an 8-expert model (Mixtral)
     ft = r.name
     if r.rules and (cat == "output" or (tied and cat == "token_embd")):
         if cols % _dtypes.DTYPES[new].block_size:
@@ -188,6 +199,10 @@ def tensor_type(type: str | Recipe, name: str, shape: tuple[int, ...], cfg, tied
             new = "q5_k"
         if cfg.model_type == "llama" and n == 80 and gqa > 1 and new in ("q3_k", "q4_k"):
             new = "q5_k"  # llama.cpp's LLM_TYPE_70B: a small attn_v shared by 8 heads
+        if experts8:
+            new = "q8_0"
+    elif r.rules and cat == "attn_k" and experts8:
+        new = "q8_0"
     elif r.rules and cat == "ffn_down":
         if ft == "q2_k":
             new = "q3_k"
@@ -199,6 +214,8 @@ def tensor_type(type: str | Recipe, name: str, shape: tuple[int, ...], cfg, tied
             new = "q6_k"
         elif ft == "q4_k_s" and i < n // 8:
             new = "q5_k"
+    elif r.rules and cat == "attn_output" and experts8:
+        new = "q5_k" if ft in ("q2_k", "q3_k_s", "q3_k_m", "q4_k_s", "q4_k_m") else new
     elif r.rules and cat == "attn_output":
         new = {"q2_k": "q3_k", "q3_k_m": "q4_k", "q3_k_l": "q5_k"}.get(ft, new)
     return _fit(new, cols)
@@ -248,6 +265,21 @@ def _typed_rows(arr: np.ndarray, perm: np.ndarray | None) -> Callable[[int, int]
     return rows_of
 
 
+def _parts_rows(parts: list, rows_per_part: int) -> Callable[[int, int], np.ndarray]:
+    """rows_of for E typed parts (rows_per_part, cols) stacked (E * rows_per_part, cols) (a mixture's
+    experts from a Hugging Face file: each part in place, a chunk copied only as float32)."""
+    def rows_of(r0: int, r1: int) -> np.ndarray:
+        pieces = []
+        while r0 < r1:
+            e, r = divmod(r0, rows_per_part)
+            take = min(r1 - r0, rows_per_part - r)
+            pieces.append(np.asarray(parts[e][r:r + take], dtype=np.float32))
+            r0 += take
+        return np.ascontiguousarray(np.concatenate(pieces) if len(pieces) > 1 else pieces[0])
+
+    return rows_of
+
+
 def _packed_rows(raw: np.ndarray, dtype: str, cols: int) -> Callable[[int, int], np.ndarray]:
     """rows_of for packed block rows (rows, bytes per row): dequantised by the core."""
     def rows_of(r0: int, r1: int) -> np.ndarray:
@@ -263,39 +295,56 @@ def _packed_rows(raw: np.ndarray, dtype: str, cols: int) -> Callable[[int, int],
 def quantize_weights(cfg, weights: dict, type: str, threads: int | None = None) -> dict:
     """A copy of `weights` ({Hugging Face name: array or rlx.Packed}) whose matrices are converted as
     `type` converts them in a file (tensor_type): block types as rlx.Packed, f32 / f16 / bf16 as
-    arrays. q / k rows stay in the order they have (quantisation is row by row). A Packed matrix
-    already of its type is kept; one of another type raises WeightsError (rlx does not requantise
-    in memory). Names the decoder does not expect, and mis-shaped tensors, are passed through for
-    rlx.weights.check_weights to report."""
+    arrays. q / k rows stay in the order they have (quantisation is row by row). A mixture's experts
+    are converted where they are: a stacked (E, out, in) tensor (a GGUF file's) as one, a Hugging
+    Face file's parts (model.layers.N.mlp.experts.E.gate_proj.weight ...) each on its own, with the
+    type of their stacked tensor; its router (mlp.gate.weight) becomes f32, as a file holds it. A
+    Packed matrix already of its type is kept; one of another type raises WeightsError (rlx does
+    not requantise in memory). Names the decoder does not expect, and mis-shaped tensors, are
+    passed through for rlx.weights.check_weights to report."""
     from rlx import gguf
-    from rlx.weights import Packed, block_params
+    from rlx.weights import block_params, expert_parts
 
     r = recipe(type)
-    if any(cfg.layer_sparse(i) for i in range(cfg.num_hidden_layers)):
-        raise WeightsError(f"dtype={r.name!r}: quantising a mixture-of-experts model ({cfg.model_type}) is not "
-                           "supported yet (its experts have no GGUF tensor types in rlx); load it as f32, f16 or bf16")
     n_threads = _threads(threads)
+    arch = gguf.gguf_arch(cfg.model_type)
+    parts = expert_parts(cfg)
     out = dict(weights)
     for name, shape, kind in block_params(cfg):
-        value = weights.get(name)
-        if kind != "matrix" or value is None or tuple(np.shape(value) if not isinstance(value, Packed)
-                                                      else value.shape) != shape:
+        if kind not in ("matrix", "experts"):
             continue
-        dtype = tensor_type(r, gguf.gguf_name(name, cfg.model_type), shape, cfg)
-        if isinstance(value, Packed):
-            if _dtypes.parse(value.dtype).name != dtype:
-                raise WeightsError(f"tensor '{name}' is packed {value.dtype}; dtype={r.name!r} asks for {dtype} and "
-                                   "rlx does not requantise in memory (quantise the f32 / f16 / bf16 model, or use "
-                                   "rlx.quantize(..., allow_requantize=True))")
-            continue
-        arr = np.asarray(value)
-        try:
-            raw = _convert(_typed_rows(arr, None), shape[0], shape[1], dtype, n_threads)
-        except ValueError as e:
-            raise WeightsError(f"tensor '{name}': {e}") from None
-        d = _dtypes.DTYPES[dtype]
-        out[name] = Packed(raw, dtype, shape) if d.is_block else raw.view(d.numpy).reshape(shape)
+        dtype = tensor_type(r, gguf.gguf_name(name, arch), shape, cfg)
+        if name in weights:
+            out[name] = _in_memory(name, weights[name], shape, dtype, r, n_threads)
+        elif kind == "experts":
+            for part in parts[name]:
+                if part in weights:
+                    out[part] = _in_memory(part, weights[part], shape[1:], dtype, r, n_threads)
     return out
+
+
+def _in_memory(name: str, value, shape: tuple[int, ...], dtype: str | None, r: Recipe, threads: int):
+    """One matrix of quantize_weights converted to dtype (None: f32, a router), or passed through
+    when mis-shaped."""
+    from rlx.weights import Packed
+
+    if (tuple(value.shape) if isinstance(value, Packed) else tuple(np.shape(value))) != shape:
+        return value
+    if isinstance(value, Packed):
+        if dtype is not None and _dtypes.parse(value.dtype).name != dtype:
+            raise WeightsError(f"tensor '{name}' is packed {value.dtype}; dtype={r.name!r} asks for {dtype} and "
+                               "rlx does not requantise in memory (quantise the f32 / f16 / bf16 model, or use "
+                               "rlx.quantize(..., allow_requantize=True))")
+        return value
+    arr = np.asarray(value)
+    if dtype is None:
+        return arr.astype(np.float32, copy=False)
+    try:
+        raw = _convert(_typed_rows(arr, None), int(np.prod(shape[:-1])), shape[-1], dtype, threads)
+    except ValueError as e:
+        raise WeightsError(f"tensor '{name}': {e}") from None
+    d = _dtypes.DTYPES[dtype]
+    return Packed(raw, dtype, shape) if d.is_block else raw.view(d.numpy).reshape(shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,19 +355,23 @@ def quantize_weights(cfg, weights: dict, type: str, threads: int | None = None) 
 class _Tensor:
     name: str                     # GGUF name
     hf: str                       # Hugging Face name ("" for rope_freqs)
-    shape: tuple[int, ...]        # Hugging Face order (rows, in_features)
+    shape: tuple[int, ...]        # Hugging Face order: (rows, in_features), stacked experts (E, out, in)
     stored: str                   # rlx dtype of the source data
-    raw: np.ndarray               # the source data as stored (typed array or packed uint8 rows)
+    raw: np.ndarray | list        # the source data as stored (typed array or packed uint8 rows), or a
+                                  # Hugging Face file's expert parts (E typed arrays (out, in))
     perm: np.ndarray | None = None  # GGUF row r = source row perm[r] (Llama q / k from Hugging Face)
 
     def rows_of(self) -> Callable[[int, int], np.ndarray]:
+        if isinstance(self.raw, list):
+            return _parts_rows(self.raw, self.shape[1])
         if _dtypes.DTYPES[self.stored].is_block:
             return _packed_rows(self.raw, self.stored, self.shape[-1])
         return _typed_rows(self.raw, self.perm)
 
     def stored_bytes(self) -> np.ndarray:
-        """The source data, unchanged, as uint8 (..., bytes per row)."""
-        return np.ascontiguousarray(self.raw).view(np.uint8).reshape(*self.shape[:-1], -1)
+        """The source data, unchanged, as uint8 (..., bytes per row); parts are stacked (a copy)."""
+        raw = np.stack(self.raw) if isinstance(self.raw, list) else self.raw
+        return np.ascontiguousarray(raw).view(np.uint8).reshape(*self.shape[:-1], -1)
 
 
 _VALUE_TYPES = None  # numpy dtype -> gguf value type (filled on first use)
@@ -349,8 +402,7 @@ class _GGUFSource:
         self.path = path
         self.gf = gguf.GGUFFile(path)
         self.cfg = gguf.config_from_gguf(self.gf)
-        self.arch = self.cfg.model_type
-        _refuse_mixture(path, self.cfg)
+        self.arch = self.gf.architecture
         self.tied = "lm_head.weight" not in self.gf.tensors
         self.tensors: list[_Tensor] = []
         if self.gf.rope_freqs is not None:
@@ -382,10 +434,17 @@ class _GGUFSource:
                                    "copy")
 
 
-def _refuse_mixture(path: str, cfg) -> None:
-    if any(cfg.layer_sparse(i) for i in range(cfg.num_hidden_layers)):
-        raise ConfigError(f"{path}: writing a mixture-of-experts model ({cfg.model_type}) is not supported yet "
-                          "(its stacked experts have no tensor types in rlx.quantize)")
+def _check_mixture(path: str, cfg) -> None:
+    """A mixture of experts GGUF can hold: llama.cpp's qwen3moe graph makes every layer sparse and
+    renormalises the chosen experts' weights, and has no key that says otherwise."""
+    sparse = [cfg.layer_sparse(i) for i in range(cfg.num_hidden_layers)]
+    if any(sparse) and not all(sparse):
+        dense = [i for i, s in enumerate(sparse) if not s]
+        raise ConfigError(f"{path}: layers {dense} are dense (mlp_only_layers / decoder_sparse_step); a GGUF "
+                          "qwen3moe file has no key for dense layers (llama.cpp makes every layer sparse)")
+    if any(sparse) and not cfg.norm_topk_prob:
+        raise ConfigError(f"{path}: norm_topk_prob = False has no GGUF key (llama.cpp's qwen3moe always "
+                          "renormalises the chosen experts' weights): the file would be another model")
 
 
 class _HFSource:
@@ -398,11 +457,12 @@ class _HFSource:
 
         self.path = path
         self.cfg = cfg = load_config(path)
-        self.arch = cfg.model_type
         self.tied = cfg.tie_word_embeddings
-        _refuse_mixture(path, cfg)
-        if self.arch not in gguf.ARCHITECTURES:
-            raise ConfigError(f"{path}: architecture '{self.arch}' has no GGUF mapping in rlx")
+        try:
+            self.arch = gguf.gguf_arch(cfg.model_type)
+        except KeyError:
+            raise ConfigError(f"{path}: architecture '{cfg.model_type}' has no GGUF mapping in rlx") from None
+        _check_mixture(path, cfg)
         if any(cfg.layer_window(i) for i in range(cfg.num_hidden_layers)):
             raise ConfigError(f"{path}: a Qwen3 sliding window (use_sliding_window) has no GGUF key and llama.cpp's "
                               "qwen3 has none: the file would be another model")
@@ -419,13 +479,13 @@ class _HFSource:
         for name, shape, kind in block_params(cfg):
             if kind == "derived":
                 continue
-            arr = weights[name]
+            arr = weights[name]  # experts: a list of their parts (check_weights), or one stacked array
             perm = None
             if self.arch == "llama" and re.search(r"\.self_attn\.[qk]_proj\.(weight|bias)\Z", name):
                 heads = cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads
                 perm = gguf.permute_qk(np.arange(shape[0]), heads)
-            self.tensors.append(_Tensor(gguf.gguf_name(name, self.arch), name, shape, _dtypes.of_array(arr).name,
-                                        arr, perm))
+            stored = _dtypes.of_array(arr[0] if isinstance(arr, list) else arr).name
+            self.tensors.append(_Tensor(gguf.gguf_name(name, self.arch), name, shape, stored, arr, perm))
 
     def write_metadata(self, w) -> None:
         cfg = self.cfg
@@ -443,6 +503,10 @@ class _HFSource:
         w.add_rope_freq_base(cfg.rope_theta)
         w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
         w.add_vocab_size(cfg.vocab_size)
+        if self.arch == "qwen3moe":  # as llama.cpp's convert_hf_to_gguf.py (Qwen2MoeModel) writes them
+            w.add_expert_count(cfg.num_experts)
+            w.add_expert_used_count(cfg.num_experts_per_tok)
+            w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
         if cfg.rope_scaling and cfg.rope_scaling["original_max_position_embeddings"] != 8192:
             # a hint for rlx's reader (llama.cpp assumes 8192 when it sees none, and uses the key for YaRN only)
             w.add_rope_scaling_orig_ctx_len(cfg.rope_scaling["original_max_position_embeddings"])

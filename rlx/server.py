@@ -71,9 +71,7 @@ def _completion_kwargs(body: dict) -> dict:
     _check_fields(body, _COMPLETION)
     if "prompt" not in body:
         raise BadRequest("'prompt' is required")
-    prompt = body["prompt"]
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # one prompt in a batch of one
+    prompt = body["prompt"]  # one prompt, or several (answered in one response, their steps batched)
     kw = {k: body[k] for k in _PASSED if k in body}
     return dict(kw, prompt=prompt, max_tokens=body.get("max_tokens", 16), echo=body.get("echo", False),
                 logprobs=body.get("logprobs"))

@@ -7,6 +7,10 @@ model (a block of all layers IS the monolithic model).
 ``forward(tokens=...)`` feeds the embedding block, ``forward(hidden=...)`` the others. It returns the
 block's output: logits (vocab,) of the last position for the block with the head, hidden rows
 (n, hidden_size) for the others. Each stage holds only its block's weights.
+
+A stage runs several sequences over its one model (weights and plans shared): ``slot=j`` picks
+sequence j (made on first use; slot 0 is the default), so a micro-batched pipeline
+(PipelineCoordinator.generate_many) keeps one sequence per request in flight on every rank.
 """
 
 from __future__ import annotations
@@ -41,8 +45,16 @@ class PipelineStage:
         watch_sources(self._model, arrays)
         budget, hint = soft_memory_budget()
         self._model.set_memory_budget(budget, hint)
-        self._c = _C.Sequence(self._model, _kv_dtype(kv_dtype))
-        self._started = False
+        self._kv_dtype = _kv_dtype(kv_dtype)
+        self._slots: dict[int, list] = {}  # slot -> [_C.Sequence, started]
+        self._c = self._slot(0)[0]
+
+    def _slot(self, slot: int) -> list:
+        if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
+            raise ValueError(f"slot must be an int >= 0, got {slot!r}")
+        if slot not in self._slots:
+            self._slots[slot] = [_C.Sequence(self._model, self._kv_dtype), False]
+        return self._slots[slot]
 
     def layers(self) -> range:
         """The global indices of this block's layers."""
@@ -57,22 +69,25 @@ class PipelineStage:
         of the seed's stream, `history` as the repetition-penalty context."""
         return self._c.sample(logits, opts, sample_index, list(history))
 
-    def reset(self) -> None:
-        """Starts a new sequence (empties the cache of a decode stage)."""
-        self._c.reset()
-        self._started = False
+    def reset(self, slot: int = 0) -> None:
+        """Starts a new sequence in slot (empties the cache of a decode stage)."""
+        st = self._slot(slot)
+        st[0].reset()
+        st[1] = False
 
-    def forward(self, tokens: Sequence[int] | None = None, hidden: np.ndarray | None = None) -> np.ndarray:
+    def forward(self, tokens: Sequence[int] | None = None, hidden: np.ndarray | None = None,
+                slot: int = 0) -> np.ndarray:
         """tokens: the whole sequence (embedding block); hidden: (n, hidden_size) rows from the
         previous block. Returns logits (vocab,) or hidden (n, hidden_size)."""
+        c = self._slot(slot)[0]
         if self.spec.embed:
             if tokens is None or hidden is not None:
                 raise ValueError("the embedding block takes tokens, not hidden states")
-            self._c.prefill(tokens)
-            return self._c.forward(None, cached=False)
+            c.prefill(tokens)
+            return c.forward(None, cached=False)
         if hidden is None or tokens is not None:
             raise ValueError("this block takes hidden states from the previous rank, not tokens")
-        return self._c.forward(hidden, cached=False)
+        return c.forward(hidden, cached=False)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(rank={self.rank}/{self.world}, role={self.role.value}, "
@@ -92,20 +107,23 @@ class PipelineDecodeStage(PipelineStage):
         self._model.set_policy("oneshot", 1, "bucketed", max_past)
         return self
 
-    def forward(self, tokens: Sequence[int] | None = None, hidden: np.ndarray | None = None) -> np.ndarray:
+    def forward(self, tokens: Sequence[int] | None = None, hidden: np.ndarray | None = None,
+                slot: int = 0) -> np.ndarray:
         """tokens: the prompt on the first call, then the new token(s); hidden: the rows for the
         same positions from the previous block."""
+        st = self._slot(slot)
+        c, started = st
         if self.spec.embed:
             if tokens is None or hidden is not None:
                 raise ValueError("the embedding block takes tokens, not hidden states")
-            if not self._started:
-                self._c.prefill(tokens)
+            if not started:
+                c.prefill(tokens)
             else:
-                self._c.append(list(tokens))
-            out = self._c.forward(None, cached=True)
+                c.append(list(tokens))
+            out = c.forward(None, cached=True)
         else:
             if hidden is None or tokens is not None:
                 raise ValueError("this block takes hidden states from the previous rank, not tokens")
-            out = self._c.forward(hidden, cached=True)
-        self._started = True
+            out = c.forward(hidden, cached=True)
+        st[1] = True
         return out

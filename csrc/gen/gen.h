@@ -13,7 +13,10 @@
 
 /* FULL: every position, no cache (the naive recompute); PREFILL / DECODE: positions over the cache
  * from position 0 / after a cached past (the prefill / decode policy decides how they are kept). */
-enum plan_kind { KIND_FULL, KIND_PREFILL, KIND_DECODE };
+enum plan_kind { KIND_FULL, KIND_PREFILL, KIND_DECODE, KIND_BATCH };
+/* BATCH: several sequences advanced by a few positions each over their caches in one plan
+ * (rlx_seq_step_batch), keyed by the rows of each; the BATCH_PLANS most recently used are kept. */
+#define BATCH_PLANS 16
 
 struct plan_slot {
     struct rlx_plan *plan;
@@ -23,10 +26,13 @@ struct plan_slot {
     bool masked;             /* bucketed: rows past the sequence hidden by masks */
     uint64_t last_used;
     int in_x, in_pos, out_y; /* plan indices: "ids" or "hidden"; "pos"; "logits" or "hidden" */
-    int *k_state, *v_state;  /* (n_layers) plan state indices (cached kinds) */
+    int *k_state, *v_state;  /* (batch or 1, n_layers) plan state indices (cached kinds) */
     int n_masks;
     int mask_in[RLX_MAX_WINDOWS]; /* plan input indices */
     int64_t mask_w[RLX_MAX_WINDOWS];
+    int batch;                   /* BATCH: sequences (key) */
+    int64_t segs[RLX_MAX_BATCH]; /* BATCH: the rows each advances (key) */
+    int past_sym[RLX_MAX_BATCH]; /* BATCH: symbol of each one's cached past */
 };
 
 struct rlx_model {
@@ -46,7 +52,10 @@ struct rlx_model {
     uint64_t clock; /* use counter for LRU */
     struct rlx_model_stats stats;
     bool profiling;
-    pthread_mutex_t lock; /* held for every plan lookup, compile and run */
+    int32_t *batch_ids;  /* scratch of batch runs: (2, rows) ids and positions */
+    float *batch_logits; /* scratch of batch runs: (batch, V) */
+    size_t batch_ids_bytes, batch_logits_bytes;
+    pthread_mutex_t lock; /* held for every plan lookup, compile and run (and the batch scratch) */
     atomic_int n_seqs;    /* live sequences: rlx_model_free asserts none */
 };
 
@@ -56,5 +65,8 @@ void rlx_model_unlock(struct rlx_model *m);
  * on a miss (the lock must be held). */
 rlx_status rlx_model_plan(struct rlx_model *m, enum plan_kind kind, int64_t n, int64_t past, enum rlx_dtype kv_dtype,
                           struct plan_slot **out);
+/* The BATCH plan for `batch` sequences advancing segs[b] rows each (lock held). */
+rlx_status rlx_model_batch_plan(struct rlx_model *m, int batch, const int64_t *segs, enum rlx_dtype kv_dtype,
+                                struct plan_slot **out);
 
 #endif

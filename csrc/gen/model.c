@@ -111,6 +111,8 @@ void rlx_model_free(struct rlx_model *m)
     assert(atomic_load(&m->n_seqs) == 0 && "a model freed before its sequences");
     release_plans_locked(m);
     free(m->slots);
+    free(m->batch_ids);
+    free(m->batch_logits);
     rlx_weights_free(m->weights);
     rlx_decoder_params_free(m->params);
     pthread_mutex_destroy(&m->lock);
@@ -293,7 +295,7 @@ void rlx_model_release_decode_plans(struct rlx_model *m)
 {
     rlx_model_lock(m);
     for (int i = m->n_slots - 1; i >= 0; i--)
-        if (m->slots[i].kind == KIND_DECODE) {
+        if (m->slots[i].kind == KIND_DECODE || m->slots[i].kind == KIND_BATCH) {
             slot_clear(&m->slots[i]);
             m->slots[i] = m->slots[--m->n_slots];
         }
@@ -350,19 +352,21 @@ static rlx_status plan_key(const struct rlx_model *m, enum plan_kind kind, int64
  * all). */
 static void evict_for(struct rlx_model *m, enum plan_kind kind)
 {
-    const bool prefill = kind != KIND_DECODE;
-    const enum rlx_plan_policy pol = policy_of(m, kind);
+    const bool batch = kind == KIND_BATCH, prefill = kind == KIND_FULL || kind == KIND_PREFILL;
+    const enum rlx_plan_policy pol = batch ? RLX_POLICY_LRU : policy_of(m, kind);
     if (pol == RLX_POLICY_BUCKETED || pol == RLX_POLICY_DYNAMIC) return;
     for (;;) {
         int count = 0, victim = -1;
         for (int i = 0; i < m->n_slots; i++) {
-            const bool same =
-                pol == RLX_POLICY_LRU ? (m->slots[i].kind != KIND_DECODE) == prefill : m->slots[i].kind == kind;
+            const enum plan_kind k = m->slots[i].kind;
+            const bool same = batch                   ? k == KIND_BATCH
+                              : pol == RLX_POLICY_LRU ? (k == KIND_FULL || k == KIND_PREFILL) == prefill
+                                                      : k == kind;
             if (!same) continue;
             count++;
             if (victim < 0 || m->slots[i].last_used < m->slots[victim].last_used) victim = i;
         }
-        if (count < (pol == RLX_POLICY_LRU ? m->prefill_capacity : 1)) return;
+        if (count < (batch ? BATCH_PLANS : pol == RLX_POLICY_LRU ? m->prefill_capacity : 1)) return;
         slot_clear(&m->slots[victim]);
         m->slots[victim] = m->slots[--m->n_slots];
     }
@@ -382,13 +386,56 @@ static rlx_status index_slot(const struct rlx_model *m, struct plan_slot *s, con
     }
     if (s->kind == KIND_FULL) return RLX_OK;
     const int64_t L = m->layer_end - m->layer_begin;
-    s->k_state = rlx_calloc((size_t)(L ? L : 1), sizeof(int));
-    s->v_state = rlx_calloc((size_t)(L ? L : 1), sizeof(int));
+    const int B = s->batch ? s->batch : 1;
+    s->k_state = rlx_calloc((size_t)(B * (L ? L : 1)), sizeof(int));
+    s->v_state = rlx_calloc((size_t)(B * (L ? L : 1)), sizeof(int));
     if (!s->k_state || !s->v_state) return RLX_ERR_NOMEM;
-    for (int64_t l = 0; l < L; l++) {
-        RLX_TRY(rlx_plan_state_of_node(p, io->k_cache[l], &s->k_state[l]));
-        RLX_TRY(rlx_plan_state_of_node(p, io->v_cache[l], &s->v_state[l]));
+    for (int b = 0; b < B; b++)
+        for (int64_t l = 0; l < L; l++) {
+            RLX_TRY(rlx_plan_state_of_node(p, io->k_cache[b][l], &s->k_state[b * L + l]));
+            RLX_TRY(rlx_plan_state_of_node(p, io->v_cache[b][l], &s->v_state[b * L + l]));
+        }
+    memcpy(s->past_sym, io->past_sym, sizeof s->past_sym);
+    return RLX_OK;
+}
+
+/* Compiles spec's block into a new slot of `kind` (its key fields set by the caller after). */
+static rlx_status compile_slot(struct rlx_model *m, enum plan_kind kind, const struct rlx_block_spec *spec,
+                               struct plan_slot **out)
+{
+    evict_for(m, kind);
+    RLX_TRY(rlx_grow(&m->slots, &m->cap_slots, m->n_slots + 1));
+    struct plan_slot *s = &m->slots[m->n_slots];
+    memset(s, 0, sizeof *s);
+    s->kind = kind;
+    s->batch = spec->batch;
+    const double t0 = now_seconds();
+    struct rlx_graph *graph;
+    struct rlx_block_io io;
+    RLX_TRY(rlx_decoder_build(&m->cfg, spec, m->weights, &graph, &io));
+    struct rlx_compile_opts opts = rlx_compile_opts_default();
+    opts.memory_budget = m->memory_budget;
+    opts.budget_hint = m->budget_hint;
+    if (!rlx_dim_is_const(&spec->seq) && m->seq_cap)
+        opts.sym_cap[RLX_SYM_SEQ] = opts.sym_cap[RLX_SYM_PAST] = m->seq_cap;
+    rlx_status st = rlx_compile(graph, m->dev, &opts, &s->plan);
+    rlx_graph_free(graph);
+    if (st == RLX_OK) st = rlx_plan_bind_weights(s->plan, m->weights);
+    if (st == RLX_OK) st = index_slot(m, s, &io);
+    if (st == RLX_OK && m->profiling) st = rlx_plan_set_profiling(s->plan, true);
+    if (st != RLX_OK) {
+        slot_clear(s);
+        return st;
     }
+    s->kv_dtype = spec->kv_dtype;
+    s->last_used = ++m->clock;
+    m->n_slots++;
+    m->stats.compile_seconds += now_seconds() - t0;
+    if (kind == KIND_DECODE || kind == KIND_BATCH)
+        m->stats.decode_compiles++;
+    else
+        m->stats.prefill_compiles++;
+    *out = s;
     return RLX_OK;
 }
 
@@ -407,12 +454,6 @@ rlx_status rlx_model_plan(struct rlx_model *m, enum plan_kind kind, int64_t n, i
             return RLX_OK;
         }
     }
-    evict_for(m, kind);
-    RLX_TRY(rlx_grow(&m->slots, &m->cap_slots, m->n_slots + 1));
-    struct plan_slot *s = &m->slots[m->n_slots];
-    memset(s, 0, sizeof *s);
-    s->kind = kind;
-    const double t0 = now_seconds();
     const bool dynamic = kseq < 0;
     const struct rlx_dim seq = dynamic ? rlx_dim_sym(RLX_SYM_SEQ) : rlx_dim_const(kseq);
     const struct rlx_dim sym_past = rlx_dim_sym(RLX_SYM_PAST);
@@ -424,33 +465,43 @@ rlx_status rlx_model_plan(struct rlx_model *m, enum plan_kind kind, int64_t n, i
         .kv_rows = dynamic ? rlx_dim_add(&sym_past, &seq) : rlx_dim_const(krows > 0 ? krows : 1),
         .kv_dtype = kv_dtype,
     };
-    struct rlx_graph *graph;
-    struct rlx_block_io io;
-    RLX_TRY(rlx_decoder_build(&m->cfg, &spec, m->weights, &graph, &io));
-    struct rlx_compile_opts opts = rlx_compile_opts_default();
-    opts.memory_budget = m->memory_budget;
-    opts.budget_hint = m->budget_hint;
-    if (dynamic && m->seq_cap) opts.sym_cap[RLX_SYM_SEQ] = opts.sym_cap[RLX_SYM_PAST] = m->seq_cap;
-    rlx_status st = rlx_compile(graph, m->dev, &opts, &s->plan);
-    rlx_graph_free(graph);
-    if (st == RLX_OK) st = rlx_plan_bind_weights(s->plan, m->weights);
-    if (st == RLX_OK) st = index_slot(m, s, &io);
-    if (st == RLX_OK && m->profiling) st = rlx_plan_set_profiling(s->plan, true);
-    if (st != RLX_OK) {
-        slot_clear(s);
-        return st;
-    }
+    struct plan_slot *s;
+    RLX_TRY(compile_slot(m, kind, &spec, &s));
     s->seq = kseq;
     s->rows = krows;
-    s->kv_dtype = kv_dtype;
     s->masked = masked;
-    s->last_used = ++m->clock;
-    m->n_slots++;
-    m->stats.compile_seconds += now_seconds() - t0;
-    if (kind == KIND_DECODE)
-        m->stats.decode_compiles++;
-    else
-        m->stats.prefill_compiles++;
+    *out = s;
+    return RLX_OK;
+}
+
+rlx_status rlx_model_batch_plan(struct rlx_model *m, int batch, const int64_t *segs, enum rlx_dtype kv_dtype,
+                                struct plan_slot **out)
+{
+    for (int i = 0; i < m->n_slots; i++) {
+        struct plan_slot *s = &m->slots[i];
+        if (s->kind == KIND_BATCH && s->batch == batch && s->kv_dtype == kv_dtype &&
+            memcmp(s->segs, segs, sizeof *segs * (size_t)batch) == 0) {
+            s->last_used = ++m->clock;
+            m->stats.plan_hits++;
+            *out = s;
+            return RLX_OK;
+        }
+    }
+    struct rlx_block_spec spec = {
+        .layer_begin = m->layer_begin,
+        .layer_end = m->layer_end,
+        .flags = m->ends | RLX_BLOCK_CACHE,
+        .kv_dtype = kv_dtype,
+        .batch = batch,
+    };
+    int64_t sum = 0;
+    for (int b = 0; b < batch; b++) sum += spec.batch_seq[b] = segs[b];
+    spec.seq = spec.kv_rows = rlx_dim_const(sum);
+    struct plan_slot *s;
+    RLX_TRY(compile_slot(m, KIND_BATCH, &spec, &s));
+    memcpy(s->segs, segs, sizeof *segs * (size_t)batch);
+    s->seq = sum;
+    s->rows = -1;
     *out = s;
     return RLX_OK;
 }

@@ -330,6 +330,118 @@ rlx_status rlx_seq_forward(struct rlx_seq *s, const float *hidden, int64_t n, bo
     return RLX_OK;
 }
 
+/* ---- batches ------------------------------------------------------------------------------ */
+
+/* *p holds at least `need` bytes (contents not kept). */
+static rlx_status grow_bytes(void **p, size_t *have, size_t need)
+{
+    if (need <= *have) return RLX_OK;
+    void *q = realloc(*p, need);
+    if (!q) return rlx_set_error(RLX_ERR_NOMEM, "out of memory for %zu bytes of batch scratch", need);
+    *p = q;
+    *have = need;
+    return RLX_OK;
+}
+
+/* Runs the batch's runs (run b: sequence seqs[b] from position from[b], segs[b] positions) in one
+ * plan with the model's lock held. */
+static rlx_status run_batch_locked(struct rlx_model *m, struct rlx_seq *const *seqs, int B, const int64_t *from,
+                                   const int64_t *segs)
+{
+    const int64_t L = m->layer_end - m->layer_begin, V = m->cfg.vocab_size;
+    struct plan_slot *sl;
+    RLX_TRY(rlx_model_batch_plan(m, B, segs, rlx_kv_cache_dtype(seqs[0]->kv), &sl));
+    int64_t rows = 0;
+    for (int b = 0; b < B; b++) rows += segs[b];
+    RLX_TRY(grow_bytes((void **)&m->batch_ids, &m->batch_ids_bytes, sizeof(int32_t) * (size_t)(2 * rows)));
+    RLX_TRY(grow_bytes((void **)&m->batch_logits, &m->batch_logits_bytes, sizeof(float) * (size_t)(B * V)));
+    int32_t *ids = m->batch_ids, *pos = m->batch_ids + rows; /* (rows) each */
+    for (int b = 0, r = 0; b < B; b++) {
+        struct rlx_seq *s = seqs[b];
+        for (int64_t i = 0; i < segs[b]; i++, r++) {
+            ids[r] = s->tokens[from[b] + i];
+            pos[r] = (int32_t)(from[b] + i);
+        }
+        RLX_TRY(rlx_kv_cache_reserve(s->kv, from[b] + segs[b]));
+        RLX_TRY(rlx_plan_bind_symbol(sl->plan, sl->past_sym[b], from[b]));
+        for (int64_t l = 0; l < L; l++) {
+            RLX_TRY(rlx_plan_bind_state(sl->plan, sl->k_state[b * L + l], rlx_kv_cache_buffer(s->kv, l, 0), 0));
+            RLX_TRY(rlx_plan_bind_state(sl->plan, sl->v_state[b * L + l], rlx_kv_cache_buffer(s->kv, l, 1), 0));
+        }
+        s->profile_valid = false;
+    }
+    struct rlx_host_tensor x = {.data = ids, .dtype = RLX_I32, .ndim = 1, .shape = {rows}};
+    struct rlx_host_tensor p = {.data = pos, .dtype = RLX_I32, .ndim = 1, .shape = {rows}};
+    RLX_TRY(rlx_plan_set_input(sl->plan, sl->in_x, &x));
+    RLX_TRY(rlx_plan_set_input(sl->plan, sl->in_pos, &p));
+    RLX_TRY(rlx_weights_check(m->weights));
+    RLX_TRY(rlx_plan_run(sl->plan));
+    RLX_TRY(rlx_weights_check(m->weights)); /* a weights file truncated during the run: garbage */
+    RLX_TRY(rlx_plan_read_output(sl->plan, sl->out_y, m->batch_logits, sizeof(float) * (size_t)(B * V)));
+    for (int b = 0; b < B; b++) { /* the caches now hold rows [0, from + seg) */
+        struct rlx_seq *s = seqs[b];
+        if (m->profiling) s->profile_valid = rlx_plan_profile(sl->plan, s->profile) == RLX_OK; /* the batch's */
+        RLX_TRY(rlx_kv_cache_truncate(s->kv, from[b]));
+        RLX_TRY(rlx_kv_cache_advance(s->kv, segs[b]));
+        if (from[b] + segs[b] == s->n_tokens) {
+            memcpy(s->logits, m->batch_logits + b * V, sizeof(float) * (size_t)V);
+            s->logits_valid = true;
+        }
+    }
+    return RLX_OK;
+}
+
+rlx_status rlx_seq_batch_logits(struct rlx_seq *const *seqs, int n, int64_t chunk, const float **logits)
+{
+    if (n < 1 || n > RLX_MAX_BATCH)
+        return rlx_set_error(RLX_ERR_INVALID, "a batch holds 1..%d sequences, got %d", RLX_MAX_BATCH, n);
+    if (chunk < 0) return rlx_set_error(RLX_ERR_INVALID, "batch: negative chunk %lld", (long long)chunk);
+    struct rlx_model *m = seqs[0]->m;
+    for (int b = 0; b < n; b++) {
+        const struct rlx_seq *s = seqs[b];
+        if (s->m != m) return rlx_set_error(RLX_ERR_INVALID, "batch: sequence %d belongs to another model", b);
+        if (rlx_kv_cache_dtype(s->kv) != rlx_kv_cache_dtype(seqs[0]->kv))
+            return rlx_set_error(RLX_ERR_INVALID, "batch: sequence %d has a %s KV cache, sequence 0 %s", b,
+                                 rlx_dtype_name(rlx_kv_cache_dtype(s->kv)),
+                                 rlx_dtype_name(rlx_kv_cache_dtype(seqs[0]->kv)));
+        if (s->n_tokens == 0) return rlx_set_error(RLX_ERR_STATE, "batch: sequence %d has no context", b);
+        for (int c = 0; c < b; c++)
+            if (seqs[c] == s) return rlx_set_error(RLX_ERR_INVALID, "batch: sequences %d and %d are the same", c, b);
+    }
+    RLX_TRY(need_full_model(seqs[0]));
+    /* The runs, longest first (a stable order: batches of the same shape share a plan). */
+    struct rlx_seq *run[RLX_MAX_BATCH];
+    int64_t from[RLX_MAX_BATCH], segs[RLX_MAX_BATCH];
+    int B = 0;
+    for (int b = 0; b < n; b++) {
+        struct rlx_seq *s = seqs[b];
+        int64_t f = rlx_kv_cache_len(s->kv);
+        logits[b] = NULL;
+        if (f == s->n_tokens && s->logits_valid) {
+            logits[b] = s->logits;
+            continue;
+        }
+        if (f == s->n_tokens) f--; /* recompute the last position to get its logits */
+        int64_t seg = s->n_tokens - f;
+        if (chunk > 0 && seg > chunk) seg = chunk;
+        int at = B++;
+        while (at > 0 && segs[at - 1] < seg) {
+            run[at] = run[at - 1], from[at] = from[at - 1], segs[at] = segs[at - 1];
+            at--;
+        }
+        run[at] = s, from[at] = f, segs[at] = seg;
+    }
+    if (B == 0) return RLX_OK;
+    for (int b = 0; b < B; b++) run[b]->logits_valid = false;
+    rlx_model_lock(m);
+    rlx_status st = run_batch_locked(m, run, B, from, segs);
+    rlx_model_unlock(m);
+    RLX_TRY(st);
+    for (int b = 0; b < n; b++)
+        if (seqs[b]->logits_valid) logits[b] = seqs[b]->logits;
+    return RLX_OK;
+}
+
 rlx_status rlx_seq_sample(struct rlx_seq *s, const float *logits, const struct rlx_sample_opts *o, uint64_t index,
                           int32_t *token)
 {

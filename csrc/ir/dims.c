@@ -2,6 +2,7 @@
  * dims.c - symbolic dims: affine expressions c + sum coef[s] * sym[s] over a graph's symbols.
  * Construction, comparison, evaluation and formatting. Pure functions, no allocation.
  */
+#include <assert.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -95,10 +96,13 @@ bool rlx_shapes_same_numel(int na, const struct rlx_dim *a, int nb, const struct
     /* The element count is a polynomial in the symbols; compare it at a few points with large
      * distinct prime values, which cannot all agree for distinct polynomials of this degree. */
     static const int64_t probes[3][RLX_MAX_SYMS] = {
-        {1009, 1013, 1019, 1021, 1031, 1033, 1039, 1049},
-        {2003, 2011, 2017, 2027, 2029, 2039, 2053, 2063},
-        {7, 11, 13, 17, 19, 23, 29, 31},
+        {1009, 1013, 1019, 1021, 1031, 1033, 1039, 1049, 1051, 1061, 1063, 1069,
+         1087, 1091, 1093, 1097, 1103, 1109, 1117, 1123, 1129, 1151, 1153, 1163},
+        {2003, 2011, 2017, 2027, 2029, 2039, 2053, 2063, 2069, 2081, 2083, 2087,
+         2089, 2099, 2111, 2113, 2129, 2131, 2137, 2141, 2143, 2153, 2161, 2179},
+        {7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97, 101, 103},
     };
+    static_assert(RLX_MAX_SYMS == 24, "one probe value per symbol in each row above");
     bool all[RLX_MAX_SYMS];
     for (int s = 0; s < RLX_MAX_SYMS; s++) all[s] = true;
     for (int p = 0; p < 3; p++) {

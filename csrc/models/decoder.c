@@ -9,8 +9,10 @@
  * state and attends over the cache; without it, K/V are rounded to the cache dtype so that both
  * compute the same function. Each matrix param takes its dtype from the weight store (a GGUF file
  * mixes them per tensor). The Hugging Face tensor names are made here and nowhere else:
- * rlx_decoder_params lists them by building a block and reading its params back. Builds graphs
- * only: never runs, never allocates tensors.
+ * rlx_decoder_params lists them by building a block and reading its params back. A batch block
+ * (spec->batch) is the same layers over the rows of several sequences: only attention is split per
+ * sequence (its rows sliced out, written into and attended over its own cache, concatenated back).
+ * Builds graphs only: never runs, never allocates tensors.
  */
 #include <math.h>
 #include <stdint.h>
@@ -100,11 +102,15 @@ static int input(struct bld *b, const char *name, enum rlx_dtype dt, int ndim, c
     return b->s == RLX_OK ? id : -1;
 }
 
-static int state(struct bld *b, const char *fmt, long long layer, enum rlx_dtype dt, int ndim,
+/* The KV cache state "<which>_cache.<layer>" (one sequence) or "<which>_cache.<layer>.<seq>" (a batch's seq). */
+static int state(struct bld *b, const char *which, long long layer, int seq, enum rlx_dtype dt, int ndim,
                  const struct rlx_dim *dims)
 {
     char name[RLX_NAME_MAX];
-    snprintf(name, sizeof name, fmt, layer);
+    if (seq < 0)
+        snprintf(name, sizeof name, "%s_cache.%lld", which, layer);
+    else
+        snprintf(name, sizeof name, "%s_cache.%lld.%d", which, layer, seq);
     int id = -1;
     if (b->s == RLX_OK) b->s = rlx_graph_state(b->g, name, dt, ndim, dims, &id);
     return b->s == RLX_OK ? id : -1;
@@ -173,7 +179,74 @@ static int mask_input(struct bld *b, const struct rlx_block_spec *spec, struct r
 
 struct inv {
     int pos, inv_freq;
+    int pos_of[RLX_MAX_BATCH]; /* batch: sequence b's rows of pos */
 };
+
+static int slice_rows(struct bld *b, int x, int64_t start, int64_t len)
+{
+    struct rlx_attrs a = {.axis = 0, .start = start, .len = len};
+    return op(b, RLX_OP_SLICE, 1, (int[]){x}, &a);
+}
+
+/* The rows of each sequence of a batch concatenated back in order: parts (batch) -> (sum, ...). */
+static int concat_rows(struct bld *b, const int *parts, int n)
+{
+    int y = parts[0];
+    struct rlx_attrs a = {.axis = 0};
+    for (int i = 1; i < n; i++) y = op(b, RLX_OP_CONCAT, 2, (int[]){y, parts[i]}, &a);
+    return y;
+}
+
+/* Attention of one sequence: q (SEQ, Hq, D), k / v (SEQ, Hkv, D) -> (SEQ, Hq, D). */
+static int seq_attention(struct bld *b, const struct rlx_model_config *c, const struct rlx_block_spec *spec,
+                         struct rlx_block_io *io, const struct inv *in, int q, int k, int v, long long l, int li)
+{
+    const int64_t Hkv = c->n_kv_heads, D = c->head_dim;
+    const bool cached = spec->flags & RLX_BLOCK_CACHE, masked = cached && (spec->flags & RLX_BLOCK_MASK);
+    if (cached) { /* the new rows into the cache, then attend over the cache's kv_rows */
+        const struct rlx_dim cshape[3] = {spec->kv_rows, rlx_dim_const(Hkv), rlx_dim_const(D)};
+        io->k_cache[0][li] = state(b, "k", l, -1, spec->kv_dtype, 3, cshape); /* (kv_rows, Hkv, D) */
+        io->v_cache[0][li] = state(b, "v", l, -1, spec->kv_dtype, 3, cshape);
+        k = cache_write(b, io->k_cache[0][li], k, in->pos);
+        v = cache_write(b, io->v_cache[0][li], v, in->pos);
+    } else if (spec->kv_dtype != RLX_F32) { /* the precision a cached run reads back */
+        struct rlx_attrs cv = {.dtype = spec->kv_dtype};
+        k = op(b, RLX_OP_CONVERT, 1, (int[]){k}, &cv);
+        v = op(b, RLX_OP_CONVERT, 1, (int[]){v}, &cv);
+    }
+    int ain[4] = {q, k, v}, n_in = 3;
+    if (masked) ain[n_in++] = mask_input(b, spec, io, c->layer_window[l]);
+    struct rlx_attrs aa = {
+        .scale = (float)(1.0 / sqrt((double)D)), .causal = !masked, .window = masked ? 0 : c->layer_window[l]};
+    return op(b, RLX_OP_ATTENTION, n_in, ain, &aa);
+}
+
+/* Attention of a batch: each sequence's q / k / v rows (q (n, Hq, D), k / v (n, Hkv, D)) written
+ * into its own caches and attended over them, causal from its past on. -> (SEQ, Hq, D) */
+static int batch_attention(struct bld *b, const struct rlx_model_config *c, const struct rlx_block_spec *spec,
+                           struct rlx_block_io *io, const struct inv *in, int q, int k, int v, long long l, int li)
+{
+    const int64_t Hkv = c->n_kv_heads, D = c->head_dim;
+    const struct rlx_attrs aa = {.scale = (float)(1.0 / sqrt((double)D)), .causal = 1, .window = c->layer_window[l]};
+    int parts[RLX_MAX_BATCH];
+    int64_t off = 0;
+    for (int s = 0; s < spec->batch; s++) {
+        const int64_t n = spec->batch_seq[s];
+        struct rlx_dim rows = rlx_dim_sym(io->past_sym[s]);
+        rows.c = n;
+        const struct rlx_dim cshape[3] = {rows, rlx_dim_const(Hkv), rlx_dim_const(D)}; /* (PASTs + n, Hkv, D) */
+        io->k_cache[s][li] = state(b, "k", l, s, spec->kv_dtype, 3, cshape);
+        io->v_cache[s][li] = state(b, "v", l, s, spec->kv_dtype, 3, cshape);
+        const bool whole = spec->batch == 1;
+        int ks = whole ? k : slice_rows(b, k, off, n), vs = whole ? v : slice_rows(b, v, off, n);
+        int qs = whole ? q : slice_rows(b, q, off, n);
+        int kc = cache_write(b, io->k_cache[s][li], ks, in->pos_of[s]);
+        int vc = cache_write(b, io->v_cache[s][li], vs, in->pos_of[s]);
+        parts[s] = op(b, RLX_OP_ATTENTION, 3, (int[]){qs, kc, vc}, &aa); /* (n, Hq, D) */
+        off += n;
+    }
+    return concat_rows(b, parts, spec->batch);
+}
 
 /* The SwiGLU MLP of a dense layer: h (SEQ, H) -> (SEQ, H). */
 static int dense_mlp(struct bld *b, const struct rlx_model_config *c, int h, long long l)
@@ -230,24 +303,9 @@ static int layer(struct bld *b, const struct rlx_model_config *c, const struct r
     const struct rlx_attrs ra = {.interleaved = c->rope_interleaved};
     q = op(b, RLX_OP_ROPE, 3, (int[]){q, in->pos, in->inv_freq}, &ra);
     k = op(b, RLX_OP_ROPE, 3, (int[]){k, in->pos, in->inv_freq}, &ra);
-    const bool cached = spec->flags & RLX_BLOCK_CACHE, masked = cached && (spec->flags & RLX_BLOCK_MASK);
-    if (cached) { /* the new rows into the cache, then attend over the cache's kv_rows */
-        const struct rlx_dim cshape[3] = {spec->kv_rows, rlx_dim_const(Hkv), rlx_dim_const(D)};
-        io->k_cache[li] = state(b, "k_cache.%lld", l, spec->kv_dtype, 3, cshape); /* (kv_rows, Hkv, D) */
-        io->v_cache[li] = state(b, "v_cache.%lld", l, spec->kv_dtype, 3, cshape);
-        k = cache_write(b, io->k_cache[li], k, in->pos);
-        v = cache_write(b, io->v_cache[li], v, in->pos);
-    } else if (spec->kv_dtype != RLX_F32) { /* the precision a cached run reads back */
-        struct rlx_attrs cv = {.dtype = spec->kv_dtype};
-        k = op(b, RLX_OP_CONVERT, 1, (int[]){k}, &cv);
-        v = op(b, RLX_OP_CONVERT, 1, (int[]){v}, &cv);
-    }
-    int ain[4] = {q, k, v}, n_in = 3;
-    if (masked) ain[n_in++] = mask_input(b, spec, io, c->layer_window[l]);
-    struct rlx_attrs aa = {
-        .scale = (float)(1.0 / sqrt((double)D)), .causal = !masked, .window = masked ? 0 : c->layer_window[l]};
-    int a = op(b, RLX_OP_ATTENTION, n_in, ain, &aa);                    /* (SEQ, Hq, D) */
-    a = reshape(b, a, 2, (struct rlx_dim[]){S, rlx_dim_const(Hq * D)}); /* (SEQ, Hq*D) */
+    int a = spec->batch ? batch_attention(b, c, spec, io, in, q, k, v, l, li)
+                        : seq_attention(b, c, spec, io, in, q, k, v, l, li); /* (SEQ, Hq, D) */
+    a = reshape(b, a, 2, (struct rlx_dim[]){S, rlx_dim_const(Hq * D)});      /* (SEQ, Hq*D) */
     int o = linear(b, a, Hq * D, H, c->attention_bias, "model.layers.%lld.self_attn.o_proj", l);
     x = op(b, RLX_OP_ADD, 2, (int[]){x, o}, NULL);
     /* SwiGLU MLP, or the mixture of experts on a sparse layer */
@@ -266,6 +324,24 @@ rlx_status rlx_decoder_build(const struct rlx_model_config *c, const struct rlx_
     if (spec->kv_dtype != RLX_F32 && spec->kv_dtype != RLX_F16 && spec->kv_dtype != RLX_BF16)
         return rlx_set_error(RLX_ERR_INVALID, "decoder block: the KV dtype must be f32, f16 or bf16, got %s",
                              rlx_dtype_name(spec->kv_dtype));
+    if (spec->batch) {
+        const unsigned need = RLX_BLOCK_CACHE, refused = RLX_BLOCK_MASK | RLX_BLOCK_ALL_LOGITS;
+        if (spec->batch < 0 || spec->batch > RLX_MAX_BATCH || (spec->flags & need) != need || (spec->flags & refused))
+            return rlx_set_error(RLX_ERR_INVALID,
+                                 "decoder block: a batch holds 1..%d sequences and runs over the KV cache "
+                                 "without masks or all-position logits (got %d sequences, flags 0x%x)",
+                                 RLX_MAX_BATCH, spec->batch, spec->flags);
+        int64_t sum = 0;
+        for (int s = 0; s < spec->batch; s++) {
+            if (spec->batch_seq[s] < 1)
+                return rlx_set_error(RLX_ERR_INVALID, "decoder block: batch sequence %d advances %lld rows", s,
+                                     (long long)spec->batch_seq[s]);
+            sum += spec->batch_seq[s];
+        }
+        if (!rlx_dim_is_const(&spec->seq) || spec->seq.c != sum)
+            return rlx_set_error(RLX_ERR_INVALID, "decoder block: a batch's SEQ must be the constant %lld (its rows)",
+                                 (long long)sum);
+    }
     struct bld b = {.w = weights};
     RLX_TRY(rlx_graph_create(&b.g));
     struct rlx_block_io io;
@@ -283,16 +359,32 @@ rlx_status rlx_decoder_build(const struct rlx_model_config *c, const struct rlx_
     }
     struct inv in = {.pos = input(&b, "pos", RLX_I32, 1, s1)};
     io.pos = in.pos;
+    for (int s = 0, off = 0; s < spec->batch; off += (int)spec->batch_seq[s], s++) {
+        char name[16];
+        snprintf(name, sizeof name, "PAST%d", s);
+        if (b.s == RLX_OK) b.s = rlx_graph_symbol(b.g, name, &io.past_sym[s]);
+        in.pos_of[s] = spec->batch == 1 ? in.pos : slice_rows(&b, in.pos, off, spec->batch_seq[s]);
+    }
     in.inv_freq = param(&b, false, 1, (int64_t[]){c->head_dim / 2}, "rope.inv_freq", 0);
     for (int64_t l = spec->layer_begin; l < spec->layer_end; l++)
         x = layer(&b, c, spec, &io, &in, x, (long long)l, (int)(l - spec->layer_begin));
     if (spec->flags & RLX_BLOCK_HEAD) {
-        if (!(spec->flags & RLX_BLOCK_ALL_LOGITS)) x = op(&b, RLX_OP_GATHER_LAST, 1, (int[]){x}, NULL); /* (1, H) */
+        if (spec->batch > 1) { /* each sequence's last row: (batch, H) */
+            int last[RLX_MAX_BATCH];
+            int64_t end = 0;
+            for (int s = 0; s < spec->batch; s++) {
+                end += spec->batch_seq[s];
+                last[s] = slice_rows(&b, x, end - 1, 1);
+            }
+            x = concat_rows(&b, last, spec->batch);
+        } else if (!(spec->flags & RLX_BLOCK_ALL_LOGITS)) {
+            x = op(&b, RLX_OP_GATHER_LAST, 1, (int[]){x}, NULL); /* (1, H) */
+        }
         x = rmsnorm(&b, c, x, H, "model.norm.weight", 0);
         const char *head = c->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
         int w = param(&b, true, 2, (int64_t[]){c->vocab_size, H}, head, 0);
         struct rlx_attrs tb = {.trans_b = 1};
-        io.y = output(&b, op(&b, RLX_OP_MATMUL, 2, (int[]){x, w}, &tb), "logits"); /* (1 or SEQ, V) */
+        io.y = output(&b, op(&b, RLX_OP_MATMUL, 2, (int[]){x, w}, &tb), "logits"); /* (1, batch or SEQ, V) */
     } else {
         io.y = output(&b, x, "hidden");
     }

@@ -520,7 +520,175 @@ static PyObject *seq_last_profile(struct seq_object *self, PyObject *unused)
     return out;
 }
 
+/* ---- batches ------------------------------------------------------------------------------ */
+
+/* The sequences of a batch call, locked (in address order, so two batches over shared sequences
+ * cannot deadlock). */
+struct batch {
+    int n;
+    struct seq_object *obj[RLX_MAX_BATCH];
+    struct rlx_seq *seq[RLX_MAX_BATCH];
+    const float *logits[RLX_MAX_BATCH];
+    struct rlx_sample_opts opts[RLX_MAX_BATCH];
+};
+
+static void batch_release(struct batch *b)
+{
+    for (int i = 0; i < b->n; i++) seq_release(b->obj[i]);
+}
+
+static int by_address(const void *a, const void *b)
+{
+    const uintptr_t x = (uintptr_t) * (struct seq_object *const *)a, y = (uintptr_t) * (struct seq_object *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Fills b from a list of _C.Sequence (distinct, of one model) and locks them; -1 with an exception. */
+static int batch_acquire(PyTypeObject *cls, PyObject *seqs, struct batch *b)
+{
+    PyObject *fast = PySequence_Fast(seqs, "seqs must be a list of sequences");
+    if (fast == NULL) return -1;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n < 1 || n > RLX_MAX_BATCH) {
+        PyErr_Format(PyExc_ValueError, "a batch holds 1..%d sequences, got %zd", RLX_MAX_BATCH, n);
+        Py_DECREF(fast);
+        return -1;
+    }
+    b->n = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(fast, i);
+        if (!PyObject_TypeCheck(o, cls)) {
+            PyErr_Format(PyExc_TypeError, "seqs[%zd] is %s, not a sequence", i, Py_TYPE(o)->tp_name);
+            Py_DECREF(fast);
+            return -1;
+        }
+        for (Py_ssize_t j = 0; j < i; j++)
+            if (b->obj[j] == (struct seq_object *)o) {
+                PyErr_Format(PyExc_ValueError, "seqs[%zd] and seqs[%zd] are the same sequence", j, i);
+                Py_DECREF(fast);
+                return -1;
+            }
+        b->obj[i] = (struct seq_object *)o;
+    }
+    Py_DECREF(fast);
+    struct seq_object *sorted[RLX_MAX_BATCH];
+    memcpy(sorted, b->obj, sizeof *sorted * (size_t)n);
+    qsort(sorted, (size_t)n, sizeof *sorted, by_address);
+    for (int i = 0; i < n; i++) {
+        if (seq_acquire(sorted[i]) < 0) {
+            while (i--) seq_release(sorted[i]);
+            return -1;
+        }
+    }
+    b->n = (int)n;
+    for (int i = 0; i < b->n; i++) b->seq[i] = b->obj[i]->seq;
+    return 0;
+}
+
+static rlx_status batch_forward(struct batch *b, long long chunk)
+{
+    rlx_status s;
+    rlx_py_sigint_begin();
+    Py_BEGIN_ALLOW_THREADS s = rlx_seq_batch_logits(b->seq, b->n, (int64_t)chunk, b->logits);
+    Py_END_ALLOW_THREADS rlx_py_sigint_end(s);
+    return s;
+}
+
+static PyObject *seq_batch_logits(PyObject *cls, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"seqs", "chunk", NULL};
+    PyObject *seqs;
+    long long chunk = 0;
+    struct batch b;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|L:batch_logits", kwlist, &seqs, &chunk) ||
+        batch_acquire((PyTypeObject *)cls, seqs, &b) < 0)
+        return NULL;
+    rlx_status s = batch_forward(&b, chunk);
+    PyObject *out = s == RLX_OK ? PyList_New(b.n) : NULL;
+    for (int i = 0; out && i < b.n; i++) {
+        PyObject *item = b.logits[i] ? logits_array(b.obj[i], b.logits[i]) : Py_NewRef(Py_None);
+        if (item == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, item);
+    }
+    batch_release(&b);
+    if (raise_step(s)) return NULL;
+    return out;
+}
+
+static PyObject *seq_batch_step(PyObject *cls, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"seqs", "opts", "chunk", NULL};
+    PyObject *seqs, *opts_obj = Py_None;
+    long long chunk = 0;
+    struct batch b;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OL:batch_step", kwlist, &seqs, &opts_obj, &chunk)) return NULL;
+    const bool per_seq = PyList_Check(opts_obj) || PyTuple_Check(opts_obj);
+    if (per_seq) {
+        Py_ssize_t n_seqs = PyObject_Length(seqs);
+        if (n_seqs < 0) return NULL;
+        if (PySequence_Length(opts_obj) != n_seqs) {
+            PyErr_Format(PyExc_ValueError, "opts: %zd options for %zd sequences", PySequence_Length(opts_obj), n_seqs);
+            return NULL;
+        }
+    }
+    if (batch_acquire((PyTypeObject *)cls, seqs, &b) < 0) return NULL;
+    for (int i = 0; i < b.n; i++) {
+        PyObject *o = per_seq ? PySequence_GetItem(opts_obj, i) : Py_NewRef(opts_obj);
+        int bad = o == NULL || rlx_py_sample_opts_from(o, &b.opts[i]) < 0;
+        Py_XDECREF(o);
+        if (bad) {
+            batch_release(&b);
+            return NULL;
+        }
+    }
+    rlx_status s = batch_forward(&b, chunk);
+    int32_t tok[RLX_MAX_BATCH];
+    /* each sequence whose logits are ready samples (its draw index: the new token's position); then,
+     * when every token has room in its context, all are appended (a failure appends none) */
+    for (int i = 0; s == RLX_OK && i < b.n; i++) {
+        if (!b.logits[i]) continue;
+        Py_BEGIN_ALLOW_THREADS s =
+            rlx_seq_sample(b.seq[i], b.logits[i], &b.opts[i], (uint64_t)rlx_seq_len(b.seq[i]), &tok[i]);
+        Py_END_ALLOW_THREADS
+    }
+    int full = -1;
+    for (int i = 0; s == RLX_OK && full < 0 && i < b.n; i++)
+        if (b.logits[i] && rlx_seq_len(b.seq[i]) >= cfg_of(b.obj[i])->max_position_embeddings) full = i;
+    for (int i = 0; s == RLX_OK && full < 0 && i < b.n; i++)
+        if (b.logits[i]) s = rlx_seq_append(b.seq[i], &tok[i], 1);
+    if (full >= 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "sequence %d of the batch: the context is full (%lld tokens, max_position_embeddings %lld): no "
+                     "token was appended to any sequence",
+                     full, (long long)rlx_seq_len(b.seq[full]),
+                     (long long)cfg_of(b.obj[full])->max_position_embeddings);
+        batch_release(&b);
+        return NULL;
+    }
+    PyObject *out = s == RLX_OK ? PyList_New(b.n) : NULL;
+    for (int i = 0; out && i < b.n; i++) {
+        PyObject *item = b.logits[i] ? PyLong_FromLong(tok[i]) : Py_NewRef(Py_None);
+        if (item == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, item);
+    }
+    batch_release(&b);
+    if (raise_step(s)) return NULL;
+    return out;
+}
+
 static PyMethodDef seq_methods[] = {
+    {"batch_logits", (PyCFunction)(void (*)(void))seq_batch_logits, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "batch_logits(seqs, chunk=0) -> list[ndarray | None]\n\nRuns the uncached positions of up to 16 sequences of "
+     "one model in one plan (at most chunk each when chunk > 0); each sequence's next-token logits, or None when a "
+     "chunk left positions uncached."},
+    {"batch_step", (PyCFunction)(void (*)(void))seq_batch_step, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "batch_step(seqs, opts=None, chunk=0) -> list[int | None]\n\nbatch_logits, then each sequence whose logits "
+     "are ready samples (opts: one for all or one per sequence; draw index: the new token's position) and appends "
+     "its token; None for a sequence still entering in chunks."},
     {"prefill", (PyCFunction)seq_prefill, METH_O, "prefill(ids)\n\nReplaces the history with ids; empties the cache."},
     {"reset", (PyCFunction)seq_reset, METH_NOARGS, "reset()\n\nForgets the history and empties the cache."},
     {"truncate", (PyCFunction)seq_truncate, METH_O,

@@ -131,6 +131,37 @@ def test_two_concurrent_streams_each_get_their_own_text(stories_server):
     assert [got.get(0), got.get(1)] == alone
 
 
+def test_concurrent_requests_and_a_list_of_prompts_are_batched(stories_server):
+    """Four concurrent requests and one request of three prompts: each answer is the library's
+    for its prompt alone, and the server's model advanced several sequences per plan step."""
+    c = stories_server.client
+    prompts = ["Once upon a time", "The dog ran to", "Lily had a", "One day"]
+    lib = rlx.load(STORIES)
+    alone = [lib.generate(p, max_new_tokens=40, temperature=0) for p in prompts]
+    before = stories_server.health()
+    got: dict[int, str] = {}
+    started = threading.Barrier(4)
+
+    def run(i):
+        started.wait()
+        r = c.completions.create(model="hf", prompt=prompts[i], max_tokens=40, temperature=0)
+        got[i] = r.choices[0].text
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [got.get(i) for i in range(4)] == alone
+    many = c.completions.create(model="hf", prompt=prompts[:3], max_tokens=40, temperature=0)
+    assert [ch.index for ch in many.choices] == [0, 1, 2]
+    assert [ch.text for ch in many.choices] == alone[:3]
+    assert many.usage.completion_tokens == 120
+    after = stories_server.health()
+    assert after["batched_steps"] > before["batched_steps"], (before, after)
+    assert after["batched_rows"] - before["batched_rows"] >= 2 * (after["batched_steps"] - before["batched_steps"])
+
+
 def test_chat_equals_the_library_streamed_and_reuses_the_prefix(qwen3_server, qwen3_dir):
     c = qwen3_server.client
     lib = rlx.load(qwen3_dir)
@@ -179,7 +210,8 @@ def test_bad_requests_get_400_with_a_message_and_the_server_stays_up(qwen3_serve
     cases = [
         (lambda: c.completions.create(model="qwen3", prompt="x", temperature=-1), "temperature"),
         (lambda: c.completions.create(model="qwen3", prompt="x", n=2), "n=1"),
-        (lambda: c.completions.create(model="qwen3", prompt=["a", "b"]), "one prompt"),
+        (lambda: c.completions.create(model="qwen3", prompt=["a", "b"], stream=True), "one prompt"),
+        (lambda: c.completions.create(model="qwen3", prompt=["a", [10**9]]), "vocabulary"),
         (lambda: c.chat.completions.create(model="qwen3", messages=[{"content": "no role"}]), "role"),
         (lambda: c.chat.completions.create(model="qwen3", messages="hi"), "list of dicts"),
         (lambda: c.chat.completions.create(model="qwen3", messages=[{"role": "user", "content": "x"}],

@@ -89,8 +89,10 @@ def test_lists_where_a_text_is_expected_raise_type_error(qwen3_dir):
         with pytest.raises(TypeError):
             tok.encode(None)
     m = rlx.load(qwen3_dir)
-    with pytest.raises(TypeError, match="one prompt per call"):
-        m.create_completion(["a", "b"])
+    with pytest.raises(TypeError, match="a str or a list of token ids"):
+        m.create_completion([1.5, 2])
+    with pytest.raises(ValueError, match="takes one prompt"):
+        m.create_completion(["a", "b"], stream=True)
     with pytest.raises(TypeError):
         m.generate(b"bytes")
     with pytest.raises(TypeError, match="list of dicts"):

@@ -5,7 +5,7 @@
 Every rank builds only its block of stories260K (../shared/models/stories260K/hf beside the repo,
 or the directory given as argv[1]) as a PipelineDecodeStage and then a PipelineStage, runs the
 greedy generation with the others over MpiTransport, and checks that the ids equal the
-single-process Generator's (KV-cached and recompute). It prints one line
+single-process Generator's (KV-cached and recompute, and four requests micro-batched). It prints one line
 "OK rank R world W ids <comma-separated ids>" and exits 0; any failure raises (non-zero exit;
 mpirun ends the job).
 """
@@ -48,8 +48,17 @@ def main() -> None:
         ids_r = co.generate(rstage, PROMPT, 8, sample_fn=lambda logits: rstage.sample(logits))
         assert ids_r == want_recompute[:8], (rank, ids_r, want_recompute[:8])
 
+        # micro-batched: 4 requests in flight through the ranks, each its own monolithic tokens
+        prompts = [PROMPT, PROMPT[:2], PROMPT[1:], [1, 403]]
+        wants = []
+        for p in prompts:
+            gen.prefill(p)
+            wants.append(gen.generate_cached(12))
+        many = co.generate_many(stage, prompts, 12, lambda logits, j: stage.sample(logits))
+        assert many == wants, (rank, many, wants)
+
         co.barrier()
-        assert co.timings["steps"] == N_NEW + 8, co.timings
+        assert co.timings["steps"] == N_NEW + 8 + 4 * 12, co.timings
         print(f"OK rank {rank} world {world} ids {','.join(map(str, ids))}", flush=True)
 
 

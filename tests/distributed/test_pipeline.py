@@ -305,6 +305,44 @@ def test_decode_stage_equals_cached_generator(hf_case, world, bucketed):
     assert all_ok(*run_ranks(world, body)[:2], world) == [wants] * world
 
 
+MANY_PROMPTS = [PROMPT, PROMPT[4:], PROMPT[:3], PROMPT[7:] + PROMPT[:2], PROMPT[2:9]]
+
+
+@pytest.mark.parametrize("requests", [1, 2, 5])
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("kind", ["decode", "recompute"])
+@pytest.mark.parametrize("hf_case", ["qwen3_sliding", "qwen3moe_e8_k2_norm_dense"], indirect=True)
+def test_micro_batched_pipeline_gives_each_request_its_monolithic_tokens(hf_case, kind, world, requests):
+    """generate_many: up to 5 requests in flight through 2-4 ranks (fewer requests than ranks
+    leaves bubbles; more keeps every rank busy), stops that end requests at different lengths:
+    every rank returns each request's greedy tokens of the monolithic model alone."""
+    cfg, weights = hf_case
+    gen = rlx.Generator(cfg, weights)
+    prompts = MANY_PROMPTS[:requests]
+    free = []
+    for p in prompts:
+        gen.prefill(p)
+        free.append(gen.generate_cached(7, GREEDY))
+    stop = {free[0][3]}  # request 0 (and any that makes this token) ends early
+    wants = [f[:f.index(next(t for t in f if t in stop)) + 1] if stop & set(f) else f for f in free]
+    cls = rlx.PipelineDecodeStage if kind == "decode" else rlx.PipelineStage
+    stages = make_stages(cls, cfg, weights, world)
+    decided = []
+
+    def body(r, co):
+        st = stages[r]
+
+        def stop_fn(tok, j):
+            decided.append((r, j))
+            return tok in stop
+        out = co.generate_many(st, prompts, 7, lambda logits, j: st.sample(logits), stop_fn)
+        assert co.timings["steps"] == sum(len(w) for w in wants), co.timings
+        return out
+
+    assert all_ok(*run_ranks(world, body)[:2], world) == [wants] * world
+    assert {r for r, _ in decided} == {0}
+
+
 @pytest.mark.parametrize("hf_case", ["qwen3_tied"], indirect=True)
 def test_stop_is_decided_on_rank_0_and_broadcast(hf_case):
     cfg, weights = hf_case
@@ -461,15 +499,22 @@ def _check_peer_error(e: BaseException) -> None:
     assert re.search(r"rank \d+ closed the connection|timed out|time ?out", str(e)), str(e)
 
 
+@pytest.mark.parametrize("many", [False, True], ids=["generate", "generate_many"])
 @pytest.mark.parametrize("failing", [0, 1, 2])
 @have_stories
-def test_rank_that_raises_mid_generation(stories, failing):
+def test_rank_that_raises_mid_generation(stories, failing, many):
+    """generate_many (4 requests in flight) fails as generate does: every other rank raises
+    within the timeout."""
     cfg, weights, exp = stories
     stages = make_stages(rlx.PipelineDecodeStage, cfg, weights, 3)
     stages[failing] = FailingStage(stages[failing])
+    prompt = exp["prompt_tokens"]
 
     def body(r, co):
-        return co.generate(stages[r], exp["prompt_tokens"], 64, greedy_fn(stages[r]))
+        st = stages[r]
+        if many:
+            return co.generate_many(st, [prompt, prompt[:2], prompt[1:], prompt], 64, lambda lg, j: st.sample(lg))
+        return co.generate(st, prompt, 64, greedy_fn(st))
 
     results, errors, ended = run_ranks(3, body, timeout=FAULT_TIMEOUT)
     assert not results, results

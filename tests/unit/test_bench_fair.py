@@ -90,3 +90,26 @@ def test_grade():
     assert any("stopped" in w for w in bench_fair.grade(_record(stopped="gate failed")))
     assert bench_fair.grade(_record(long_rounds=3)) == []  # long_rounds count only in the long suite
     assert any("rounds" in w for w in bench_fair.grade(_record(suite="long", long_rounds=3)))
+
+
+def test_decode_bytes_counts_the_chosen_experts(tmp_path):
+    """decode_bytes on a qwen3moe file (bench_moe's writer, a tiny shape): per part, the bytes
+    gguf-py's reader gives the tensors, experts at k / E of theirs; an untied embedding one row."""
+    gguf = pytest.importorskip("gguf")
+    bench_moe = pytest.importorskip("bench_moe")
+    shape = dict(bench_moe.TINY, vocab_size=512, num_experts=8, num_experts_per_tok=2)
+    cfg = bench_moe.model_config(shape, 2)
+    path = str(tmp_path / "moe-bf16.gguf")
+    bench_moe.write_bf16_source(cfg, path, log=lambda msg: None)
+    by_name = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(path).tensors}
+    d = bench_fair.decode_bytes(path)
+    assert (d["experts"], d["experts_per_token"]) == (8, 2)
+    assert d["all"] == sum(by_name.values())
+    exps = sum(b for n, b in by_name.items() if "_exps." in n)
+    assert d["parts"]["experts (k of E)"] == exps * 2 // 8 and exps > 0
+    assert d["parts"]["router"] == sum(b for n, b in by_name.items() if "ffn_gate_inp" in n) == 2 * 8 * 256 * 4
+    assert d["parts"]["LM head"] == by_name["output.weight"]
+    assert d["parts"]["embedding row"] == by_name["token_embd.weight"] // 512
+    assert d["parts"]["attention"] == sum(b for n, b in by_name.items() if ".attn_" in n and "norm" not in n)
+    assert d["parts"]["norms"] == sum(b for n, b in by_name.items() if "norm" in n)
+    assert d["parts"]["dense MLP"] == 0 and d["active"] == sum(d["parts"].values())

@@ -2,8 +2,9 @@
 num_local_experts), which layers are sparse (decided as transformers decides, checked against the
 layers transformers builds), the ranges checked before anything is sized, and the fields refused by
 name. The expert weights' names and the store of experts as parts (no copy) are checked too, f16
-/ bf16 experts, the refusals of what does not run (Vulkan, block quantisation, writing a GGUF), and
-llama.cpp's qwen3moe GGUF keys (whole GGUF models: tests/models/test_gguf_models.py)."""
+/ bf16 experts, what a device lacks refused at load, and llama.cpp's qwen3moe GGUF keys (whole
+GGUF models: tests/models/test_gguf_models.py; writing and quantising a mixture:
+tests/unit/test_quantize_moe.py)."""
 
 from __future__ import annotations
 
@@ -279,14 +280,6 @@ def test_half_precision_experts(dtype):
         np.testing.assert_allclose(got["ref"], forward(cfg, rounded, ids)[-1], rtol=0, atol=1e-4)
 
 
-def test_block_quantisation_is_refused_by_name():
-    cfg = config_from_dict(dict(BASE))
-    w = _weights(cfg, np.random.default_rng(5))
-    for dtype in ("q8_0", "q4_k_m"):
-        with pytest.raises(WeightsError, match=f"dtype='{dtype}': quantising a mixture-of-experts model"):
-            rlx.Generator(cfg, w, device="cpu", dtype=dtype)
-
-
 def test_missing_and_mixed_parts_are_reported():
     cfg = config_from_dict(dict(BASE))
     w = _weights(cfg, np.random.default_rng(2))
@@ -306,7 +299,7 @@ def test_missing_and_mixed_parts_are_reported():
 
 
 # ---------------------------------------------------------------------------------------------
-# GGUF (llama.cpp's "qwen3moe"): the expert keys; writing a mixture is refused by name
+# GGUF (llama.cpp's "qwen3moe"): the expert keys
 # ---------------------------------------------------------------------------------------------
 
 def _moe_gguf(path, drop: str = "", ffn: bool = True):
@@ -342,18 +335,6 @@ def test_gguf_expert_keys(tmp_path):
     assert load_config(_moe_gguf(tmp_path / "b.gguf", ffn=False)).intermediate_size == 16
     with pytest.raises(ConfigError, match="qwen3moe.expert_used_count"):
         load_config(_moe_gguf(tmp_path / "c.gguf", drop="expert_used_count"))
-
-
-def test_writing_a_mixture_is_refused_by_name(tmp_path):
-    src = _moe_gguf(tmp_path / "src.gguf")
-    with pytest.raises(ConfigError, match="writing a mixture-of-experts model"):
-        rlx.quantize(src, tmp_path / "dst.gguf", type="q8_0")
-    hf = tmp_path / "hf"
-    hf.mkdir()
-    (hf / "config.json").write_text(json.dumps(BASE))
-    with pytest.raises(ConfigError, match="writing a mixture-of-experts model"):
-        rlx.quantize(hf, tmp_path / "dst.gguf", type="q8_0")
-    assert not (tmp_path / "dst.gguf").exists()
 
 
 def test_pipeline_blocks_take_stacked_or_parts():

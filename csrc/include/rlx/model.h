@@ -17,7 +17,8 @@
 #include "rlx/sample.h"
 
 #define RLX_MAX_LAYERS  256
-#define RLX_MAX_WINDOWS 4 /* distinct sliding-window sizes a masked plan may need */
+#define RLX_MAX_WINDOWS 4  /* distinct sliding-window sizes a masked plan may need */
+#define RLX_MAX_BATCH   16 /* sequences one batched plan advances */
 
 struct rlx_model_config {
     int64_t vocab_size, hidden_size, intermediate_size;
@@ -66,6 +67,15 @@ struct rlx_block_spec {
     unsigned flags;
     struct rlx_dim seq, kv_rows;
     enum rlx_dtype kv_dtype; /* f32, f16 or bf16 */
+    /* A batch (batch >= 1, with CACHE and without MASK): the SEQ rows are `batch` sequences one after
+     * another, sequence b's batch_seq[b] rows (seq is their constant sum; kv_rows is unused). Every
+     * projection, norm and MLP runs on all rows at once; each sequence writes into and attends over
+     * caches of its own, states "k_cache.L.b" / "v_cache.L.b" (PASTb + batch_seq[b], Hkv, D) with
+     * the symbol PASTb (its cached rows before the run) registered in order, so a batch of ragged
+     * pasts is one plan. With HEAD (not ALL_LOGITS) the logits are (batch, V): each sequence's last
+     * row. batch 0: one sequence, as above. */
+    int batch;
+    int64_t batch_seq[RLX_MAX_BATCH];
 };
 
 /* Where a built block's interface is: node ids in the graph (compiling keeps them) and output
@@ -75,7 +85,9 @@ struct rlx_block_io {
     int pos; /* input "pos" */
     int y;   /* output index of "logits" or "hidden" */
     int n_layers;
-    int k_cache[RLX_MAX_LAYERS], v_cache[RLX_MAX_LAYERS]; /* CACHE: the state nodes */
+    int k_cache[RLX_MAX_BATCH][RLX_MAX_LAYERS], v_cache[RLX_MAX_BATCH][RLX_MAX_LAYERS]; /* CACHE: the state nodes of
+                                                                                        sequence b ([0] unbatched) */
+    int past_sym[RLX_MAX_BATCH]; /* batch: the symbol PASTb of each sequence */
     int n_masks;
     int mask[RLX_MAX_WINDOWS];            /* MASK: input nodes, one per distinct window */
     int64_t mask_window[RLX_MAX_WINDOWS]; /* the window each mask is for (0 = full attention) */
@@ -218,6 +230,16 @@ rlx_status rlx_seq_logits_naive(struct rlx_seq *s, const float **logits);
  * time, one per decode step, the new ones after an append); afterwards the cache holds the whole
  * history. */
 rlx_status rlx_seq_logits_cached(struct rlx_seq *s, const float **logits);
+/* The same for n sequences of one whole model (embedding and head) at once, in one plan (a
+ * batch): each runs its positions not cached yet (at most `chunk` of them when chunk > 0: a long
+ * prompt enters in pieces between decode steps), over its own cache; every projection and MLP
+ * reads its weights once for all of them. Each sequence appears once; all share one KV dtype;
+ * 1 <= n <= RLX_MAX_BATCH. logits[b]: sequence b's next-token logits (vocab) (owned by it until
+ * its next call) when its run reached the end of its history, NULL when a chunk left positions
+ * uncached. A sequence whose cache and logits are current runs nothing. The logits are those each
+ * sequence gets alone (the rows of a batch are computed independently, up to the summation order
+ * of the kernels). On failure no sequence's history or cache length changes. */
+rlx_status rlx_seq_batch_logits(struct rlx_seq *const *seqs, int n, int64_t chunk, const float **logits);
 /* Runs the block: an embedding block over its history (hidden must be NULL), recomputed or through
  * the cache as above; a hidden-input block over hidden (n, hidden_size) rows: with cached, positions
  * continuing after the cache (which then grows by n), else positions 0..n-1 (no cache).

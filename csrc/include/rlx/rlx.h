@@ -140,7 +140,7 @@ rlx_status rlx_quantize(enum rlx_dtype dt, const float *x, int64_t rows, int64_t
  * ------------------------------------------------------------------------------------------- */
 
 #define RLX_MAX_DIMS   4
-#define RLX_MAX_SYMS   8
+#define RLX_MAX_SYMS   24 /* 3 predefined + a batched plan's past of each of up to 16 sequences + spare */
 #define RLX_MAX_INPUTS 6
 #define RLX_NAME_MAX   96
 

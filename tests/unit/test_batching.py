@@ -1,0 +1,279 @@
+"""Many sequences in one plan step (rlx/batching.py, rlx_seq_batch_logits): each sequence of a
+batch gets the logits (1e-5) and the greedy tokens it gets alone, on every backend, with ragged
+histories, prompts entering in chunks between decode steps, and sequences joining and leaving.
+
+Oracle: the same sequence run alone (prefill + extend: the single-sequence plans, themselves held
+to transformers and NumPy elsewhere), and the NumPy reference forward for the batch's logits.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import rlx
+from rlx import batching
+from rlx.reference import forward as ref_forward
+from rlx.weights import expected_weights
+
+QWEN = rlx.Qwen3Config(vocab_size=90, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+                       rms_norm_eps=1e-6, rope_theta=1e4, tie_word_embeddings=False, attention_bias=True,
+                       use_sliding_window=True, sliding_window=6, max_window_layers=1)
+LLAMA = rlx.LlamaConfig(vocab_size=70, hidden_size=48, intermediate_size=64, num_hidden_layers=3,
+                        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
+                        rope_theta=5e5, tie_word_embeddings=True,
+                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
+TOL = 1e-5
+
+
+def weights(cfg, seed=0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in expected_weights(cfg).items():
+        a = 1.0 + 0.2 * rng.standard_normal(shape) if name.endswith("norm.weight") else \
+            rng.standard_normal(shape) / np.sqrt(shape[-1])
+        out[name] = a.astype(np.float32)
+    return out
+
+
+def prompts(cfg, n: int, seed: int, lo: int = 1, hi: int = 30) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(0, cfg.vocab_size, size=int(k))] for k in rng.integers(lo, hi, size=n)]
+
+
+def alone_logits(gen, prompt: list[int], extra: list[int]) -> list[np.ndarray]:
+    """Logits after the prompt and after each extra token, the sequence alone."""
+    s = gen.new_sequence()
+    rows = [s.prefill_get_last_logits(prompt)]
+    rows += [s.decode_get_logits(t) for t in extra]
+    return rows
+
+
+@pytest.mark.parametrize("cfg", [QWEN, LLAMA], ids=["qwen3", "llama"])
+@pytest.mark.parametrize("batch", [1, 3, 16])
+def test_batch_logits_are_each_sequences_own(device, cfg, batch):
+    gen = rlx.Generator(cfg, weights(cfg), device=device, kv_dtype="f32")
+    ps = prompts(cfg, batch, seed=batch)
+    extra = [[(7 * i + 3 * j) % cfg.vocab_size for j in range(3)] for i in range(batch)]
+    want = [alone_logits(gen, p, e) for p, e in zip(ps, extra)]
+    seqs = [gen.new_sequence() for _ in ps]
+    for s, p in zip(seqs, ps):
+        s.prefill(p)
+    got = [gen.logits_batch(seqs)]  # the whole prompts: ragged prefill in one plan
+    for j in range(3):
+        for s, e in zip(seqs, extra):
+            s.append(e[j])
+        got.append(gen.logits_batch(seqs))  # one position each over ragged pasts
+    for i in range(batch):
+        for j in range(4):
+            np.testing.assert_allclose(got[j][i], want[i][j], rtol=0, atol=TOL, err_msg=f"sequence {i}, row {j}")
+        assert seqs[i].kv_len == len(ps[i]) + 3
+    # and the reference forward of the whole history (NumPy, float64), for one sequence
+    hist = ps[-1] + extra[-1]
+    ref = ref_forward(cfg, weights(cfg), hist)[-1]
+    np.testing.assert_allclose(got[3][-1], ref, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16", "bf16"])
+def test_continuous_batching_gives_each_prompt_its_own_greedy_tokens(device, kv_dtype):
+    """More prompts than the batch holds, prompts entering in chunks of 4 positions while others
+    decode, sequences leaving at different lengths: each prompt's tokens are its own."""
+    gen = rlx.Generator(QWEN, weights(QWEN, seed=3), device=device, kv_dtype=kv_dtype)
+    ps = prompts(QWEN, 9, seed=11, lo=1, hi=40)
+    free = []
+    for p in ps:
+        s = gen.new_sequence()
+        s.prefill(p)
+        free.append(s.generate_cached(12))
+    stop = {free[0][2], free[3][5]}  # so that some sequences leave early
+    want = []
+    for p in ps:
+        s = gen.new_sequence()
+        s.prefill(p)
+        want.append(s.generate_cached(12, rlx.SampleOpts.greedy(), stop_ids=stop))
+    seen: list[tuple[int, int]] = []
+    got = gen.generate_batch(ps, 12, rlx.SampleOpts.greedy(), stop_ids=stop, max_batch=4, chunk=4,
+                             on_token=lambda i, t: seen.append((i, t)))
+    assert got == want
+    assert [t for i, t in seen if i == 0] == want[0]
+    assert len({len(w) for w in want}) > 1, "the sequences should leave at different lengths"
+
+
+def test_sampling_in_a_batch_draws_as_alone(device):
+    """Seeded sampling: the draw for a token uses (seed, position), so batching changes nothing."""
+    gen = rlx.Generator(LLAMA, weights(LLAMA, seed=5), device=device, kv_dtype="f32")
+    ps = prompts(LLAMA, 5, seed=2)
+    opts = [rlx.SampleOpts(temperature=0.9, top_k=20, top_p=0.95, seed=s) for s in range(5)]
+    want = []
+    for p, o in zip(ps, opts):
+        s = gen.new_sequence()
+        s.prefill(p)
+        want.append(s.generate_cached(6, o))
+    assert gen.generate_batch(ps, 6, opts, max_batch=5) == want
+
+
+def test_step_batch_with_chunks_reports_who_is_still_entering():
+    gen = rlx.Generator(QWEN, weights(QWEN), kv_dtype="f32")
+    a, b = gen.new_sequence(), gen.new_sequence()
+    a.prefill([1, 2, 3])
+    b.prefill(list(range(10)))
+    assert gen.step_batch([a, b], chunk=4)[1] is None   # b: positions 0..3 cached
+    assert b.kv_len == 4 and len(b.tokens) == 10
+    toks = gen.step_batch([a, b], chunk=4)               # a decodes, b: 4..7
+    assert toks[0] is not None and toks[1] is None and b.kv_len == 8
+    toks = gen.step_batch([a, b], chunk=4)               # b: 8, 9 and its first token
+    assert toks[1] is not None and len(b.tokens) == 11 and b.kv_len == 10
+    alone = gen.new_sequence()
+    alone.prefill(list(range(10)))
+    assert alone.step_cached() == toks[1]
+
+
+def test_bad_batches_raise_and_leave_the_sequences_usable():
+    gen = rlx.Generator(QWEN, weights(QWEN), kv_dtype="f32")
+    other = rlx.Generator(QWEN, weights(QWEN), kv_dtype="f32")
+    a, b = gen.new_sequence(), gen.new_sequence()
+    a.prefill([1, 2, 3])
+    b.prefill([4, 5])
+    with pytest.raises(ValueError, match="same sequence"):
+        gen.step_batch([a, a])
+    with pytest.raises(ValueError, match="1..16"):
+        gen.step_batch([])
+    with pytest.raises(ValueError, match="1..16"):
+        gen.step_batch([gen.new_sequence() for _ in range(17)])
+    with pytest.raises(TypeError, match="rlx sequences"):
+        gen.step_batch([a, "b"])
+    with pytest.raises(ValueError, match="chunk"):
+        gen.step_batch([a, b], chunk=-1)
+    o = other.new_sequence()
+    o.prefill([1])
+    with pytest.raises(ValueError, match="another model"):
+        gen.step_batch([a, o])
+    with pytest.raises(rlx.Error, match="no context"):
+        gen.step_batch([a, gen.new_sequence()])
+    h = gen.new_sequence(kv_dtype="f16")
+    h.prefill([1])
+    with pytest.raises(ValueError, match="KV cache"):
+        gen.step_batch([a, h])
+    with pytest.raises(ValueError, match="2 options for 3"):
+        gen.step_batch([a, b, h], [rlx.SampleOpts()] * 2)
+    assert a.tokens == [1, 2, 3] and a.kv_len == 0 and b.tokens == [4, 5]
+    toks = gen.step_batch([a, b])
+    alone = gen.new_sequence()
+    alone.prefill([1, 2, 3])
+    assert toks[0] == alone.step_cached()
+
+
+def test_a_full_context_in_a_batch_is_a_clear_error_and_appends_nothing():
+    gen = rlx.Generator(QWEN, weights(QWEN), kv_dtype="f32")
+    short, full = gen.new_sequence(), gen.new_sequence()
+    short.prefill([2, 3])
+    full.prefill([1] * QWEN.max_position_embeddings)
+    with pytest.raises(ValueError, match="sequence 1 of the batch: the context is full"):
+        gen.step_batch([short, full])  # the last position runs; its new token has no room
+    assert short.tokens == [2, 3] and len(full.tokens) == QWEN.max_position_embeddings
+    full.truncate(10)
+    toks = gen.step_batch([short, full])
+    assert len(short.tokens) == 3 and len(full.tokens) == 11 and None not in toks
+
+
+def test_batcher_batches_the_calls_of_threads_and_each_gets_its_own_logits():
+    """Six threads stepping their own sequences through one Batcher: the calls that meet go in one
+    plan step (counted), and each thread's greedy tokens are those of its sequence alone."""
+    gen = rlx.Generator(QWEN, weights(QWEN, seed=9), kv_dtype="f32")
+    ps = prompts(QWEN, 6, seed=4)
+    want = []
+    for p in ps:
+        s = gen.new_sequence()
+        s.prefill(p)
+        want.append(s.generate_cached(8))
+    b = batching.Batcher(max_batch=16, chunk=8)
+    got: list[list[int] | None] = [None] * 6
+    b._running = True  # hold the first batch until every thread has asked: a deterministic batch of 6
+
+    def work(i: int) -> None:
+        s = gen.new_sequence()
+        s.prefill(ps[i])
+        out = []
+        for _ in range(8):
+            logits = b.logits(s)
+            tok = s._c.sample(logits, None, len(s.tokens))
+            s.append(tok)
+            out.append(tok)
+        got[i] = out
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while len(b._pending) < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with b._cv:
+        b._running = False
+        b._cv.notify_all()
+    for t in threads:
+        t.join(60)
+    assert got == want
+    assert b.batches >= 1 and b.batched_rows >= 6
+
+
+def test_batcher_sends_each_error_to_its_own_call():
+    """A batch holding a bad request fails as a whole in C (changing no sequence); the Batcher runs
+    its requests again one by one, so the bad one's call raises and the good one's gets logits."""
+    gen = rlx.Generator(QWEN, weights(QWEN), kv_dtype="f32")
+    b = batching.Batcher()
+    good, empty = gen.new_sequence(), gen.new_sequence()
+    good.prefill([1, 2])
+    want = gen.new_sequence().prefill_get_last_logits([1, 2])
+    results: dict = {}
+
+    def call(name, seq):
+        try:
+            results[name] = b.logits(seq)
+        except Exception as e:
+            results[name] = e
+
+    b._running = True  # both requests in one batch
+    threads = [threading.Thread(target=call, args=a) for a in (("good", good), ("empty", empty))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while len(b._pending) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with b._cv:
+        b._running = False
+        b._cv.notify_all()
+    for t in threads:
+        t.join(60)
+    assert isinstance(results["empty"], rlx.Error) and "no context" in str(results["empty"])
+    np.testing.assert_allclose(results["good"], want, rtol=0, atol=TOL)
+    assert b.batches == 0  # the failed batch is not counted
+
+
+STORIES = __import__("pathlib").Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K" / "hf"
+
+
+@pytest.mark.skipif(not (STORIES / "config.json").is_file(), reason="no stories260K beside the repo")
+def test_model_generate_and_create_completion_take_several_prompts():
+    """Model.generate / create_completion with a list of prompts: each text is the prompt's own
+    (generated alone), the completion's choices in prompt order with summed usage, and the
+    prompts' steps went through the Batcher together."""
+    m = rlx.load(STORIES)
+    prompts = ["Once upon a time", "The cat sat", "Tom and Lily went to the park"]
+    alone = [m.generate(p, max_new_tokens=30, temperature=0) for p in prompts]
+    assert m.generate(prompts, max_new_tokens=30, temperature=0) == alone
+    assert m.stats["batched_steps"] > 0
+    ids = [m.tokenizer.encode(p) for p in prompts]
+    r = m.create_completion(ids, max_tokens=30, temperature=0)
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in r["choices"]] == alone
+    assert r["usage"]["prompt_tokens"] == sum(len(i) for i in ids)
+    assert r["usage"]["total_tokens"] == r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"]
+    with pytest.raises(ValueError, match="outside the vocabulary"):  # checked before any runs
+        m.create_completion([ids[0], [10**6]], max_tokens=3)
+    with pytest.raises(ValueError, match="takes one prompt"):
+        m.generate(prompts, stream=True)
