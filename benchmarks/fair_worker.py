@@ -21,6 +21,14 @@ Commands ({"cmd": ..., args}; the answer always has "ok", and "error" when it is
     mem       -> rss_mib, peak_rss_mib (this process's VmHWM), kv_bytes (in use now)
     profile   n, tok (rlx only): per-op seconds of one decode step at context n
     profile_prefill  ids (rlx only): per-op seconds of a fresh prefill of ids (the context is lost)
+    batch_open    b, n_ctx_seq: b sequences decoding together (bench_batch.py) -> settings READ BACK
+                  (llama.cpp: a fresh context of its own for them, below)
+    batch_logits  prompts (b lists of ids), feed (b lists of f ids), out (.npy path): every prompt run
+                  in one batched pass, then f batched steps each feeding one token per sequence
+                                                            -> the (b, 1 + f, vocab) logits
+    batch_decode  n (b lengths kept), tok (b ids), steps: each sequence cut back to its n positions
+                  and fed its tok, then `steps` batched greedy steps (b tokens each)
+                                                            -> seconds for the steps, the (b, steps) tokens
     quit
 
 The engines:
@@ -32,6 +40,18 @@ The engines:
   captured (llama_log_set) and the flash-attention setting, the KV cache types and bytes, the
   context size and the thread counts are read back from it and from the context; greedy tokens
   are the argmax of llama_get_logits_ith(-1) (NumPy, zero-copy view).
+
+Batched decode (batch_*; bench_batch.py):
+- rlx: b sequences of the one Generator (new_sequence(), the Generator's KV type), advanced together by
+  Generator.step_batch (one plan step, one token per sequence, the argmax in C) and read by
+  Generator.logits_batch; the sequence's first batched step runs its whole prompt.
+- llama.cpp: the model the Llama object loaded, and for b sequences a context of their own
+  (llama_init_from_model: n_seq_max = b, n_ctx = b * n_ctx_seq, the llama.cpp default of a KV
+  cache per sequence (kv_unified false, as llama-batched-bench runs unless -kvu), n_batch 2048,
+  n_ubatch 512, the same threads, flash attention and KV types as the Llama object), read back
+  from its log like load's. One llama_batch per step, one token per sequence (seq_id = its
+  index, its own position, logits on); greedy tokens are the argmax of llama_get_logits_ith(i)
+  per row. The Llama object's own context (n_ctx of load) is kept idle beside it.
 """
 
 from __future__ import annotations
@@ -117,6 +137,33 @@ class RlxEngine:
     def kv_bytes(self):
         return int(self.gen.kv_bytes)
 
+    def batch_open(self, b, n_ctx_seq):
+        self.seqs = [self.gen.new_sequence() for _ in range(b)]
+        return {"batch": b, "kv_type": self.seqs[0].kv_dtype, "threads": self.rlx.get_num_threads(),
+                "api": "Generator.new_sequence + Generator.step_batch / logits_batch (rlx.batching)"}
+
+    def batch_logits(self, prompts, feed):
+        for s, p in zip(self.seqs, prompts):
+            s.prefill(p)
+        rows = [self.gen.logits_batch(self.seqs)]  # the first batched pass runs every prompt
+        for j in range(len(feed[0]) if feed else 0):
+            for s, f in zip(self.seqs, feed):
+                s.append(f[j])
+            rows.append(self.gen.logits_batch(self.seqs))
+        return np.stack([np.stack([np.asarray(r[i], dtype=np.float32) for r in rows]) for i in range(len(prompts))])
+
+    def batch_decode(self, ns, toks, steps):
+        greedy = self.rlx.SampleOpts.greedy()
+        for s, n, t in zip(self.seqs, ns, toks):
+            s.truncate(n)
+            s.append(t)
+        out = []
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            out.append(self.gen.step_batch(self.seqs, greedy))
+        dt = time.perf_counter() - t0
+        return dt, [[int(r[i]) for r in out] for i in range(len(self.seqs))]
+
     def profile_prefill(self, ids):
         self.gen.profile(True)
         try:
@@ -155,25 +202,36 @@ class LlamaCppEngine:
                                    n_threads_batch=threads, flash_attn=bool(fa), type_k=GGML_TYPE[kv],
                                    type_v=GGML_TYPE[kv], use_mmap=True, logits_all=False, verbose=True)
         self.n_vocab = self.llm.n_vocab()
-        text = "".join(self.log)
+        self.threads, self.fa, self.kv = threads, bool(fa), kv
+        rb, self.kv_bytes_per_cell = self._readback("".join(self.log), self.llm.ctx)
+        rb["n_batch"], rb["n_ubatch"] = 2048, 512
+        self.readback = rb
+        return rb
+
+    def _readback(self, text, ctx):
+        """The settings a context runs with, from llama.cpp's log of its creation (text) and the
+        context itself; and the KV bytes per cell."""
+        llama_cpp = self.lib
         rb = {"log_lines": [l for l in text.splitlines() if re.search(
-            r"flash_attn|llama_kv_cache: size|n_ctx |n_batch|n_ubatch|causal_attn|type_k|type_v|CPU_REPACK|"
-            r"system_info|buffer size", l)][:40]}
+            r"flash_attn|llama_kv_cache: size|n_ctx |n_ctx_seq|n_seq_max|kv_unified|n_batch|n_ubatch|causal_attn|"
+            r"type_k|type_v|CPU_REPACK|system_info|buffer size", l)][:40]}
         m = re.search(r"flash_attn\s*=\s*(\w+)", text)
         rb["flash_attn"] = m.group(1) if m else None
+        for key in ("n_ctx_seq", "n_seq_max", "kv_unified"):
+            m = re.search(rf"{key}\s*=\s*(\w+)", text)
+            rb[key] = (int(m.group(1)) if m.group(1).isdigit() else m.group(1)) if m else None
         m = re.search(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells.*K \((\w+)\):\s*([\d.]+) MiB, V \((\w+)\):"
                       r"\s*([\d.]+) MiB", text)
+        per_cell = None
         if m:
             rb.update(kv_alloc_mib=float(m.group(1)), kv_cells=int(m.group(2)), type_k=m.group(3),
                       type_v=m.group(5))
-            self.kv_bytes_per_cell = float(m.group(1)) * 2**20 / int(m.group(2))
-        else:
-            self.kv_bytes_per_cell = None
+            per_cell = float(m.group(1)) * 2**20 / int(m.group(2))
         rb["kv_type"] = rb.get("type_k") if rb.get("type_k") == rb.get("type_v") else \
             f"{rb.get('type_k')}/{rb.get('type_v')}"
-        rb["n_ctx"] = int(llama_cpp.llama_n_ctx(self.llm.ctx))
-        rb["threads"] = int(llama_cpp.llama_n_threads(self.llm.ctx))
-        rb["threads_batch"] = int(llama_cpp.llama_n_threads_batch(self.llm.ctx))
+        rb["n_ctx"] = int(llama_cpp.llama_n_ctx(ctx))
+        rb["threads"] = int(llama_cpp.llama_n_threads(ctx))
+        rb["threads_batch"] = int(llama_cpp.llama_n_threads_batch(ctx))
         rb["system_info"] = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
         rb["llama_cpp_python"] = getattr(llama_cpp, "__version__", None)
         libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
@@ -181,9 +239,7 @@ class LlamaCppEngine:
             rb["libs"] = sorted(f for f in os.listdir(libdir) if re.search(r"\.so\.\d+\.\d+\.\d+$", f))
         except OSError:
             pass
-        rb["n_batch"], rb["n_ubatch"] = 2048, 512
-        self.readback = rb
-        return rb
+        return rb, per_cell
 
     def _argmax(self):
         ptr = self.lib.llama_get_logits_ith(self.llm.ctx, -1)
@@ -238,6 +294,83 @@ class LlamaCppEngine:
     def profile(self, n, tok):
         raise NotImplementedError("per-op profile: rlx only")
 
+    def batch_open(self, b, n_ctx_seq):
+        """A context of its own for b sequences (the previous one freed)."""
+        L = self.lib
+        self.batch_close()
+        p = L.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = b * n_ctx_seq, 2048, 512, b
+        p.n_threads = p.n_threads_batch = self.threads
+        p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.fa else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        p.type_k = p.type_v = GGML_TYPE[self.kv]
+        p.no_perf = True
+        n0 = len(self.log)
+        self.bctx = L.llama_init_from_model(self.llm.model, p)
+        if not self.bctx:
+            raise RuntimeError(f"llama_init_from_model failed for {b} sequences: {''.join(self.log[n0:])[-500:]}")
+        self.b = b
+        self.bbatch = L.llama_batch_init(2048, 0, 1)
+        self.bbatch_cap = 2048
+        rb, _ = self._readback("".join(self.log[n0:]), self.bctx)
+        rb.update(batch=b, n_seq_max_ctx=int(L.llama_n_seq_max(self.bctx)), n_batch=2048, n_ubatch=512)
+        return rb
+
+    def batch_close(self):
+        if getattr(self, "bctx", None):
+            self.lib.llama_batch_free(self.bbatch)
+            self.lib.llama_free(self.bctx)
+            self.bctx = None
+
+    def _bdecode(self, items):
+        """One llama_decode of items: (token, position, seq_id, logits wanted) each."""
+        bt = self.bbatch
+        if len(items) > self.bbatch_cap:
+            raise ValueError(f"{len(items)} tokens in one batch, at most {self.bbatch_cap}")
+        for i, (tok, pos, sid, want) in enumerate(items):
+            bt.token[i], bt.pos[i], bt.n_seq_id[i], bt.logits[i] = tok, pos, 1, want
+            bt.seq_id[i][0] = sid
+        bt.n_tokens = len(items)
+        rc = self.lib.llama_decode(self.bctx, bt)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+
+    def _brow(self, i):
+        ptr = self.lib.llama_get_logits_ith(self.bctx, i)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def batch_logits(self, prompts, feed):
+        mem = self.lib.llama_get_memory(self.bctx)
+        self.lib.llama_memory_clear(mem, True)
+        items, last = [], []
+        for sid, ids in enumerate(prompts):
+            items += [(int(t), j, sid, j == len(ids) - 1) for j, t in enumerate(ids)]
+            last.append(len(items) - 1)
+        self._bdecode(items)
+        rows = [[np.array(self._brow(i), dtype=np.float32)] for i in last]
+        pos = [len(ids) for ids in prompts]
+        for j in range(len(feed[0]) if feed else 0):
+            self._bdecode([(int(f[j]), pos[sid], sid, True) for sid, f in enumerate(feed)])
+            for sid in range(len(prompts)):
+                rows[sid].append(np.array(self._brow(sid), dtype=np.float32))
+                pos[sid] += 1
+        return np.stack([np.stack(r) for r in rows])
+
+    def batch_decode(self, ns, toks, steps):
+        mem = self.lib.llama_get_memory(self.bctx)
+        for sid, n in enumerate(ns):
+            if not self.lib.llama_memory_seq_rm(mem, sid, n, -1):
+                raise RuntimeError(f"llama_memory_seq_rm({sid}, {n}, -1) failed")
+        pos, toks, b = list(ns), [int(t) for t in toks], len(ns)
+        out = [[] for _ in range(b)]
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self._bdecode([(toks[i], pos[i], i, True) for i in range(b)])
+            toks = [int(np.argmax(self._brow(i))) for i in range(b)]
+            for i in range(b):
+                out[i].append(toks[i])
+                pos[i] += 1
+        return time.perf_counter() - t0, out
+
 
 ENGINES = {"rlx": RlxEngine, "llama.cpp": LlamaCppEngine}
 
@@ -275,6 +408,14 @@ def handle(eng, msg):
         return eng, {"profile_s": eng.profile(msg["n"], msg["tok"])}
     if cmd == "profile_prefill":
         return eng, {"profile_s": eng.profile_prefill(msg["ids"])}
+    if cmd == "batch_open":
+        return eng, {"readback": eng.batch_open(msg["b"], msg["n_ctx_seq"])}
+    if cmd == "batch_logits":
+        np.save(msg["out"], eng.batch_logits(msg["prompts"], msg["feed"]))
+        return eng, {"out": msg["out"]}
+    if cmd == "batch_decode":
+        s, toks = eng.batch_decode(msg["n"], msg["tok"], msg["steps"])
+        return eng, {"s": s, "tokens": toks}
     raise ValueError(f"unknown command {cmd!r}")
 
 

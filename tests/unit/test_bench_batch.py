@@ -1,0 +1,82 @@
+"""benchmarks/bench_batch.py's arithmetic: the ragged prompt lengths, the inputs fixed per batch, the
+llama.cpp cells per sequence, the scaling statistics, and the table from a made-up record. Pure
+functions, no engine runs (the harness end to end: `python benchmarks/bench_batch.py --smoke`)."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+bench_batch = pytest.importorskip("bench_batch")
+
+
+@pytest.mark.parametrize("b", [1, 2, 4, 8, 16])
+def test_prompt_lengths_ragged_same_mean(b):
+    lens = bench_batch.prompt_lengths(b, 32, 96)
+    assert len(lens) == b and min(lens) >= 32 and max(lens) <= 96
+    assert sum(lens) / b == pytest.approx(64, abs=0.5)  # the same mean context at every B
+    if b > 1:
+        assert lens[0] == 32 and lens[-1] == 96 and len(set(lens)) == b  # ragged: every length differs
+
+
+def test_batch_inputs_fixed_and_distinct():
+    a, b = bench_batch.batch_inputs(1000, 4, 32, 96), bench_batch.batch_inputs(1000, 4, 32, 96)
+    assert a == b  # fixed per (b, sequence): the same prompts for every engine and every run
+    assert [len(p) for p in a["prompts"]] == a["lengths"]
+    assert len({tuple(p[:32]) for p in a["prompts"]}) == 4  # distinct prompts
+    assert all(len(f) == bench_batch.GATE_STEPS for f in a["feed"]) and len(a["tok"]) == 4
+    assert all(300 <= t < 999 for p in a["prompts"] for t in p)
+
+
+def test_n_ctx_seq_for():
+    assert bench_batch.n_ctx_seq_for(96, 16) == 256
+    assert bench_batch.n_ctx_seq_for(250, 16) == 512  # the longest prompt and a block must fit
+    assert bench_batch.n_ctx_seq_for(96, 16) >= 96 + 16 + 1
+
+
+def test_scaling_stats():
+    t1 = [1.0, 1.1, 0.9]
+    s = bench_batch.scaling_stats([2.0 * t for t in t1], t1, 8)  # 8 sequences in twice the time: 4x
+    assert s["ratio"] == pytest.approx(4.0, rel=1e-12) and s["ci95"] == pytest.approx([4.0, 4.0], rel=1e-12)
+    assert bench_batch.scaling_stats(t1, t1, 1)["ratio"] == pytest.approx(1.0)
+
+
+def _record(stopped=None):
+    import bench_fair as bf
+    times = {1: {"rlx": [1.0, 1.0], "llama.cpp fa=off": [1.2, 1.2]},
+             2: {"rlx": [1.1, 1.1], "llama.cpp fa=off": [2.0, 2.0]}}
+    batches = {}
+    for b, t in times.items():
+        batches[str(b)] = {"b": b, "tokens": 4 * b, "times_s": t, "loadavg_1min": [0.1, 0.2],
+                           "ratios": {"llama.cpp fa=off": bf.ratio_stats(t["rlx"], t["llama.cpp fa=off"])},
+                           "scaling_vs_b1": {lab: bench_batch.scaling_stats(t[lab], times[1][lab], b) for lab in t},
+                           "gate": {"pass": True, "peers": {"llama.cpp fa=off": {
+                               "rel_max": 1e-3, "tol_rel": 8e-2, "kl_max": 1e-6, "top1_agree": 4 * b, "rows": 4 * b}}},
+                           "token_agreement": {"llama.cpp fa=off": 1.0},
+                           "readback": {"llama.cpp fa=off": {"n_ctx": 256 * b, "n_ctx_seq": 256, "kv_unified": "false",
+                                                             "kv_alloc_mib": 28.0 * b}}}
+    return {"date": "2026-12-01T00:00:00", "suite": "batch", "rlx": {"commit": "abc", "dirty": False},
+            "llama_cpp": {"llama_cpp_python": "0.3.36", "libs": []},
+            "machine": {"cpu": "cpu", "nproc": 2, "isa": "avx2", "rlx_isa": "avx2", "loadavg_start": (0.1, 0, 0),
+                        "loadavg_end": (0.2, 0, 0)},
+            "settings": {"smoke": False, "quick": False, "rounds": 10, "long_rounds": 10, "steps": 4,
+                         "prompt_min": 32, "prompt_max": 96},
+            "cells": [{"model": "m", "kv": "f16", "threads": 2, "loadavg_start": (0.1, 0, 0), "batches": batches,
+                       "mem": {"rlx": {"peak_rss_mib": 100.0}}}], "stopped": stopped}
+
+
+def test_markdown_table():
+    import bench_fair as bf
+    r = _record()
+    assert bf.grade(r) == []
+    md = bench_batch.markdown(r)
+    assert "NOT A MEASUREMENT" not in md
+    row2 = next(line for line in md.splitlines() if line.startswith("| m | f16 | 2 | 2 |"))
+    assert "| 7.3 |" in row2 and "| 4.0 |" in row2  # aggregate tok/s: 8 tokens / 1.1 s, 8 / 2.0 s
+    assert "1.82x" in row2  # rlx at B=2 against B=1: 2 * 1.0 / 1.1
+    assert "B=2: PASS" in md and "n_ctx_seq 256" in md
+    r = _record(stopped="gate failed")
+    r["not_a_measurement"] = bf.grade(r)
+    md = bench_batch.markdown(r)
+    assert md.startswith("**NOT A MEASUREMENT**") and "Run stopped: gate failed" in md
