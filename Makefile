@@ -154,10 +154,12 @@ fuzz: build
 
 # Side-by-side benchmarks (benchmarks/README.md): rlx beside llama.cpp in the fair harness (each
 # engine in its own process, taking turns; a logits gate first; it waits for a quiet machine),
-# the plot of decode speed against context, then the transformers comparison and the matvec probe.
+# batched decode beside llama.cpp's, the plot of decode speed against context, then the
+# transformers comparison and the matvec probe.
 bench: build $(VENV)/.rlx-bench
 	$(VPY) benchmarks/bench_fair.py --readme --wait-quiet 0.5
 	$(VPY) benchmarks/bench_fair.py --suite long --profile --readme --wait-quiet 0.5
+	$(VPY) benchmarks/bench_batch.py --readme --wait-quiet 0.5
 	$(VPY) benchmarks/plot_fair.py
 	$(VPY) benchmarks/bench_matvec.py
 	$(VPY) benchmarks/bench_generate.py --check
@@ -166,6 +168,7 @@ bench-quick: build $(VENV)/.rlx-bench
 bench-smoke: build $(VENV)/.rlx-bench
 	$(VPY) benchmarks/bench_fair.py --smoke
 	$(VPY) benchmarks/bench_fair.py --smoke --suite long
+	$(VPY) benchmarks/bench_batch.py --smoke
 
 # ----------------------------------------------------------------- clean ----
 
