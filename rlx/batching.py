@@ -23,15 +23,17 @@ Two ways in:
   of each other.
 
 Parity: every row of a batch is computed on its own (attention over its own cache; a product's
-rows do not mix), so a sequence's logits are those it gets alone up to the summation order of the
-kernel a product of that many rows takes: with f32 weights within 1e-5 on cpu, ref and vulkan
-(tests/unit/test_batching.py; measured 3.8e-6 on Qwen3-0.6B at 8 sequences, bitwise up to 4).
-The cpu kernels of 16-bit and block-type weights also pick their path by the number of rows
-(csrc/backends/cpu/matmul.c: bf16 passes up to 6 rows, the GEMM above; quant.c: the blocked
-passes up to 12 rows with VNNI, the integer GEMM above): a sequence batched into a product of
-another path agrees with itself alone to those kernels' documented bounds, not bitwise (measured
-on Qwen3-0.6B, a 5-token prompt prefilled beside a 30-token one: 0.45 % of the logits' scale with
-bf16 weights, 1.5 % with q8_0, whose activations are rounded to 8 bits per block).
+rows do not mix). On cpu a product of up to 16 rows (a decode step of up to 16 sequences) runs the
+matvec / blocked-pass kernels, whose every output row is one fixed sequence of operations whatever
+the number of rows (csrc/backends/cpu/matmul.c, quant.c): each sequence of a decode batch gets
+exactly the bits it gets alone, for bf16, f16 and block-type weights (block types: up to 16
+sequences with AVX-512 VNNI, 12 with AVX2, 4 on the scalar path; beyond, their GEMMs) and f32
+weights up to 4 sequences (beyond, sgemm: within 1e-5). Prefill chunks that make a
+product of more than 16 rows take the prefill kernels (sgemm, the bf16 and integer GEMMs), whose
+summation order differs from the decode kernels': a sequence entering beside others then agrees
+with itself alone to those kernels' rounding, not bitwise (measured on Qwen3-0.6B, a 5-token prompt
+prefilled beside a 30-token one: 0.45 % of the logits' scale with bf16 weights, 1.5 % with q8_0,
+whose activations are rounded to 8 bits per block; f32 within 1e-5: tests/unit/test_batching.py).
 """
 
 from __future__ import annotations

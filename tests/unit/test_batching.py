@@ -117,6 +117,52 @@ def test_sampling_in_a_batch_draws_as_alone(device):
     assert gen.generate_batch(ps, 6, opts, max_batch=5) == want
 
 
+WIDE = rlx.Qwen3Config(vocab_size=96, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=128,
+                      rms_norm_eps=1e-6, rope_theta=1e4, tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("batch", [5, 16])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16", "q8_0", "q4_k_m"])
+def test_decode_batches_on_cpu_give_each_sequence_its_own_bits(dtype, batch):
+    """On cpu a decode step of up to 16 sequences multiplies through the matvec / blocked passes,
+    whose every output row is one fixed sequence of operations whatever the number of rows
+    (matmul.c, quant.c): each sequence of the batch gets exactly the logits it gets alone. Except
+    where the product leaves those kernels: f32 weights above 4 rows (sgemm: within 1e-5, as
+    test_batch_logits_are_each_sequences_own), block types above 12 rows on AVX2 and 4 on the
+    scalar path (their GEMMs: within the quant kernels' bound, 5 % of the logits' scale,
+    tests/unit/test_quant_models.py)."""
+    # f32 weights with an f32 cache: beyond 4 rows sgemm sums in another order, and an f16 cache
+    # would round that difference to a whole f16 step now and then
+    gen = rlx.Generator(WIDE, weights(WIDE, seed=7), dtype=dtype, kv_dtype="f32" if dtype == "f32" else "f16")
+    passes = {"avx512-vnni": 16, "avx2": 12, "scalar": 4}[rlx.build_info()["quant"]] if dtype.startswith("q") \
+        else 4 if dtype == "f32" else 16
+    exact = batch <= passes
+    ps = prompts(WIDE, batch, seed=batch, lo=2, hi=20)
+    alone, seqs = [], []
+    for p in ps:  # prompts run alone in both (prefill kernels depend on the prompt's length)
+        a, b = gen.new_sequence(), gen.new_sequence()
+        a.prefill(p)
+        b.prefill(p)
+        a.step_cached()
+        b.step_cached()
+        alone.append(a)
+        seqs.append(b)
+    for _ in range(3):  # one uncached position per sequence: its sampled token
+        want = [a._c.logits(cached=True) for a in alone]
+        got = gen.logits_batch(seqs)
+        for i in range(batch):
+            if exact:
+                np.testing.assert_array_equal(got[i], want[i], err_msg=f"{dtype} sequence {i}")
+            elif dtype == "f32":
+                np.testing.assert_allclose(got[i], want[i], rtol=0, atol=TOL, err_msg=f"{dtype} sequence {i}")
+            else:
+                assert np.abs(got[i] - want[i]).max() <= 0.05 * np.abs(want[i]).max(), (dtype, i)
+            t = int(np.argmax(want[i]))
+            alone[i].append(t)
+            seqs[i].append(t)
+
+
 def test_step_batch_with_chunks_reports_who_is_still_entering():
     gen = rlx.Generator(QWEN, weights(QWEN), kv_dtype="f32")
     a, b = gen.new_sequence(), gen.new_sequence()

@@ -185,26 +185,31 @@ def test_cpu_cached_equals_naive():
     but each product quantises its activations: an f32 difference in the last bit can move an
     element across a rounding boundary of its block's integer grid, a step of A / 127 that moves
     the logits by a few percent (see test_cpu_matches_emulation), and the cached K/V carry it to
-    every later step. So: identical greedy tokens in every case; over all 20 models x 8 steps
-    every row within REL_BOUND of the logits' scale and at least 75 % of them within 1e-4
-    (measured on AVX-512 VNNI: 94 %, the rest 0.7 - 1.4 %; AVX2 and scalar (RLX_CPU_ISA): up to
-    2.0 % and 2.9 %)."""
-    opts = rlx.SampleOpts.greedy()
-    rows = []
+    every later step. So: the same greedy token at every step, except where the naive logits' own
+    top-2 margin is below twice that step's measured difference (a near tie that a difference of
+    that size may flip; measured once, llama q4_1: a margin of 0.16 % of the scale, after the
+    16-token prompt's K/V came from the decode kernels (16 rows) and the naive rows from the GEMM);
+    over all 20 models x 8 steps every row within REL_BOUND of the logits' scale and at least 75 %
+    of them within 1e-4 (measured on AVX-512 VNNI: 94 %, the rest 0.7 - 1.4 %; AVX2 and scalar
+    (RLX_CPU_ISA): up to 2.0 % and 2.9 %)."""
+    rows, flips = [], 0
     for family in CONFIGS:
         for qtype in QUANTIZED + K_TYPES:
             gen = rlx.Generator(CONFIGS[family], quant_weights(family, qtype), device="cpu")
             gen.prefill(PROMPT)
-            naive = gen.generate(12, opts)
-            gen.prefill(PROMPT)
-            cached = gen.generate_cached(12, opts)
-            assert naive == cached, (family, qtype)
-            gen.prefill(PROMPT)
-            for tok in naive[:STEPS]:
+            for step in range(12):  # the cache grows as generate_cached grows it: prefill, then one row per step
                 c, n = gen._c.logits(cached=True), gen._c.logits(cached=False)
-                rows.append(np.abs(c - n).max() / max(1.0, np.abs(n).max()))
-                gen._c.append(tok)
+                diff = np.abs(c - n).max()
+                if step < STEPS:
+                    rows.append(diff / max(1.0, np.abs(n).max()))
+                if int(np.argmax(c)) != int(np.argmax(n)):
+                    top2 = np.sort(n)[-2:]
+                    assert top2[1] - top2[0] <= 2 * diff, (family, qtype, step, top2, diff)
+                    flips += 1
+                    break
+                gen._c.append(int(np.argmax(n)))
     rows = np.array(rows)
+    assert flips <= 2, f"{flips} near-tie flips in 20 models"
     assert rows.max() <= REL_BOUND, f"a row differs by {rows.max():.4g} of the logits' scale"
     assert np.mean(rows <= 1e-4) >= 0.75, f"only {np.mean(rows <= 1e-4):.0%} of the rows agree to 1e-4"
 

@@ -1,13 +1,13 @@
 /*
  * matmul.c - the cpu table's matrix products, f32 and 16-bit (bf16 / f16) weights.
  *
- * Decode (M <= RLX_MV_MAX_M rows of `a`, weights b (N, K) row-contiguous) is a matrix-vector
- * product bound by how fast the weights stream from DRAM: the pool's threads take contiguous
- * pieces of ~256 KiB of weight rows in turn (whole blocks of 16 rows, so no two threads write
- * one cache line of out), and each thread walks its rows one at a time, front to back, so its
- * weights are one sequential stream (reading four rows at once, four streams 4 KiB apart,
- * measured 2-4x slower from DRAM here; software prefetch a row ahead measured 10-20% slower
- * too); the x rows (at most 4 x K floats) stay in L1. For bf16 weights the contract rounds `a`
+ * Decode (f32 weights: M <= RLX_MV_MAX_M rows of `a`; 16-bit: M <= RLX_MV_PASSES_MAX_M; weights b
+ * (N, K) row-contiguous) is a matrix-vector product bound by how fast the weights stream from
+ * DRAM: the pool's threads take contiguous pieces of ~256 KiB of weight rows in turn (whole blocks
+ * of 16 rows, so no two threads write one cache line of out), and each thread walks its rows one
+ * at a time, front to back, so its weights are one sequential stream (reading four rows at once,
+ * four streams 4 KiB apart, measured 2-4x slower from DRAM here; software prefetch a row ahead
+ * measured 10-20% slower too); a group's x rows (at most 4 x K floats) stay in L1. For bf16 weights the contract rounds `a`
  * to bf16 first, once per call into scratch. Where the machine has AVX512_BF16, `a` is packed to
  * bf16 halves and VDPBF16PS multiplies 32 weights per instruction (exact products of two bf16
  * values, f32 sums; subnormals count as zero, as in the GEMM): measured in the Llama-3.2-1B bf16
@@ -16,8 +16,14 @@
  * widening instructions kept a core from issuing its share of DRAM reads. Elsewhere 16-bit
  * weights are widened in registers (bf16: bits << 16; f16: vcvtph2ps), products accumulate in
  * f32 with FMA (bf16: `a` rounded as floats, so the products are the same exact ones).
- * Products of up to RLX_MV_PASSES_MAX_M = 6 rows run as passes of at most 4 rows over the weights:
- * measured faster than both the GEMM below (which must pack the weights) and widen + sgemm there.
+ * Products of up to RLX_MV_PASSES_MAX_M = 16 rows (a batched decode step of up to RLX_MAX_BATCH
+ * sequences) run as the matvec, each block of 16 weight rows read from DRAM once for every group
+ * of up to 4 rows of `a`: measured faster than both the GEMM below (which must pack the weights)
+ * and widen + sgemm there (Qwen3-0.6B bf16, 2 threads, a step of 8 / 12 / 16 sequences: 96 / 120 /
+ * 169 ms, against 100 / - / 195 ms through the GEMM above 8 rows and 162 ms (49.4 tok/s, the
+ * bench_batch record) for 8 rows as separate passes of 4 that read the weights twice). A row's
+ * result is the same sequence of operations whatever M, so a sequence decoded in a batch gets the
+ * bits it gets alone.
  *
  * Prefill (more rows), bf16 weights on a machine with AVX512_BF16: gemm_bf16.c (`a` rounded to
  * bf16 and packed, weights packed per block, VDPBF16PS microkernel, our pool's threads).
@@ -37,9 +43,10 @@
  *   M =   8:  gemm_bf16  75-78  / 136-153   matvec passes 50-88 / 92-181
  *   M =   6:  gemm_bf16  52-58  / 103-108   matvec passes 50-83 / 97-120
  *   M =   5:  gemm_bf16  44-48  /  87-91    matvec passes 49-79 / 93-118
- * (widen+sgemm at M = 5..16: 11-30 / 10-46). The passes and the GEMM are about even at M = 7-8;
- * passes re-read the weights, which in a model come from DRAM, so the GEMM takes M >= 7. Without
- * AVX512_BF16 the passes beat widen+sgemm by 2-4x at M <= 8 too.
+ * (widen+sgemm at M = 5..16: 11-30 / 10-46). With the weights in L3 the passes and the GEMM are
+ * about even at M = 7-8 and the GEMM ahead at 16; in a model the weights come from DRAM, which the
+ * grouped matvec reads once (above). Without AVX512_BF16 the passes beat widen+sgemm by 2-4x at
+ * M <= 8 too.
  * Measured (/tmp/bench_kernels.c: AMD EPYC Zen 4, 2 vCPUs, OpenBLAS 0.3.21 pthreads; weights
  * rotated over >= 256 MB of random data; best of 7). The machine was shared with other jobs
  * (load average 8-12 on 2 cores) throughout, so 2 threads never beat 1 and a plain one-stream
@@ -81,7 +88,12 @@
 #include <stdatomic.h>
 #include <string.h>
 
-/* Rows of `a` up to which a product runs as a matvec over weight rows, not through sgemm. */
+/* Rows of `a` one matvec kernel instance takes (a group); a matvec call takes up to
+ * RLX_MV_PASSES_MAX_M rows, groups of RLX_MV_MAX_M over each block of weight rows in turn, so the
+ * block comes from DRAM once and from L1 / L2 for the other groups. f32 products of more than
+ * RLX_MV_MAX_M rows go to sgemm (measured: a batched decode step of 8 sequences of Qwen3-0.6B with
+ * f32 weights costs 4 times one sequence's there; the grouped matvec would read the weights once,
+ * but f32 weights are the reference dtype whose prefill results the tests pin to sgemm's). */
 #define RLX_MV_MAX_M       4
 /* Weight rows per pool item: 16 floats of out = one cache line. */
 #define RLX_MV_BLOCK       16
@@ -96,7 +108,7 @@
 /* Rows of `a` up to which a 16-bit product runs as passes of the matvec (RLX_MV_MAX_M rows
  * each) over the weights. */
 #ifndef RLX_MV_PASSES_MAX_M
-#define RLX_MV_PASSES_MAX_M 6
+#define RLX_MV_PASSES_MAX_M 16
 #endif
 
 /* ---------------------------------------------------------------------------------------------
@@ -360,19 +372,29 @@ static void mv_task(void *p, int64_t begin, int64_t end)
     for (;;) {
         const int64_t i = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
         if (i >= c->npieces) return;
-        const int64_t r0 = i * c->piece, r1 = r0 + c->piece < c->N ? r0 + c->piece : c->N;
-        if (c->a16)
-            mv_rows_dp(c->out, c->a16, c->b, c->M, c->K, c->N, r0, r1);
-        else if (c->isa >= RLX_CPU_ISA_AVX512)
-            mv_rows_512(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, r0, r1);
-        else if (c->isa == RLX_CPU_ISA_AVX2)
-            mv_rows_256(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, r0, r1);
-        else
-            mv_rows_scalar(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, r0, r1);
+        const int64_t p0 = i * c->piece, p1 = p0 + c->piece < c->N ? p0 + c->piece : c->N;
+        if (c->isa < RLX_CPU_ISA_AVX2 && !c->a16) {
+            mv_rows_scalar(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, p0, p1);
+            continue;
+        }
+        /* each block of weight rows for every group of up to 4 rows of a */
+        for (int64_t r0 = p0; r0 < p1; r0 += RLX_MV_BLOCK) {
+            const int64_t r1 = r0 + RLX_MV_BLOCK < p1 ? r0 + RLX_MV_BLOCK : p1;
+            for (int64_t m0 = 0; m0 < c->M; m0 += RLX_MV_MAX_M) {
+                const int64_t mm = c->M - m0 < RLX_MV_MAX_M ? c->M - m0 : RLX_MV_MAX_M;
+                float *out = c->out + m0 * c->N;
+                if (c->a16)
+                    mv_rows_dp(out, c->a16 + m0 * c->K, c->b, mm, c->K, c->N, r0, r1);
+                else if (c->isa >= RLX_CPU_ISA_AVX512)
+                    mv_rows_512(out, c->a + m0 * c->K, c->b, c->wt, mm, c->K, c->N, r0, r1);
+                else
+                    mv_rows_256(out, c->a + m0 * c->K, c->b, c->wt, mm, c->K, c->N, r0, r1);
+            }
+        }
     }
 }
 
-/* out (M, N) = a (M, K) @ b^T, b (N, K) of dtype wt; 1 <= M <= RLX_MV_MAX_M, K >= 1; a16: a
+/* out (M, N) = a (M, K) @ b^T, b (N, K) of dtype wt; 1 <= M <= RLX_MV_PASSES_MAX_M, K >= 1; a16: a
  * packed to bf16 for VDPBF16PS (bf16 weights on AVX512_BF16 only), else NULL and `a` is used.
  * Pieces of whole 16-row blocks holding about RLX_MV_GRAIN_BYTES of weights; one task per pool
  * thread while there are at least two pieces per task. */
@@ -471,8 +493,8 @@ void rlx_cpu_matmul_lowp(float *out, const float *a, const void *bv, int b_dtype
     }
     const int bf16 = b_dtype == RLX_BF16, isa = rlx_cpu_isa();
     if (M <= RLX_MV_PASSES_MAX_M) {
-        /* passes of up to RLX_MV_MAX_M rows over the weights; bf16: a rounded once (packed to
-         * bf16 halves for VDPBF16PS where the machine has it) */
+        /* the matvec (groups of up to RLX_MV_MAX_M rows per block of weights); bf16: a rounded once
+         * (packed to bf16 halves for VDPBF16PS where the machine has it) */
         uint16_t *a16 = NULL;
         if (bf16 && isa == RLX_CPU_ISA_AVX512_BF16) {
             a16 = (uint16_t *)scratch;
@@ -481,9 +503,7 @@ void rlx_cpu_matmul_lowp(float *out, const float *a, const void *bv, int b_dtype
             rlx_cpu_round_bf16(scratch, a, M * K);
             a = scratch;
         }
-        for (int64_t m0 = 0; m0 < M; m0 += RLX_MV_MAX_M)
-            matvec(out + m0 * N, a + m0 * K, a16 ? a16 + m0 * K : NULL, b, b_dtype, isa,
-                   M - m0 < RLX_MV_MAX_M ? M - m0 : RLX_MV_MAX_M, K, N);
+        matvec(out, a, a16, b, b_dtype, isa, M, K, N);
         return;
     }
     if (bf16 && isa == RLX_CPU_ISA_AVX512_BF16) {

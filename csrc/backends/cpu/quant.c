@@ -35,10 +35,17 @@
  *
  * Paths (rlx_cpu_matmul_quant): which kernels run is chosen per call from rlx_cpu_isa() and
  * rlx_cpu_avx512_vnni(), never from -march:
- *   VNNI (AVX-512 with VPDPBUSD): M <= 12 the blocked passes with quant_avx512.c's row kernels,
- *     above the GEMM of quant_gemm.c;
- *   AVX2: the blocked passes with quant_avx2.c's row kernels, for every M (they beat dequantising
- *     panels for sgemm at every M measured, 16 .. 512: see below);
+ *   VNNI (AVX-512 with VPDPBUSD): M <= 16 the blocked passes with quant_avx512.c's row kernels,
+ *     above the GEMM of quant_gemm.c (a batched decode step of up to 16 sequences, RLX_MAX_BATCH,
+ *     stays on the passes: Qwen3-0.6B Q4_K_M, 16 sequences, 2 threads, 124-146 ms per step against
+ *     146 through the GEMM, whose panel unpacking is not paid back at 16 rows; and each sequence
+ *     then gets the bits it gets alone);
+ *   AVX2: M <= 12 the blocked passes with quant_avx2.c's row kernels, above quant_gemm.c's AVX2
+ *     GEMM; both beat dequantising panels for sgemm at every M measured, 16 .. 512 (see below).
+ *     (16 sequences of Qwen3-0.6B Q4_K_M under RLX_CPU_ISA=avx2 on the Zen 4, 2 threads, ran 161 ms
+ *     per step on the passes against 224 through the GEMM; left at 12 because a 16-row prompt
+ *     through the AVX2 passes agrees with the NumPy emulation of the activation rounding to 1e-4
+ *     in 58 % of test_quant_models' rows, against the 75 % that test holds the vector paths to);
  *   scalar: M <= 4 the blocked passes with the scalar kernels below, above sgemm on `a`
  *     quantised and dequantised (q * d in f32) and W dequantised by the dtype's to_f32.
  * Blocked passes: the pool's threads take pieces of whole 16-row blocks of weight rows (~64 KiB of
@@ -68,11 +75,11 @@
 #include <stdatomic.h>
 #include <string.h>
 
-/* Rows of `a` per call of the row kernels; up to which M the VNNI path runs the blocked passes
- * (above: the VNNI GEMM); bytes of quantised rows of `a` per chunk of the blocked passes. */
+/* Rows of `a` per call of the row kernels; up to which M the VNNI / AVX2 paths run the blocked
+ * passes (above: quant_gemm.c); bytes of quantised rows of `a` per chunk of the blocked passes. */
 #define RLX_QMV_MAX_M 4
 #ifndef RLX_QMV_VNNI_MAX_M
-#define RLX_QMV_VNNI_MAX_M 12
+#define RLX_QMV_VNNI_MAX_M 16
 #endif
 #ifndef RLX_QMV_AVX2_MAX_M
 #define RLX_QMV_AVX2_MAX_M 12
