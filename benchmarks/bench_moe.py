@@ -40,6 +40,7 @@ an upper bound on what it read). This script prints the same tensor-table breakd
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import subprocess
 import sys
@@ -218,6 +219,9 @@ def main() -> int:
     if args.build_only:
         return 0
     cmd = [sys.executable, os.path.join(HERE, "bench_fair.py"), "--gguf", path] + (["--smoke"] if args.smoke else [])
+    if "--out" not in fair_args:  # a record of its own, never bench_fair's dense record of the day
+        smoke = "-smoke" if args.smoke else ""
+        cmd += ["--out", os.path.join(HERE, "results", f"moe-{datetime.date.today().isoformat()}{smoke}.json")]
     log("== " + " ".join(cmd[1:] + fair_args))
     return subprocess.call(cmd + fair_args)
 
