@@ -594,6 +594,25 @@ static rlx_status batch_forward(struct batch *b, long long chunk)
     return s;
 }
 
+/* The answer of a batch call, then the locks released: per sequence its token (tok given) or a
+ * copy of its logits, None where a chunk left positions uncached; NULL with the exception of s. */
+static PyObject *batch_result(struct batch *b, rlx_status s, const int32_t *tok)
+{
+    PyObject *out = s == RLX_OK ? PyList_New(b->n) : NULL;
+    for (int i = 0; out && i < b->n; i++) {
+        PyObject *item = !b->logits[i] ? Py_NewRef(Py_None)
+                         : tok         ? PyLong_FromLong(tok[i])
+                                       : logits_array(b->obj[i], b->logits[i]);
+        if (item == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, item);
+    }
+    batch_release(b);
+    if (raise_step(s)) return NULL;
+    return out;
+}
+
 static PyObject *seq_batch_logits(PyObject *cls, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"seqs", "chunk", NULL};
@@ -604,17 +623,7 @@ static PyObject *seq_batch_logits(PyObject *cls, PyObject *args, PyObject *kwarg
         batch_acquire((PyTypeObject *)cls, seqs, &b) < 0)
         return NULL;
     rlx_status s = batch_forward(&b, chunk);
-    PyObject *out = s == RLX_OK ? PyList_New(b.n) : NULL;
-    for (int i = 0; out && i < b.n; i++) {
-        PyObject *item = b.logits[i] ? logits_array(b.obj[i], b.logits[i]) : Py_NewRef(Py_None);
-        if (item == NULL)
-            Py_CLEAR(out);
-        else
-            PyList_SET_ITEM(out, i, item);
-    }
-    batch_release(&b);
-    if (raise_step(s)) return NULL;
-    return out;
+    return batch_result(&b, s, NULL);
 }
 
 static PyObject *seq_batch_step(PyObject *cls, PyObject *args, PyObject *kwargs)
@@ -667,17 +676,7 @@ static PyObject *seq_batch_step(PyObject *cls, PyObject *args, PyObject *kwargs)
         batch_release(&b);
         return NULL;
     }
-    PyObject *out = s == RLX_OK ? PyList_New(b.n) : NULL;
-    for (int i = 0; out && i < b.n; i++) {
-        PyObject *item = b.logits[i] ? PyLong_FromLong(tok[i]) : Py_NewRef(Py_None);
-        if (item == NULL)
-            Py_CLEAR(out);
-        else
-            PyList_SET_ITEM(out, i, item);
-    }
-    batch_release(&b);
-    if (raise_step(s)) return NULL;
-    return out;
+    return batch_result(&b, s, tok);
 }
 
 static PyMethodDef seq_methods[] = {

@@ -227,6 +227,22 @@ def test_a_full_context_in_a_batch_is_a_clear_error_and_appends_nothing():
     assert len(short.tokens) == 3 and len(full.tokens) == 11 and None not in toks
 
 
+def run_in_one_batch(b: batching.Batcher, threads: list, n: int) -> None:
+    """Starts threads whose first Batcher calls (n of them) are held until all are pending, so they
+    go in one batch; joins them."""
+    b._running = True
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while len(b._pending) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with b._cv:
+        b._running = False
+        b._cv.notify_all()
+    for t in threads:
+        t.join(60)
+
+
 def test_batcher_batches_the_calls_of_threads_and_each_gets_its_own_logits():
     """Six threads stepping their own sequences through one Batcher: the calls that meet go in one
     plan step (counted), and each thread's greedy tokens are those of its sequence alone."""
@@ -239,7 +255,6 @@ def test_batcher_batches_the_calls_of_threads_and_each_gets_its_own_logits():
         want.append(s.generate_cached(8))
     b = batching.Batcher(max_batch=16, chunk=8)
     got: list[list[int] | None] = [None] * 6
-    b._running = True  # hold the first batch until every thread has asked: a deterministic batch of 6
 
     def work(i: int) -> None:
         s = gen.new_sequence()
@@ -252,17 +267,7 @@ def test_batcher_batches_the_calls_of_threads_and_each_gets_its_own_logits():
             out.append(tok)
         got[i] = out
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 30
-    while len(b._pending) < 6 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    with b._cv:
-        b._running = False
-        b._cv.notify_all()
-    for t in threads:
-        t.join(60)
+    run_in_one_batch(b, [threading.Thread(target=work, args=(i,)) for i in range(6)], 6)
     assert got == want
     assert b.batches >= 1 and b.batched_rows >= 6
 
@@ -283,18 +288,7 @@ def test_batcher_sends_each_error_to_its_own_call():
         except Exception as e:
             results[name] = e
 
-    b._running = True  # both requests in one batch
-    threads = [threading.Thread(target=call, args=a) for a in (("good", good), ("empty", empty))]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 30
-    while len(b._pending) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    with b._cv:
-        b._running = False
-        b._cv.notify_all()
-    for t in threads:
-        t.join(60)
+    run_in_one_batch(b, [threading.Thread(target=call, args=a) for a in (("good", good), ("empty", empty))], 2)
     assert isinstance(results["empty"], rlx.Error) and "no context" in str(results["empty"])
     np.testing.assert_allclose(results["good"], want, rtol=0, atol=TOL)
     assert b.batches == 0  # the failed batch is not counted
