@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import tempfile
@@ -375,49 +374,15 @@ def main() -> int:
         record["bandwidth"][str(t)] = common.read_bandwidth(t, reps=10)
         log(f"== read bandwidth, {t} thread(s): {record['bandwidth'][str(t)]['gbps']:.1f} GB/s (best of 10 passes)")
 
-    code = 0
+    def run_one(cell, group):
+        name, wt, gguf, t = group
+        log(f"== batch: {name}, KV {args.kv}, {t} thread(s), B = {' '.join(map(str, args.batch))} "
+            f"(load {os.getloadavg()[0]:.2f})")
+        batch_group(cell, args, name, wt, gguf, args.kv, t, bf.gguf_facts(gguf), logdir, tmp, log)
+
     tmp = tempfile.mkdtemp(prefix="rlx-batch-")
-    try:
-        for (name, wt, gguf, t) in groups:
-            if args.wait_quiet:
-                bf.wait_quiet(args.wait_quiet, 1800, log)
-            log(f"== batch: {name}, KV {args.kv}, {t} thread(s), B = {' '.join(map(str, args.batch))} "
-                f"(load {os.getloadavg()[0]:.2f})")
-            facts = bf.gguf_facts(gguf)
-            cell: dict = {}
-            record["cells"].append(cell)
-            try:
-                batch_group(cell, args, name, wt, gguf, args.kv, t, facts, logdir, tmp, log)
-            except bf.StopRun as e:
-                record["stopped"] = str(e)
-                log(f"STOPPED: {e}")
-                code = 2
-                break
-            except Exception as e:  # noqa: BLE001 - a worker failed: recorded, the run stops
-                record["stopped"] = f"error: {type(e).__name__}: {e}"
-                log(f"STOPPED: {record['stopped']}")
-                code = 1
-                break
-            with open(out, "w") as f:  # after every group: a crash keeps what was measured
-                json.dump(record, f, indent=1, default=str)
-    finally:
-        record["machine"]["loadavg_end"] = os.getloadavg()
-        record["duration_s"] = time.perf_counter() - t_start
-        record["not_a_measurement"] = bf.grade(record)
-        record["markdown"] = md = markdown(record)
-        with open(out, "w") as f:
-            json.dump(record, f, indent=1, default=str)
-        with open(os.path.splitext(out)[0] + ".md", "w") as f:
-            f.write(f"# bench_batch, {record['date']}\n\n" + md)
-    print()
-    print(md)
-    log(f"== record: {os.path.relpath(out, common.ROOT)}")
-    if args.readme and record["not_a_measurement"]:
-        log("== benchmarks/README.md NOT updated: " + "; ".join(record["not_a_measurement"]))
-    if args.readme and not code and not record["not_a_measurement"]:
-        common.replace_readme_section(os.path.join(HERE, "README.md"), "Batched decode: graded record",
-                                      md + f"\nRecord: [{os.path.relpath(out, HERE)}]({os.path.relpath(out, HERE)})\n")
-    return code
+    return bf.run_groups(record, groups, run_one, out=out, t_start=t_start, args=args, log=log, markdown_fn=markdown,
+                         title="bench_batch", readme_section="Batched decode: graded record")
 
 
 if __name__ == "__main__":

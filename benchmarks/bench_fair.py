@@ -693,6 +693,56 @@ def wait_quiet(max_load: float, timeout: float, log) -> list:
     return list(la)
 
 
+
+def run_groups(record: dict, groups: list, run_one, *, out: str, t_start: float, args, log, markdown_fn, title: str,
+               readme_section: str) -> int:
+    """Runs run_one(cell, group) for each group (a cell dict appended to record["cells"] first),
+    waiting for a quiet machine before each when args.wait_quiet; the first StopRun (exit code 2)
+    or worker error (1) ends the run. The record is written after every group (a crash keeps what
+    was measured) and at the end with its grade and markdown (out and out's .md); with
+    args.readme, a graded, complete run replaces readme_section of benchmarks/README.md."""
+    code = 0
+    try:
+        for group in groups:
+            if args.wait_quiet:
+                wait_quiet(args.wait_quiet, 1800, log)
+            cell: dict = {}
+            record["cells"].append(cell)
+            try:
+                run_one(cell, group)
+            except StopRun as e:
+                record["stopped"] = str(e)
+                log(f"STOPPED: {e}")
+                code = 2
+                break
+            except Exception as e:  # noqa: BLE001 - a worker failed: recorded, the run stops
+                record["stopped"] = f"error: {type(e).__name__}: {e}"
+                log(f"STOPPED: {record['stopped']}")
+                code = 1
+                break
+            with open(out, "w") as f:
+                json.dump(record, f, indent=1, default=str)
+    finally:
+        record["machine"]["loadavg_end"] = os.getloadavg()
+        record["duration_s"] = time.perf_counter() - t_start
+        record["not_a_measurement"] = grade(record)
+        record["markdown"] = md = markdown_fn(record)
+        with open(out, "w") as f:
+            json.dump(record, f, indent=1, default=str)
+        with open(os.path.splitext(out)[0] + ".md", "w") as f:
+            f.write(f"# {title}, {record['date']}\n\n" + md)
+    print()
+    print(md)
+    log(f"== record: {os.path.relpath(out, common.ROOT)}")
+    if args.readme and record["not_a_measurement"]:
+        log("== benchmarks/README.md NOT updated: " + "; ".join(record["not_a_measurement"]))
+    if args.readme and not code and not record["not_a_measurement"]:
+        rel = os.path.relpath(out, HERE)
+        common.replace_readme_section(os.path.join(HERE, "README.md"), readme_section,
+                                      md + f"\nRecord: [{rel}]({rel})\n")
+    return code
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -794,51 +844,16 @@ def main() -> int:
         record["bandwidth"][str(t)] = common.read_bandwidth(t, reps=10)
         log(f"== read bandwidth, {t} thread(s): {record['bandwidth'][str(t)]['gbps']:.1f} GB/s (best of 10 passes)")
 
-    code = 0
+    fn = short_group if args.suite == "short" else long_group
+
+    def run_one(cell, group):
+        model, wt, gguf, kv, t = group
+        log(f"== {args.suite}: {model} weights {wt}, KV {kv}, {t} thread(s) (load {os.getloadavg()[0]:.2f})")
+        fn(cell, args, model, wt, gguf, kv, t, gguf_facts(gguf), logdir, tmp, log)
+
     tmp = tempfile.mkdtemp(prefix="rlx-fair-")
-    try:
-        for (model, wt, gguf, kv, t) in groups:
-            if args.wait_quiet:
-                wait_quiet(args.wait_quiet, 1800, log)
-            log(f"== {args.suite}: {model} weights {wt}, KV {kv}, {t} thread(s) "
-                f"(load {os.getloadavg()[0]:.2f})")
-            facts = gguf_facts(gguf)
-            fn = short_group if args.suite == "short" else long_group
-            cell: dict = {}
-            record["cells"].append(cell)
-            try:
-                fn(cell, args, model, wt, gguf, kv, t, facts, logdir, tmp, log)
-            except StopRun as e:
-                record["stopped"] = str(e)
-                log(f"STOPPED: {e}")
-                code = 2
-                break
-            except Exception as e:  # noqa: BLE001 - a worker failed: recorded, the run stops
-                record["stopped"] = f"error: {type(e).__name__}: {e}"
-                log(f"STOPPED: {record['stopped']}")
-                code = 1
-                break
-            with open(out, "w") as f:  # after every group: a crash keeps what was measured
-                json.dump(record, f, indent=1, default=str)
-    finally:
-        record["machine"]["loadavg_end"] = os.getloadavg()
-        record["duration_s"] = time.perf_counter() - t_start
-        record["not_a_measurement"] = grade(record)
-        record["markdown"] = md = markdown(record)
-        with open(out, "w") as f:
-            json.dump(record, f, indent=1, default=str)
-        with open(os.path.splitext(out)[0] + ".md", "w") as f:
-            f.write(f"# bench_fair {record['suite']} suite, {record['date']}\n\n" + md)
-    print()
-    print(md)
-    log(f"== record: {os.path.relpath(out, common.ROOT)}")
-    if args.readme and record["not_a_measurement"]:
-        log("== benchmarks/README.md NOT updated: " + "; ".join(record["not_a_measurement"]))
-    if args.readme and not code and not record["not_a_measurement"]:
-        common.replace_readme_section(os.path.join(HERE, "README.md"),
-                                      f"Fair harness: {args.suite} suite", md +
-                                      f"\nRecord: [{os.path.relpath(out, HERE)}]({os.path.relpath(out, HERE)})\n")
-    return code
+    return run_groups(record, groups, run_one, out=out, t_start=t_start, args=args, log=log, markdown_fn=markdown,
+                      title=f"bench_fair {record['suite']} suite", readme_section=f"Fair harness: {args.suite} suite")
 
 
 if __name__ == "__main__":

@@ -90,34 +90,12 @@ def write_bf16_source(cfg, path: str, log) -> None:
     from rlx.weights import block_params
 
     w = gguf.GGUFWriter(path + ".tmp", "qwen3moe")
-    w.add_name(f"Qwen3-30B-A3B-shaped, {cfg.num_hidden_layers} layers (random weights, rlx benchmark)")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_theta)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    common.add_header(w, f"Qwen3-30B-A3B-shaped, {cfg.num_hidden_layers} layers (random weights, rlx benchmark)",
+                      gguf.LlamaFileType.MOSTLY_BF16, cfg)
     w.add_expert_count(cfg.num_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
     w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
-    V = cfg.vocab_size
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    tokens += [f"t{i}" for i in range(len(tokens), V)]
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-    types += [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL] * (V - 259)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * V)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
+    common.add_dummy_vocab(w, cfg.vocab_size)
 
     params = [(name, shape) for name, shape, kind in block_params(cfg) if kind != "derived"]
 

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -311,32 +312,36 @@ def _gguf_name(hf: str) -> str:
     return f"blk.{m.group(1)}.{part}.weight"
 
 
-def _write_gguf(model: str, dtype: str, log) -> None:
+def add_header(w, name: str, file_type, cfg, rope_dims: int | None = None, vocab_size: int | None = None) -> None:
+    """The GGUF writer w's name, file type and decoder hyperparameters from cfg (HF config names,
+    as attributes), in the order llama.cpp's converter writes them; rope_dims / vocab_size only
+    when given."""
     import gguf
 
-    cfg = MODELS[model]
-    arch = GGUF_ARCH[cfg["model_type"]]
-    paths = model_paths(model, dtype)
-    src = _open_hf_arrays(paths["hf"])
-    tmp = paths["gguf"] + ".tmp"
-    w = gguf.GGUFWriter(tmp, arch)
-    w.add_name(f"{model} (random weights, rlx benchmark)")
-    w.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_BF16)
+    w.add_name(name)
+    w.add_file_type(file_type)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_key_length(cfg["head_dim"])
-    w.add_value_length(cfg["head_dim"])
-    w.add_rope_dimension_count(cfg["head_dim"])
-    w.add_rope_freq_base(cfg["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_vocab_size(cfg["vocab_size"])
-    # Dummy SentencePiece-style vocabulary: ids only matter.
-    V = cfg["vocab_size"]
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    if rope_dims is not None:
+        w.add_rope_dimension_count(rope_dims)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if vocab_size is not None:
+        w.add_vocab_size(vocab_size)
+
+
+def add_dummy_vocab(w, V: int) -> None:
+    """A dummy SentencePiece-style vocabulary of V ids on the GGUF writer w ("llama": <unk>, <s>,
+    </s>, the 256 byte tokens, then t<i>): the benchmarks feed ids, so only the ids matter."""
+    import gguf
+
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     tokens += [f"t{i}" for i in range(len(tokens), V)]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
@@ -348,6 +353,21 @@ def _write_gguf(model: str, dtype: str, log) -> None:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
+
+
+def _write_gguf(model: str, dtype: str, log) -> None:
+    import gguf
+
+    cfg = MODELS[model]
+    arch = GGUF_ARCH[cfg["model_type"]]
+    paths = model_paths(model, dtype)
+    src = _open_hf_arrays(paths["hf"])
+    tmp = paths["gguf"] + ".tmp"
+    w = gguf.GGUFWriter(tmp, arch)
+    add_header(w, f"{model} (random weights, rlx benchmark)",
+               gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_BF16,
+               SimpleNamespace(**cfg), rope_dims=cfg["head_dim"], vocab_size=cfg["vocab_size"])
+    add_dummy_vocab(w, cfg["vocab_size"])
 
     if cfg["model_type"] == "llama" and cfg.get("rope_scaling"):
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg))

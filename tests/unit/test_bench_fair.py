@@ -2,6 +2,7 @@
 keeps a record which is not a measurement out of benchmarks/README.md. Pure functions, no engine
 runs (the harness end to end: `make bench-smoke`)."""
 
+import json
 import math
 import os
 import sys
@@ -113,3 +114,31 @@ def test_decode_bytes_counts_the_chosen_experts(tmp_path):
     assert d["parts"]["attention"] == sum(b for n, b in by_name.items() if ".attn_" in n and "norm" not in n)
     assert d["parts"]["norms"] == sum(b for n, b in by_name.items() if "norm" in n)
     assert d["parts"]["dense MLP"] == 0 and d["active"] == sum(d["parts"].values())
+
+
+@pytest.mark.parametrize("failure, code", [(None, 0), ("stop", 2), ("crash", 1)])
+def test_run_groups_records_every_group_until_the_first_failure(tmp_path, failure, code):
+    record = _record(cells=[], date="2026-12-01T00:00:00", machine={})
+    out = str(tmp_path / "rec.json")
+    ran = []
+
+    def run_one(cell, group):
+        ran.append(group)
+        cell["loadavg_start"] = (0.1, 0.1, 0.1)
+        if group == 2 and failure == "stop":
+            raise bench_fair.StopRun("gate failed")
+        if group == 2 and failure == "crash":
+            raise RuntimeError("worker died")
+        cell["ok"] = True
+
+    args = type("Args", (), {"wait_quiet": 0.0, "readme": False})()
+    got = bench_fair.run_groups(record, [1, 2, 3], run_one, out=out, t_start=0.0, args=args, log=lambda m: None,
+                                markdown_fn=lambda r: f"{len(r['cells'])} cells", title="t", readme_section="s")
+    assert got == code
+    assert ran == ([1, 2, 3] if failure is None else [1, 2])  # the first failure ends the run
+    with open(out) as f:
+        saved = json.load(f)
+    assert len(saved["cells"]) == len(ran) and saved["cells"][0]["ok"]
+    assert (saved.get("stopped") is None) == (failure is None)
+    assert (saved["not_a_measurement"] == []) == (failure is None)  # a stopped run is not a measurement
+    assert open(str(tmp_path / "rec.md")).read() == f"# t, 2026-12-01T00:00:00\n\n{len(ran)} cells"
