@@ -433,7 +433,8 @@ def long_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp, 
                 for a in range(prev, ctx, EXTEND_CHUNK):
                     b = min(ctx, a + EXTEND_CHUNK)
                     path = os.path.join(tmp, f"ext-{w.pid}.npy")
-                    r = w.call(cmd="context" if a == 0 else "extend", ids=stream[a:b], out=path if b == ctx else None)
+                    r = w.call(cmd="context" if a == 0 else "extend", ids=stream[a:b], at=a,
+                               out=path if b == ctx else None)  # at: the decode rounds' tokens go
                     t += r["s"]
                 logits[w.label] = np.load(path)
                 os.remove(path)

@@ -15,7 +15,8 @@ Commands ({"cmd": ..., args}; the answer always has "ok", and "error" when it is
     logits    prompt (ids), feed (ids), out (.npy path)     -> the (1 + len(feed), vocab) logits
     first     ids: a fresh prompt to its first greedy token -> seconds, the token
     context   ids: sets the context to ids (fresh)          -> seconds, the last logits' path (out)
-    extend    ids: appends ids to the context in one pass   -> seconds, logits' path (out)
+    extend    ids, at: cuts the context back to its first `at` positions (what a decode or a
+              profile since added goes), then appends ids in one pass -> seconds, logits' path (out)
     decode    n (context length kept), tok, steps: the context is cut back to n positions, tok is
               fed, `steps` greedy tokens are generated      -> seconds for the steps, the tokens
     mem       -> rss_mib, peak_rss_mib (this process's VmHWM), kv_bytes (in use now)
@@ -114,7 +115,8 @@ class RlxEngine:
         logits = self.gen.prefill_get_last_logits(ids)  # the cache then holds all of ids
         return time.perf_counter() - t0, np.asarray(logits, dtype=np.float32)
 
-    def extend(self, ids):
+    def extend(self, ids, at):
+        self.gen.truncate(at)
         t0 = time.perf_counter()
         logits = self.gen.extend(ids)
         return time.perf_counter() - t0, np.asarray(logits, dtype=np.float32)
@@ -263,7 +265,8 @@ class LlamaCppEngine:
         dt = time.perf_counter() - t0
         return dt, self._logits()
 
-    def extend(self, ids):
+    def extend(self, ids, at):
+        self.llm.n_tokens = at  # eval() drops the cache's positions from n_tokens on
         t0 = time.perf_counter()
         self.llm.eval(ids)
         dt = time.perf_counter() - t0
@@ -393,7 +396,7 @@ def handle(eng, msg):
         s, tok = eng.first(msg["ids"])
         return eng, {"s": s, "tok": tok}
     if cmd in ("context", "extend"):
-        s, logits = (eng.context if cmd == "context" else eng.extend)(msg["ids"])
+        s, logits = eng.context(msg["ids"]) if cmd == "context" else eng.extend(msg["ids"], msg["at"])
         out = {"s": s, "top1": int(np.argmax(logits))}
         if msg.get("out"):
             np.save(msg["out"], logits)
