@@ -3,8 +3,11 @@
  * has a K and a V buffer of (capacity, row) elements; plans bind them as states and write new rows
  * in place, so the host never sees them per step. Capacity starts at nothing and grows
  * geometrically (at least 256 positions, doubling, capped at the maximum), copying the filled
- * rows on the device; on host devices the buffers are lazily committed mappings, so a cache costs
- * the pages its rows touch. Never prints or exits; every size is computed with checked arithmetic.
+ * rows on the device one buffer at a time (allocate, copy, free the old one), so a growth holds
+ * one layer's K or V twice, not the whole cache (a 16k-position Qwen3-0.6B f16 cache: 64 MiB more
+ * at the peak instead of 1.8 GiB); on host devices the buffers are lazily committed mappings, so
+ * a cache costs the pages its rows touch. Never prints or exits; every size is computed with
+ * checked arithmetic.
  */
 #include "rlx/kv.h"
 
@@ -24,7 +27,9 @@ struct rlx_kv_cache {
     int64_t len; /* positions filled, in [0, capacity] */
     enum rlx_dtype dtype;
     size_t row_bytes;        /* bytes of one position of one layer's K (or V) */
-    struct rlx_buffer **buf; /* (n_layers, 2): K then V of each layer, (capacity, row) each */
+    struct rlx_buffer **buf; /* (n_layers, 2): K then V of each layer, (buf_cap[b], row) each */
+    int64_t *buf_cap;        /* (n_layers, 2): positions of each buffer, >= capacity (more where a
+                                growth failed part way) */
 };
 
 rlx_status rlx_kv_cache_create(struct rlx_device *dev, int64_t n_layers, int64_t row, int64_t max_capacity,
@@ -46,7 +51,10 @@ rlx_status rlx_kv_cache_create(struct rlx_device *dev, int64_t n_layers, int64_t
     struct rlx_kv_cache *kv = rlx_calloc(1, sizeof *kv);
     if (!kv) return RLX_ERR_NOMEM;
     kv->buf = rlx_calloc((size_t)n_layers * 2, sizeof *kv->buf);
-    if (!kv->buf) {
+    kv->buf_cap = rlx_calloc((size_t)n_layers * 2, sizeof *kv->buf_cap);
+    if (!kv->buf || !kv->buf_cap) {
+        free(kv->buf);
+        free(kv->buf_cap);
         free(kv);
         return RLX_ERR_NOMEM;
     }
@@ -65,6 +73,7 @@ void rlx_kv_cache_free(struct rlx_kv_cache *kv)
     if (!kv) return;
     for (int64_t b = 0; b < kv->n_layers * 2; b++) rlx_dev_free(kv->dev, kv->buf[b]);
     free(kv->buf);
+    free(kv->buf_cap);
     free(kv);
 }
 
@@ -77,8 +86,10 @@ enum rlx_dtype rlx_kv_cache_dtype(const struct rlx_kv_cache *kv) { return kv ? k
 
 size_t rlx_kv_cache_bytes(const struct rlx_kv_cache *kv)
 {
-    /* fits: capacity <= max_capacity, whose total was checked at creation */
-    return kv ? kv->row_bytes * (size_t)kv->capacity * (size_t)kv->n_layers * 2 : 0;
+    /* fits: every buf_cap <= max_capacity, whose total was checked at creation */
+    size_t n = 0;
+    for (int64_t b = 0; kv && b < kv->n_layers * 2; b++) n += kv->row_bytes * (size_t)kv->buf_cap[b];
+    return n;
 }
 
 rlx_status rlx_kv_cache_reserve(struct rlx_kv_cache *kv, int64_t n)
@@ -90,23 +101,22 @@ rlx_status rlx_kv_cache_reserve(struct rlx_kv_cache *kv, int64_t n)
     int64_t cap = kv->capacity * 2 > MIN_CAPACITY ? kv->capacity * 2 : MIN_CAPACITY;
     cap = cap < n ? n : cap;
     cap = cap > kv->max_capacity ? kv->max_capacity : cap;
-    const int64_t nb = kv->n_layers * 2;
-    struct rlx_buffer **fresh = rlx_calloc((size_t)nb, sizeof *fresh);
-    if (!fresh) return RLX_ERR_NOMEM;
-    rlx_status s = RLX_OK;
-    for (int64_t b = 0; b < nb && s == RLX_OK; b++) {
-        s = rlx_dev_alloc(kv->dev, kv->row_bytes * (size_t)cap, &fresh[b]);
-        if (s == RLX_OK && kv->buf[b])
-            s = rlx_dev_copy(kv->dev, fresh[b], 0, kv->buf[b], 0, kv->row_bytes * (size_t)kv->len);
+    /* Buffer by buffer: at most one is held twice. A failure leaves len, capacity and every row
+     * as they were; the buffers grown before it keep their size (buf_cap) and are skipped next time. */
+    for (int64_t b = 0; b < kv->n_layers * 2; b++) {
+        if (kv->buf_cap[b] >= cap) continue;
+        struct rlx_buffer *fresh = NULL;
+        rlx_status s = rlx_dev_alloc(kv->dev, kv->row_bytes * (size_t)cap, &fresh);
+        if (s == RLX_OK && kv->buf[b] && kv->len)
+            s = rlx_dev_copy(kv->dev, fresh, 0, kv->buf[b], 0, kv->row_bytes * (size_t)kv->len);
+        if (s != RLX_OK) {
+            rlx_dev_free(kv->dev, fresh);
+            return rlx_error_context(s, "kv cache: growing to %lld positions", (long long)cap);
+        }
+        rlx_dev_free(kv->dev, kv->buf[b]);
+        kv->buf[b] = fresh;
+        kv->buf_cap[b] = cap;
     }
-    if (s != RLX_OK) {
-        for (int64_t b = 0; b < nb; b++) rlx_dev_free(kv->dev, fresh[b]);
-        free(fresh);
-        return rlx_error_context(s, "kv cache: growing to %lld positions", (long long)cap);
-    }
-    for (int64_t b = 0; b < nb; b++) rlx_dev_free(kv->dev, kv->buf[b]);
-    free(kv->buf);
-    kv->buf = fresh;
     kv->capacity = cap;
     return RLX_OK;
 }

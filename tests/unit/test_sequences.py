@@ -108,6 +108,34 @@ def test_kv_bytes_halve_with_16_bit_caches(device):
     assert seen["f32"][1] - seen["f16"][1] == seen["f32"][0] - seen["f16"][0]
 
 
+@pytest.mark.skipif("asan" in os.environ.get("LD_PRELOAD", ""), reason="ASan's shadow memory blurs the RSS")
+def test_a_growing_cache_holds_one_buffer_twice_not_the_whole_cache():
+    """Growing the KV cache (4096 -> 8192 positions) copies it buffer by buffer: the process's peak
+    RSS rises by about one layer's K or V (1 MiB here), not by the 64 MiB of the whole cache
+    (which it did when every new buffer was allocated and filled before the old ones were freed)."""
+    code = textwrap.dedent("""
+        import numpy as np, rlx
+        from rlx.weights import expected_weights
+        def hwm():
+            return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) / 1024
+        cfg = rlx.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=8,
+                              num_attention_heads=2, num_key_value_heads=2, head_dim=128,
+                              max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=1e6)
+        r = np.random.default_rng(0)
+        W = {k: (r.standard_normal(s) * 0.02).astype(np.float32) for k, s in expected_weights(cfg).items()}
+        gen = rlx.Generator(cfg, W, kv_dtype="f32").with_dynamic_prefill_cache()
+        gen.prefill_get_last_logits([int(t) for t in r.integers(3, 60, 4096)])
+        assert gen.kv_bytes == 8 * 2 * 4096 * 256 * 4
+        h0 = hwm()
+        gen.extend([5])
+        assert gen.kv_bytes == 2 * 8 * 2 * 4096 * 256 * 4
+        print(hwm() - h0)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) < 64 / 4, f"peak RSS grew by {out.stdout.strip()} MiB"
+
+
 @pytest.mark.parametrize("kv", ["f32", "f16", "bf16"])
 def test_every_kv_dtype_matches_the_reference_and_the_naive_path(device, kv):
     gen = rlx.Generator(CFG, W, device=device, kv_dtype=kv)

@@ -5,7 +5,7 @@
  * STATE nodes per run): the host never copies it per step.
  *
  * Capacity grows on demand (rlx_kv_cache_reserve), geometrically, up to the cache's maximum;
- * growing reallocates the buffers and copies rows [0, len) on the device. Rows past len hold
+ * growing reallocates the buffers one at a time and copies rows [0, len) on the device. Rows past len hold
  * zeros or stale finite rows of the same sequence (a plan that reads them masks them).
  * A cache is not safe to use from two threads at once; distinct caches are.
  */
@@ -36,7 +36,8 @@ size_t rlx_kv_cache_bytes(const struct rlx_kv_cache *kv);
 
 /* capacity >= n: grows to max(n, 2 * capacity, 256) capped at the maximum, copying rows [0, len).
  * RLX_ERR_RANGE (nothing changed) when n exceeds the maximum; RLX_ERR_NOMEM when the device is
- * out of memory (nothing changed). */
+ * out of memory (len, capacity and every row unchanged; buffers grown before the failure keep
+ * their larger allocation, counted by rlx_kv_cache_bytes, until the next reserve or free). */
 rlx_status rlx_kv_cache_reserve(struct rlx_kv_cache *kv, int64_t n);
 
 /* len += n after a plan wrote rows [len, len + n) (RLX_ERR_RANGE past the capacity; len
