@@ -434,7 +434,7 @@ def long_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp, 
                     b = min(ctx, a + EXTEND_CHUNK)
                     path = os.path.join(tmp, f"ext-{w.pid}.npy")
                     r = w.call(cmd="context" if a == 0 else "extend", ids=stream[a:b], at=a,
-                               out=path if b == ctx else None)  # at: the decode rounds' tokens go
+                               out=path if b == ctx else None)  # at: drops what the decode rounds appended
                     t += r["s"]
                 logits[w.label] = np.load(path)
                 os.remove(path)
@@ -692,7 +692,6 @@ def wait_quiet(max_load: float, timeout: float, log) -> list:
     if la[0] > max_load:
         log(f"  note: load average still {la[0]:.2f} after {timeout:.0f} s; measuring anyway (recorded)")
     return list(la)
-
 
 
 def run_groups(record: dict, groups: list, run_one, *, out: str, t_start: float, args, log, markdown_fn, title: str,

@@ -4,10 +4,10 @@
  * in place, so the host never sees them per step. Capacity starts at nothing and grows
  * geometrically (at least 256 positions, doubling, capped at the maximum), copying the filled
  * rows on the device one buffer at a time (allocate, copy, free the old one), so a growth holds
- * one layer's K or V twice, not the whole cache (a 16k-position Qwen3-0.6B f16 cache: 64 MiB more
- * at the peak instead of 1.8 GiB); on host devices the buffers are lazily committed mappings, so
- * a cache costs the pages its rows touch. Never prints or exits; every size is computed with
- * checked arithmetic.
+ * one layer's K or V twice, not the whole cache (Qwen3-0.6B, f16, growing past 16384 positions:
+ * 32 MiB more at the peak instead of 1792 MiB); on host devices the buffers are lazily committed
+ * mappings, so a cache costs the pages its rows touch. Never prints or exits; every size is
+ * computed with checked arithmetic.
  */
 #include "rlx/kv.h"
 

@@ -5,8 +5,8 @@
  * STATE nodes per run): the host never copies it per step.
  *
  * Capacity grows on demand (rlx_kv_cache_reserve), geometrically, up to the cache's maximum;
- * growing reallocates the buffers one at a time and copies rows [0, len) on the device. Rows past len hold
- * zeros or stale finite rows of the same sequence (a plan that reads them masks them).
+ * growing reallocates the buffers one at a time and copies rows [0, len) on the device. Rows past
+ * len hold zeros or stale finite rows of the same sequence (a plan that reads them masks them).
  * A cache is not safe to use from two threads at once; distinct caches are.
  */
 #ifndef RLX_KV_H
