@@ -347,8 +347,12 @@ def test_ctrl_c_stops_a_step_midway_and_leaves_the_sequence_as_before():
     # One forward pass over 2048 positions on "ref" takes seconds; SIGINT a second into it. If the
     # pass ran to its end (Ctrl-C seen only between tokens), the token would be in the history.
     script = textwrap.dedent("""
-        import sys, time, numpy as np, rlx
+        import signal, sys, time, numpy as np, rlx
         from rlx.weights import expected_weights
+        # Python's Ctrl-C handler, whatever the test run inherited: a run started in the background
+        # (`cmd &` in a script) ignores SIGINT, the child would inherit that, and rlx leaves an
+        # ignored SIGINT ignored (signals.c)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         cfg = rlx.LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                               num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                               max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1e4,
