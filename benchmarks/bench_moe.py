@@ -91,7 +91,7 @@ def write_bf16_source(cfg, path: str, log) -> None:
 
     w = gguf.GGUFWriter(path + ".tmp", "qwen3moe")
     common.add_header(w, f"Qwen3-30B-A3B-shaped, {cfg.num_hidden_layers} layers (random weights, rlx benchmark)",
-                      gguf.LlamaFileType.MOSTLY_BF16, cfg)
+                      gguf.LlamaFileType.MOSTLY_BF16, cfg, rope_dims=False, vocab_size=False)
     w.add_expert_count(cfg.num_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
     w.add_expert_feed_forward_length(cfg.moe_intermediate_size)

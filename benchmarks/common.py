@@ -312,29 +312,17 @@ def _gguf_name(hf: str) -> str:
     return f"blk.{m.group(1)}.{part}.weight"
 
 
-def add_header(w, name: str, file_type, cfg, rope_dims: int | None = None, vocab_size: int | None = None) -> None:
-    """The GGUF writer w's name, file type and decoder hyperparameters from cfg (HF config names,
-    as attributes), in the order llama.cpp's converter writes them; rope_dims / vocab_size only
-    when given."""
+def add_header(w, name: str, file_type, cfg, rope_dims: bool = True, vocab_size: bool = True) -> None:
+    """The GGUF writer w's name, file type and quantization version, then cfg's decoder
+    hyperparameters as rlx.quantize writes them (cfg: HF config names, as attributes)."""
     import gguf
+
+    from rlx.quantize import write_hparams
 
     w.add_name(name)
     w.add_file_type(file_type)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    if rope_dims is not None:
-        w.add_rope_dimension_count(rope_dims)
-    w.add_rope_freq_base(cfg.rope_theta)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    if vocab_size is not None:
-        w.add_vocab_size(vocab_size)
+    write_hparams(w, cfg, rope_dims=rope_dims, vocab_size=vocab_size)
 
 
 def add_dummy_vocab(w, V: int) -> None:
@@ -366,7 +354,7 @@ def _write_gguf(model: str, dtype: str, log) -> None:
     w = gguf.GGUFWriter(tmp, arch)
     add_header(w, f"{model} (random weights, rlx benchmark)",
                gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_BF16,
-               SimpleNamespace(**cfg), rope_dims=cfg["head_dim"], vocab_size=cfg["vocab_size"])
+               SimpleNamespace(**cfg))
     add_dummy_vocab(w, cfg["vocab_size"])
 
     if cfg["model_type"] == "llama" and cfg.get("rope_scaling"):

@@ -491,18 +491,7 @@ class _HFSource:
         cfg = self.cfg
         w.add_type("model")
         w.add_name(os.path.basename(os.path.normpath(self.path)))
-        w.add_context_length(cfg.max_position_embeddings)
-        w.add_embedding_length(cfg.hidden_size)
-        w.add_block_count(cfg.num_hidden_layers)
-        w.add_feed_forward_length(cfg.intermediate_size)
-        w.add_head_count(cfg.num_attention_heads)
-        w.add_head_count_kv(cfg.num_key_value_heads)
-        w.add_key_length(cfg.head_dim)
-        w.add_value_length(cfg.head_dim)
-        w.add_rope_dimension_count(cfg.head_dim)
-        w.add_rope_freq_base(cfg.rope_theta)
-        w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-        w.add_vocab_size(cfg.vocab_size)
+        write_hparams(w, cfg)
         if self.arch == "qwen3moe":  # as llama.cpp's convert_hf_to_gguf.py (Qwen2MoeModel) writes them
             w.add_expert_count(cfg.num_experts)
             w.add_expert_used_count(cfg.num_experts_per_tok)
@@ -511,6 +500,26 @@ class _HFSource:
             # a hint for rlx's reader (llama.cpp assumes 8192 when it sees none, and uses the key for YaRN only)
             w.add_rope_scaling_orig_ctx_len(cfg.rope_scaling["original_max_position_embeddings"])
         _write_hf_tokenizer(w, self.path, cfg)
+
+
+def write_hparams(w, cfg, rope_dims: bool = True, vocab_size: bool = True) -> None:
+    """The decoder hyperparameters of cfg (HF config names, as attributes) on the GGUF writer w, in
+    the order llama.cpp's converter writes them; the rope dimension count and the vocabulary size
+    only when asked (the benchmarks' MoE source file, as that converter's, has neither)."""
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    if rope_dims:
+        w.add_rope_dimension_count(cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if vocab_size:
+        w.add_vocab_size(cfg.vocab_size)
 
 
 # ---------------------------------------------------------------------------------------------
