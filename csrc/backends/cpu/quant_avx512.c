@@ -19,11 +19,12 @@
  *   Q8_0: pairs of blocks (two 32-byte runs of int8): VPDPBUSD of |w| with the activations negated
  *     where w < 0; the two scales converted as one xmm, times the activations' two d, spread over
  *     the two halves: acc += cvt(lanes) * (dw * da).
- *   K types: VPMADDUBSW (pairs in int16: weights <= 63, so no saturation) then VPDPWSSD with the
- *     group scales in each word (int32, exact; Q4_K / Q5_K: the low nibbles of two 32-byte chunks
- *     per vector, which act_rows matches by swapping groups); per super-block the offset
- *     (-off * sum_g sc_g bsum_g) subtracted in int32, then acc += cvt(lanes) * (d * da)
- *     [- cvt(m_g bsum_g) * (dmin * da)] in f32.
+ *   K types: VPDPBUSD of two vectors of values (4 products per int32 lane, within one group),
+ *     packed to words (exact: |lane| < 2^15) and VPDPWSSD with the group scales in each word
+ *     (int32, exact; Q4_K / Q5_K: the low nibbles of two 32-byte chunks per vector, which act_rows
+ *     matches by swapping groups); per super-block the offset (-off * sum_g sc_g bsum_g)
+ *     subtracted in int32, then acc += cvt(lanes) * (d * da) [- cvt(m_g bsum_g) * (dmin * da)]
+ *     in f32.
  * Each output: a fixed sequence of operations whatever M, the row range or the thread count.
  * Must never read past a weight row (an odd last block is read alone; activations past it are
  * masked; the prefetches below may reach past the weights: a prefetch never faults) and never
@@ -268,9 +269,24 @@ FN __m128i k3_scales(const uint8_t *s)
     return _mm_sub_epi8(v, _mm_set1_epi8(32));
 }
 
-static const uint16_t RAMP16[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                    2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
+/* Word indices of the group scales for the packed pairs (below): pair k, 128-bit lane l, word w.
+ * 32-element groups (Q4_K, Q5_K; k = j): group 4j + (l >= 2 ? 2 : 0) + (w >= 4); 16-element groups
+ * (Q2_K, Q3_K, Q6_K; k = h): group 8h + l + (w >= 4 ? 4 : 0). */
+static const uint16_t SCALE_IDX32[2][32] = {
+    {0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2, 3, 3, 3, 3},
+    {4, 4, 4, 4, 5, 5, 5, 5, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7, 6, 6, 6, 6, 7, 7, 7, 7}};
+static const uint16_t SCALE_IDX16[2][32] = {
+    {0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5, 2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3, 3, 7, 7, 7, 7},
+    {8,  8,  8,  8,  12, 12, 12, 12, 9,  9,  9,  9,  13, 13, 13, 13,
+     10, 10, 10, 10, 14, 14, 14, 14, 11, 11, 11, 11, 15, 15, 15, 15}};
 
+/* K types, one super-block at a time: the 256 values unpacked to 4 vectors of unsigned bytes u[v]
+ * (u[v] meets the activations at 64 v of the super-block) and, per pair k = (u[2k], u[2k + 1]),
+ * the group scales as words sv[k]. Per row of activations and pair: two VPDPBUSD (4 products per
+ * int32 lane: |sum| <= 4 * 63 * 127 < 2^15, so the pack to words below is exact), one VPACKSSDW
+ * (per 128-bit lane: 4 words of u[2k]'s lanes, then 4 of u[2k + 1]'s; both words of a dword from
+ * one group), one VPDPWSSD with the scales: 3 multiplies per 128 weights (VPMADDUBSW + VPDPWSSD
+ * per 64 took 4, and 4 scale permutes per super-block where this takes 2). */
 FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
              const struct idx32 *ix, const int wt, const int M)
 {
@@ -279,29 +295,23 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
     const size_t tb = tsize(wt);
     const uint8_t *row = w + (size_t)r * (size_t)nb * tb;
     const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(3), m30 = _mm512_set1_epi8(0x30);
-    /* word ramps for the scale permutes: 32-element groups [0 x16 | 2 x16], 16-element groups
-     * [0 x8 | 1 x8 | 2 x8 | 3 x8] */
-    const __m512i ramp32 = halves16(0, 2);
-    const __m512i ramp16 = _mm512_loadu_si512(RAMP16);
+    const int g32 = wt == RLX_Q4_K || wt == RLX_Q5_K;
+    const __m512i sidx0 = _mm512_loadu_si512(g32 ? SCALE_IDX32[0] : SCALE_IDX16[0]);
+    const __m512i sidx1 = _mm512_loadu_si512(g32 ? SCALE_IDX32[1] : SCALE_IDX16[1]);
+    const __m512i zero = _mm512_setzero_si512();
     __m512 acc[4];
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = row + (size_t)b * tb;
         pf(p, tb);
-        __m512i is[4];
-        _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) is[m] = _mm512_setzero_si512();
-        /* dot of the 64 unsigned values u (activations from element j of the super-block) with
-         * each row, times the scale words sv */
-#define DOT64(u, j, sv)                                                                                                \
-    _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) is[m] =                                                        \
-        _mm512_dpwssd_epi32(is[m], _mm512_maddubs_epi16((u), ld64(a->q + m * a->ldq + 256 * b + (j))), (sv));
+        __m512i u[4], sw;
         float d, dmin = 0.0f;
         __m256i mdup = _mm256_setzero_si256(); /* minimums as words, one per 16 (bsums) */
         __m256i s16 = _mm256_setzero_si256();  /* 16-element groups: the scales as words */
         int offs = 0;                          /* the values' offset (Q6_K 32, Q3_K 4) */
-        if (wt == RLX_Q4_K || wt == RLX_Q5_K) {
+        if (g32) {
             const __m128i scm = k4_scales(p + 4);
-            const __m512i sw = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(scm));
+            sw = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(scm));
             const __m128i mn = _mm_cvtepu8_epi16(_mm_srli_si128(scm, 8));
             mdup = _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));
             d = f16s(p), dmin = f16s(p + 2);
@@ -319,70 +329,64 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
                     hi = _mm512_mask_add_epi8(
                         hi, _mm512_test_epi8_mask(qh, halves8(1 << (4 * j + 1), 1 << (4 * j + 3))), hi, s16b);
                 }
-                DOT64(lo, 128 * j,
-                      _mm512_permutexvar_epi16(_mm512_add_epi16(ramp32, _mm512_set1_epi16((short)(4 * j))), sw))
-                DOT64(hi, 128 * j + 64,
-                      _mm512_permutexvar_epi16(_mm512_add_epi16(ramp32, _mm512_set1_epi16((short)(4 * j + 1))), sw))
+                u[2 * j] = lo, u[2 * j + 1] = hi;
             }
         } else if (wt == RLX_Q6_K) {
             s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
-            const __m512i sw = _mm512_zextsi256_si512(s16);
+            sw = _mm512_zextsi256_si512(s16);
             d = f16s(p + 208), offs = 32;
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
             {
                 const __m512i l = ld64(p + 64 * h), hh = cat(ld32(p + 128 + 32 * h), ld32(p + 128 + 32 * h));
-                const __m512i w0 = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                                   _mm512_and_si512(_mm512_sllv_epi16(hh, halves16(4, 2)), m30));
-                const __m512i w1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                                   _mm512_and_si512(_mm512_srlv_epi16(hh, halves16(0, 2)), m30));
-                DOT64(w0, 128 * h,
-                      _mm512_permutexvar_epi16(_mm512_add_epi16(ramp16, _mm512_set1_epi16((short)(8 * h))), sw))
-                DOT64(w1, 128 * h + 64,
-                      _mm512_permutexvar_epi16(_mm512_add_epi16(ramp16, _mm512_set1_epi16((short)(8 * h + 4))), sw))
+                u[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                           _mm512_and_si512(_mm512_sllv_epi16(hh, halves16(4, 2)), m30));
+                u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                               _mm512_and_si512(_mm512_srlv_epi16(hh, halves16(0, 2)), m30));
             }
         } else if (wt == RLX_Q3_K) {
             s16 = _mm256_cvtepi8_epi16(k3_scales(p + 96));
-            const __m512i sw = _mm512_zextsi256_si512(s16);
+            sw = _mm512_zextsi256_si512(s16);
             d = f16s(p + 108), offs = 4;
-            const __m512i hm = cat(ld32(p), ld32(p));
+            const __m512i hm = cat(ld32(p), ld32(p)), four = _mm512_set1_epi8(4);
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
             {
-                const __m512i x = cat(ld32(p + 32 + 32 * h), ld32(p + 32 + 32 * h)), four = _mm512_set1_epi8(4);
+                const __m512i x = cat(ld32(p + 32 + 32 * h), ld32(p + 32 + 32 * h));
                 __m512i w0 = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(0, 2)), m3);
                 __m512i w1 = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(4, 6)), m3);
                 w0 = _mm512_mask_add_epi8(w0, _mm512_test_epi8_mask(hm, halves8(1 << (4 * h), 1 << (4 * h + 1))), w0,
                                           four);
                 w1 = _mm512_mask_add_epi8(w1, _mm512_test_epi8_mask(hm, halves8(1 << (4 * h + 2), 1 << (4 * h + 3))),
                                           w1, four);
-                DOT64(w0, 128 * h,
-                      _mm512_permutexvar_epi16(_mm512_add_epi16(ramp16, _mm512_set1_epi16((short)(8 * h))), sw))
-                DOT64(w1, 128 * h + 64,
-                      _mm512_permutexvar_epi16(_mm512_add_epi16(ramp16, _mm512_set1_epi16((short)(8 * h + 4))), sw))
+                u[2 * h] = w0, u[2 * h + 1] = w1;
             }
         } else { /* Q2_K */
             const __m128i sb = _mm_loadu_si128((const __m128i *)p);
             s16 = _mm256_cvtepu8_epi16(_mm_and_si128(sb, _mm_set1_epi8(0x0f)));
             mdup = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0f)));
-            const __m512i sw = _mm512_zextsi256_si512(s16);
+            sw = _mm512_zextsi256_si512(s16);
             d = f16s(p + 80), dmin = f16s(p + 82);
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
             {
                 const __m512i x = cat(ld32(p + 16 + 32 * h), ld32(p + 16 + 32 * h));
-                const __m512i w0 = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(0, 2)), m3);
-                const __m512i w1 = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(4, 6)), m3);
-                DOT64(w0, 128 * h,
-                      _mm512_permutexvar_epi16(_mm512_add_epi16(ramp16, _mm512_set1_epi16((short)(8 * h))), sw))
-                DOT64(w1, 128 * h + 64,
-                      _mm512_permutexvar_epi16(_mm512_add_epi16(ramp16, _mm512_set1_epi16((short)(8 * h + 4))), sw))
+                u[2 * h] = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(0, 2)), m3);
+                u[2 * h + 1] = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(4, 6)), m3);
             }
         }
-#undef DOT64
+        const __m512i sv0 = _mm512_permutexvar_epi16(sidx0, sw), sv1 = _mm512_permutexvar_epi16(sidx1, sw);
         const int mins = wt == RLX_Q2_K || wt == RLX_Q4_K || wt == RLX_Q5_K;
         _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
         {
+            const int8_t *q = a->q + m * a->ldq + 256 * b;
+            __m512i i = _mm512_dpwssd_epi32(zero,
+                                            _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, u[0], ld64(q)),
+                                                               _mm512_dpbusd_epi32(zero, u[1], ld64(q + 64))),
+                                            sv0);
+            i = _mm512_dpwssd_epi32(i,
+                                    _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, u[2], ld64(q + 128)),
+                                                       _mm512_dpbusd_epi32(zero, u[3], ld64(q + 192))),
+                                    sv1);
             const float da = a->d[m * nb + b];
             const __m256i bs = ld32(a->bsums + m * (K / 16) + 16 * b);
-            __m512i i = is[m];
             if (offs) /* - offs * sum_g sc_g bsum_g */
                 i = _mm512_sub_epi32(
                     i, _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16(s16, bs), offs == 32 ? 5 : 2)));
