@@ -16,8 +16,8 @@
  *     scale in each word), offsets as -off * sum_g sc_g * bsum_g, in int32 lanes (exact: at most
  *     1.4e8 each); acc += cvt(lanes) * (d * da) [- cvt(m_g bsum_g lanes) * (dmin * da)].
  * Each output: its lanes summed in a fixed order; nothing depends on M, the row range or threads.
- * Must never read past a weight row (the unaligned loads stay inside their block) and never
- * allocate.
+ * Must never read past a weight row (the unaligned loads stay inside their block; the prefetches,
+ * rlx_cpu_qmv_prefetch, may reach past it) and never allocate.
  */
 #include "backends/cpu/cpu.h"
 
@@ -164,7 +164,10 @@ FN void row32(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8
     __m256 acc[4], macc[4];
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps(), macc[m] = _mm256_setzero_ps();
     int64_t b = 0;
-    for (; b + 8 <= nb; b += 8) chunk32(acc, macc, a, row, K, b, 8, wt, M);
+    for (; b + 8 <= nb; b += 8) {
+        rlx_cpu_qmv_prefetch(row + (size_t)b * tsize(wt), 8 * tsize(wt));
+        chunk32(acc, macc, a, row, K, b, 8, wt, M);
+    }
     if (b < nb) chunk32(acc, macc, a, row, K, b, nb - b, wt, M);
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) out[m * ldo + r] = hsum(_mm256_add_ps(acc[m], macc[m]));
 }
@@ -227,6 +230,7 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = row + (size_t)b * tb;
+        rlx_cpu_qmv_prefetch(p, tb);
         __m256i is[4];
         _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) is[m] = _mm256_setzero_si256();
         /* dot of 32 unsigned values u (elements 32 j ..) with each row, times the scale words sv */

@@ -27,7 +27,7 @@
  *     in f32.
  * Each output: a fixed sequence of operations whatever M, the row range or the thread count.
  * Must never read past a weight row (an odd last block is read alone; activations past it are
- * masked; the prefetches below may reach past the weights: a prefetch never faults) and never
+ * masked; the prefetches (rlx_cpu_qmv_prefetch) may reach past the weights) and never
  * allocate.
  */
 #include "backends/cpu/cpu.h"
@@ -60,21 +60,6 @@ FN size_t tsize(const int wt)
     case RLX_Q5_K: return RLX_Q5_K_BYTES;
     default: return RLX_Q6_K_BYTES;
     }
-}
-
-/* Software prefetch, RLX_QMV_PF bytes ahead of the block being computed, into L2: every row kernel
- * touches each line of the next blocks before it needs them. A thread's piece of rows is one
- * sequential stream, but the hardware prefetchers alone left these kernels (busier per byte than
- * the 16-bit matvec) alternating between computing and waiting: one 151936 x 1024 matrix from DRAM,
- * 2 threads, GB/s of weights without -> with (the bf16 matvec of the same rows, untouched, in the
- * same runs: 31-35): Q6_K 26.7 -> 34-35, Q4_K 30 -> 32-35, Q8_0 29 -> 33-37; Qwen3-0.6B decode
- * steps at 128 positions, best of 30, Q4_K_M 22.8-25.1 -> 21.3-21.7 ms, Q8_0 29.0-29.1 -> 26.4-27.3
- * ms. 4 KiB ahead gained less, 12-24 KiB ahead lost (past the 64 KiB pieces of the other thread). */
-#define RLX_QMV_PF 6144
-
-FN void pf(const uint8_t *p, size_t n)
-{
-    for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + RLX_QMV_PF + o, _MM_HINT_T1);
 }
 
 FN __m256i ld32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
@@ -187,7 +172,7 @@ FN void row4(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
     const __mmask64 k1 = bytes_mask(gb - 64);
     int64_t g = 0;
     for (; 4 * g + 4 <= nb; g++) {
-        pf(row + g * gb, (size_t)gb);
+        rlx_cpu_qmv_prefetch(row + g * gb, (size_t)gb);
         group4(acc, macc, a, row + g * gb, ~(__mmask64)0, k1, g, 4, ix, wt, M);
     }
     if (4 * g < nb) { /* the last 1 .. 3 blocks */
@@ -235,7 +220,7 @@ FN void row8(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
-        pf(row + b * RLX_Q8_0_BYTES, 2 * RLX_Q8_0_BYTES);
+        rlx_cpu_qmv_prefetch(row + b * RLX_Q8_0_BYTES, 2 * RLX_Q8_0_BYTES);
         pair8(acc, a, row + b * RLX_Q8_0_BYTES, b, 1, M);
     }
     if (b < nb) pair8(acc, a, row + b * RLX_Q8_0_BYTES, b, 0, M);
@@ -303,7 +288,7 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = row + (size_t)b * tb;
-        pf(p, tb);
+        rlx_cpu_qmv_prefetch(p, tb);
         __m512i u[4], sw;
         float d, dmin = 0.0f;
         __m256i mdup = _mm256_setzero_si256(); /* minimums as words, one per 16 (bsums) */
