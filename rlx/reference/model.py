@@ -36,11 +36,15 @@ def _stacked(experts) -> np.ndarray:
     return np.stack(experts) if isinstance(experts, list) else experts
 
 
-def forward(cfg, weights: dict, ids, kv_dtype: str = "f32") -> np.ndarray:
+def forward(cfg, weights: dict, ids, kv_dtype: str = "f32", kv_rows=None, kv_out: list | None = None) -> np.ndarray:
     """Logits (S, V) float32 for token ids (S,) at positions 0..S-1, with K and V rounded to
     kv_dtype ("f32", "f16", "bf16") before attention, as rlx's KV cache stores them. weights are
     checked with rlx.weights.check_weights first (WeightsError on missing / extra / mis-shaped
-    tensors) and used as float64 (f32 math)."""
+    tensors) and used as float64 (f32 math).
+
+    kv_rows: per layer, (K, V) of (S, kv heads, D) to attend over instead of the rows computed here
+    (e.g. an engine's cache rows: two correct computations of a row may round it to 16 bits one
+    unit apart, and this pins that choice). kv_out: a list that gets each layer's (K, V) as used."""
     w = check_weights(cfg, weights, dtype="f32")
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     S, D = ids.shape[0], cfg.head_dim
@@ -61,6 +65,12 @@ def forward(cfg, weights: dict, ids, kv_dtype: str = "f32") -> np.ndarray:
         q = ops.rope(q, pos, inv_freq, cfg.rope_interleaved)
         k = ops.convert(ops.rope(k, pos, inv_freq, cfg.rope_interleaved), kv_dtype)
         v = ops.convert(v, kv_dtype)
+        if kv_rows is not None:
+            k, v = (np.asarray(r).astype(k.dtype) for r in kv_rows[layer])
+            if k.shape != (S, Hkv, D) or v.shape != (S, Hkv, D):
+                raise ValueError(f"kv_rows[{layer}]: shapes {k.shape} / {v.shape}, want {(S, Hkv, D)}")
+        if kv_out is not None:
+            kv_out.append((k, v))
         a = ops.attention(q, k, v, causal=True, window=cfg.layer_window(layer))
         x = ops.add(x, _linear(w, p + "self_attn.o_proj", a.reshape(S, Hq * D)))
 
