@@ -54,21 +54,21 @@
  * max subtracted, and its output accumulated as a weighted sum of value rows; the two loops over
  * key rows (scores, weighted sum) are compiled per ISA.
  *
- * Decode (one query, S == 1) takes another path that reads the KV cache once: the visible keys
- * are split into one contiguous range per task, every head is scored against each key row (chunks
- * of RLX_ATTN_CHUNK keys: scores, then an online softmax per head, then the value rows), and the
- * tasks' partials (max, sum, weighted values per head) are merged by the caller, flash-decoding
- * style. Each task's partial lives in its own RLX_ATTN_PART_FLOATS of scratch; heads too many for
- * that fall back to the per-head path. The vector loops take four keys at a time: two or four
- * query heads of a kv head against four key rows (eight or sixteen accumulators, one 4-way
- * horizontal sum per head), and each vector of the output loaded and stored once per four value
- * rows. They read four rows' head segments in turn, an order DRAM serves at a third of its
- * bandwidth (one thread: 12 GB/s against 33 GB/s front to back), so while a chunk is computed the
- * next chunk's rows are prefetched into L2 front to back, a few lines per step. Measured (one
- * thread, thread CPU time, f16 cache, T = 4096-32768, machine shared): Qwen3 shape 10 -> 23 GB/s of
- * K + V (the probe reads 28-33 GB/s), Llama 3.2 shape (twice the multiply-adds per byte: G = 4,
- * D = 64; compute-bound) 5 -> 13 GB/s; in the model, Qwen3-0.6B bf16 at 2048 positions: the step's
- * attention 36 -> 12 ms.
+ * Decode (one query, S == 1) takes another path that reads the KV cache once: the visible keys are
+ * split into one contiguous range per task (at least RLX_ATTN_SPLIT_MIN_KEYS keys each), every head
+ * is scored against each key row (chunks of RLX_ATTN_CHUNK keys: scores, then an online softmax per
+ * head, then the value rows), and the tasks' partials (max, sum, weighted values per head) are
+ * merged by the caller, flash-decoding style. Each task's partial lives in its own
+ * RLX_ATTN_PART_FLOATS of scratch; heads too many for that fall back to the per-head path. The
+ * vector loops take four keys at a time: two or four query heads of a kv head against four key rows
+ * (eight or sixteen accumulators, one 4-way horizontal sum per head), and each vector of the output
+ * loaded and stored once per four value rows. They read four rows' head segments in turn, an order
+ * DRAM serves at a third of its bandwidth (one thread: 12 GB/s against 33 GB/s front to back), so
+ * while a chunk is computed the next chunk's rows are prefetched into L2 front to back, a few lines
+ * per step. Measured (one thread, thread CPU time, f16 cache, T = 4096-32768, machine shared):
+ * Qwen3 shape 10 -> 23 GB/s of K + V (the probe reads 28-33 GB/s), Llama 3.2 shape (twice the
+ * multiply-adds per byte: G = 4, D = 64; compute-bound) 5 -> 13 GB/s; in the model, Qwen3-0.6B bf16
+ * at 2048 positions: the step's attention 36 -> 12 ms.
  *
  * Threading and scratch (per-pair path): pairs come in blocks, one block per (query, kv head)
  * holding the Hq/Hkv query heads that read the same key/value rows (so the second head finds
@@ -97,6 +97,13 @@ typedef float attn_v4 __attribute__((vector_size(16)));
  * m, l (Hq each), o (Hq * D), a chunk of scores (Hq * RLX_ATTN_CHUNK) and one widened key / value
  * row (Hkv * D). */
 #define RLX_ATTN_PART_FLOATS 32768
+
+/* The fewest keys a task of the split-key decode path takes. It was a whole chunk (64): below 128
+ * keys a step then ran on one thread, which a batch of short sequences does once per sequence and
+ * layer (Qwen3-0.6B Q4_K_M, 8 sequences of 32..96 positions, 2 threads: the step's attention
+ * 9.4-11.6 -> 6.1-8.7 ms in three alternating pairs; one call at 64 positions, L3-resident, 11.5
+ * -> 8.0 us). */
+#define RLX_ATTN_SPLIT_MIN_KEYS 16
 
 /* Sum of the 16 lanes of *v by halving (8 + 8, 4 + 4, then pairs): a few shuffles instead of a
  * 16-long chain of dependent adds, which cost as much as the dot product itself at D = 128. */
@@ -451,7 +458,7 @@ static void attend_split(const struct rlx_attn_args *a)
     int64_t ntasks = work / RLX_CPU_GRAIN_FMA;
     const int64_t threads = rlx_pool_threads();
     ntasks = ntasks > threads ? threads : ntasks;
-    ntasks = ntasks > (hi - lo) / RLX_ATTN_CHUNK ? (hi - lo) / RLX_ATTN_CHUNK : ntasks;
+    ntasks = ntasks > (hi - lo) / RLX_ATTN_SPLIT_MIN_KEYS ? (hi - lo) / RLX_ATTN_SPLIT_MIN_KEYS : ntasks;
     ntasks = ntasks < 1 ? 1 : ntasks;
     struct split_ctx c = {.a = a, .simd = rlx_cpu_attn_simd(a), .lo = lo, .hi = hi, .ntasks = ntasks};
     rlx_parallel_for(ntasks, 1, split_tasks, &c);
