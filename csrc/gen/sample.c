@@ -212,10 +212,10 @@ rlx_status rlx_sample(const float *logits, int64_t vocab, const struct rlx_sampl
                                  (long long)j, (int)history[j], (long long)vocab);
     if (o->temperature == 0.0f && (o->repetition_penalty == 1.0f || n_hist == 0)) {
         const int32_t best = greedy_row(logits, vocab);
-        if (best < 0)
-            return rlx_set_error(RLX_ERR_RANGE, "sample: none of the %lld logits is finite", (long long)vocab);
-        *out_token = best;
-        return RLX_OK;
+        if (best >= 0) {
+            *out_token = best;
+            return RLX_OK;
+        } /* no finite logit: the check below says so */
     }
     int64_t n_finite = 0;
     for (int64_t i = 0; i < vocab; i++) n_finite += isfinite(logits[i]) ? 1 : 0;
