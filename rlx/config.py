@@ -299,7 +299,10 @@ class ModelConfig:
         high_wavelen = old_len / high
         wavelen = np.float32(2 * math.pi) / inv
         inv_llama = np.where(wavelen > low_wavelen, inv / factor, inv)
-        smooth = (old_len / wavelen - low) / (high - low)
+        # in [0, 1] on the medium band in exact arithmetic; f32 rounding at its edges can land
+        # just outside, and 1 - smooth < 0 then made a tiny frequency negative (hypothesis found
+        # theta 2.2e38, low 1.2e-38: -6e-39)
+        smooth = np.clip((old_len / wavelen - low) / (high - low), np.float32(0), np.float32(1))
         smoothed = (np.float32(1) - smooth) * inv_llama / factor + smooth * inv_llama
         is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return np.where(is_medium, smoothed, inv_llama).astype(np.float32)
