@@ -41,7 +41,7 @@
  *     146 through the GEMM, whose panel unpacking is not paid back at 16 rows; and each sequence
  *     then gets the bits it gets alone);
  *   AVX2: M <= 12 the blocked passes with quant_avx2.c's row kernels, above quant_gemm.c's AVX2
- *     GEMM; both beat dequantising panels for sgemm at every M measured, 16 .. 512 (see below).
+ *     GEMM; both beat dequantising panels for sgemm at every M measured, 16 .. 512.
  *     (16 sequences of Qwen3-0.6B Q4_K_M under RLX_CPU_ISA=avx2 on the Zen 4, 2 threads, ran 161 ms
  *     per step on the passes against 224 through the GEMM; left at 12 because a 16-row prompt
  *     through the AVX2 passes agrees with the NumPy emulation of the activation rounding to 1e-4
@@ -56,10 +56,8 @@
  * whatever M or grouping. Each path computes the function above (the GEMM and sgemm up to f32
  * rounding and summation order); tests/c/test_quant_kernels.c holds each to the ref table.
  *
- * Measured (Zen 4 EPYC VM, 2 vCPUs shared with other jobs, so best of many passes; /tmp/qb/bench.c,
- * the kernels linked at -O2 as the extension; shapes of Qwen3-0.6B and Llama-3.2-1B, K -> N:
- * 1024 -> 2048, 1024, 3072; 2048 -> 1024, 2048, 512, 8192; 3072 -> 1024; 8192 -> 2048):
- * MEASUREMENTS
+ * The figures above are whole decode steps (Zen 4 EPYC VM, 2 vCPUs shared with other jobs, so best of
+ * several passes); the per-model figures against llama.cpp are in benchmarks/README.md.
  *
  * Must never allocate or fail, never let a vector path run where cpuid lacks it, never read or
  * write past the weights, `a`, out or the scratch the caller sized with matmul_quant_scratch.
