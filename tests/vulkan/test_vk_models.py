@@ -4,7 +4,8 @@ bucketed decode policy's tokens, the KV rows a prefill writes, a head-dim bisect
 Llama models in f32, f16, bf16 and GGUF block-type weights, random Qwen3-MoE models (experts as parts
 in f32, f16, bf16; stacked in GGUF block types), the pipeline stages, and stories260K's
 64 expected greedy ids through the staging path. Also what crosses per token with staged memory
-(the device counters). Logits agree within 1e-4 (f32 accumulation in another order); tokens exactly.
+(the device counters). Logits agree within 1e-4 (f32 accumulation in another order; with bf16 weights,
+within what rounding the activations to bf16 moves them: lowp_tol); tokens exactly.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from vkutil import block_weight, record
@@ -54,6 +56,20 @@ def decode_logits(gen, prompt, steps):
     for _ in range(steps):
         out.append(gen.decode_get_logits(int(np.argmax(out[-1]))))
     return np.stack(out)
+
+
+def lowp_tol(cfg, w, dtype, want) -> float:
+    """The bound for a model in `dtype` weights: TOL, or for bf16, where both backends round every
+    matmul's activations to bf16, at most what that rounding moves the logits. Accumulated in
+    another order, an activation a few f32 ulps from a bf16 midpoint rounds to the neighbouring
+    value on one backend (the CPU's AVX2 path does this on random Qwen3-MoE): one step of 2^-8 in one
+    element, where rounding every activation moves each by up to half a step. Measured: the CPU
+    with the bf16-rounded weights held in f32 (no activation rounding) against `want`."""
+    if dtype != "bf16":
+        return TOL
+    rounded = {k: v.astype(ml_dtypes.bfloat16).astype(np.float32) for k, v in w.items()}
+    exact = decode_logits(rlx.Generator(cfg, rounded, device="cpu", dtype="f32"), PROMPT, len(want) - 1)
+    return max(TOL, float(np.abs(exact - want).max()))
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
@@ -129,7 +145,7 @@ def test_random_models_match_cpu(family, dtype):
     w = weights(cfg, 4)
     want = decode_logits(rlx.Generator(cfg, w, device="cpu", dtype=dtype), PROMPT, 5)
     got = decode_logits(rlx.Generator(cfg, w, device=VK, dtype=dtype), PROMPT, 5)
-    assert record(f"random {family} logits, {dtype} weights, f16 KV", got, want) <= TOL
+    assert record(f"random {family} logits, {dtype} weights, f16 KV", got, want) <= lowp_tol(cfg, w, dtype, want)
 
 
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0", "q5_1", "q4_k", "q6_k"])
@@ -163,7 +179,7 @@ def test_random_moe_models_match_cpu(dtype):
     w = weights(cfg, 6)
     want = decode_logits(rlx.Generator(cfg, w, device="cpu", dtype=dtype), PROMPT, 5)
     got = decode_logits(rlx.Generator(cfg, w, device=VK, dtype=dtype), PROMPT, 5)
-    assert record(f"random qwen3_moe logits, {dtype} weights, f16 KV", got, want) <= TOL
+    assert record(f"random qwen3_moe logits, {dtype} weights, f16 KV", got, want) <= lowp_tol(cfg, w, dtype, want)
 
 
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_k"])
