@@ -325,17 +325,22 @@ def gguf_facts(path: str) -> dict:
             "file_bytes": os.path.getsize(path), "types": sorted({t.type_name for t in gf.tensors.values()})}
 
 
-def start_group(model: str, wtype: str, gguf: str, kv: str, threads: int, n_ctx: int, fa_list, logdir: str, log):
+def start_group(model: str, wtype: str, gguf: str, kv: str, threads: int, n_ctx: int, fa_list, logdir: str, log,
+                extra_bufts: bool = True):
     workers = [Worker("rlx", "rlx", None, threads, logdir)]
     for fa in fa_list:
         workers.append(Worker(f"llama.cpp fa={'on' if fa else 'off'}", "llama.cpp", fa, threads, logdir))
     infos = {}
     for w in workers:  # one at a time: loading is not timed against anything
-        infos[w.label] = w.call(cmd="load", engine=w.engine, gguf=gguf, threads=threads, kv=kv, n_ctx=n_ctx, fa=w.fa)
+        extra = {"extra_bufts": extra_bufts} if w.engine == "llama.cpp" else {}
+        infos[w.label] = w.call(cmd="load", engine=w.engine, gguf=gguf, threads=threads, kv=kv, n_ctx=n_ctx, fa=w.fa,
+                                **extra)
         rb = infos[w.label]["readback"]
         log(f"    {w.label}: loaded in {infos[w.label]['load_s']:.1f} s, KV {rb.get('kv_type')}, "
             f"threads {rb.get('threads')}" + (f", flash_attn {rb.get('flash_attn')}, KV alloc "
-                                              f"{rb.get('kv_alloc_mib')} MiB" if w.engine == "llama.cpp" else
+                                              f"{rb.get('kv_alloc_mib')} MiB, weight buffers "
+                                              f"{'+'.join(rb.get('weight_buffers') or ['?'])}"
+                                              if w.engine == "llama.cpp" else
                                               f", isa {rb.get('isa')}"))
     return workers, infos
 
@@ -348,7 +353,8 @@ def short_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp,
     vocab = facts["vocab"]
     cell.update({"suite": "short", "model": model, "weights": wtype, "gguf": gguf, "kv": kv, "threads": threads,
                  "facts": facts, "loadavg_start": os.getloadavg()})
-    workers, infos = start_group(model, wtype, gguf, kv, threads, 2048, args.fa, logdir, log)
+    workers, infos = start_group(model, wtype, gguf, kv, threads, 2048, args.fa, logdir, log,
+                                 args.llama_extra_bufts == "on")
     cell["engines"] = infos
     try:
         bad = check_readback(workers, infos, kv, threads)
@@ -398,7 +404,8 @@ def long_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp, 
     cell.update({"suite": "long", "model": model, "weights": wtype, "gguf": gguf, "kv": kv, "threads": threads,
                  "facts": facts, "loadavg_start": os.getloadavg(), "contexts": ctxs})
     n_ctx = max(ctxs + list(args.ttft)) + 256
-    workers, infos = start_group(model, wtype, gguf, kv, threads, n_ctx, args.fa, logdir, log)
+    workers, infos = start_group(model, wtype, gguf, kv, threads, n_ctx, args.fa, logdir, log,
+                                 args.llama_extra_bufts == "on")
     cell["engines"] = infos
     try:
         bad = check_readback(workers, infos, kv, threads)
@@ -554,7 +561,9 @@ def markdown(record: dict) -> str:
              f"load average {m['loadavg_start'][0]:.2f} at start, {m.get('loadavg_end', [float('nan')])[0]:.2f} at end. "
              f"{record['settings']['rounds']} rounds per cell ({record['settings']['long_rounds']} in the long suite), "
              f"decode blocks of {record['settings']['steps']} tokens; ratio = geometric mean of the per-round "
-             f"rlx / llama.cpp speed ratios [95% bootstrap interval]; above 1: rlx faster.")
+             f"rlx / llama.cpp speed ratios [95% bootstrap interval]; above 1: rlx faster."
+             + (" llama.cpp ran with its extra weight buffers (AMX, CPU_REPACK) off (--llama-extra-bufts off, "
+                "llama-cli's --no-repack)." if record['settings'].get('llama_extra_bufts') == "off" else ""))
     L.append("")
     L.append("| model | weights | KV | thr | metric | rlx tok/s | llama.cpp FA off tok/s | llama.cpp FA on tok/s "
              "| rlx / FA off | rlx / FA on | load (1 min) |")
@@ -757,6 +766,9 @@ def main() -> int:
     ap.add_argument("--kv", nargs="+", choices=("f16", "f32", "bf16"))
     ap.add_argument("--threads", nargs="+", type=int)
     ap.add_argument("--fa", nargs="+", choices=("off", "on"), default=["off", "on"])
+    ap.add_argument("--llama-extra-bufts", choices=("on", "off"), default="on",
+                    help="llama.cpp's extra weight buffer types (AMX, CPU_REPACK), its default on; off is "
+                         "llama-cli's --no-repack, for a machine where they fail (recorded)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--long-rounds", type=int, default=10)
     ap.add_argument("--steps", type=int, default=8, help="decode tokens per block")
@@ -810,7 +822,7 @@ def main() -> int:
     record = {"schema": 1, "date": date, "suite": args.suite, "argv": sys.argv[1:], "rlx": rlx_state,
               "llama_cpp": llama_cpp_info(), "machine": machine_info(),
               "settings": {"smoke": args.smoke, "quick": args.quick, "rounds": args.rounds, "long_rounds": args.long_rounds, "steps": args.steps,
-                           "settle_s": args.settle, "fa": args.fa, "pp": args.pp, "tg_ctx": args.tg_ctx,
+                           "settle_s": args.settle, "fa": args.fa, "llama_extra_bufts": args.llama_extra_bufts, "pp": args.pp, "tg_ctx": args.tg_ctx,
                            "ttft": args.ttft, "gate_prompt": GATE_PROMPT, "gate_steps": GATE_STEPS,
                            "extend_chunk": EXTEND_CHUNK, "bootstrap_resamples": BOOT,
                            "worker_env": {k: thread_env(1)[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",

@@ -37,7 +37,9 @@ The engines:
   kv_dtype and the plan policies rlx.load uses (dynamic prefill and decode plans); greedy
   tokens from generate_cached (the argmax in C).
 - llama.cpp: llama_cpp.Llama(model_path=gguf, n_ctx, n_batch=2048, n_ubatch=512 (llama-bench's
-  defaults), n_threads = n_threads_batch = threads, flash_attn, type_k = type_v = kv). Its log is
+  defaults), n_threads = n_threads_batch = threads, flash_attn, type_k = type_v = kv; with
+  extra_bufts false, llama_model_params.use_extra_bufts = false, llama-cli's --no-repack: no AMX or
+  CPU_REPACK weight buffers, which the Llama class offers no argument for). Its log is
   captured (llama_log_set) and the flash-attention setting, the KV cache types and bytes, the
   context size and the thread counts are read back from it and from the context; greedy tokens
   are the argmax of llama_get_logits_ith(-1) (NumPy, zero-copy view).
@@ -188,10 +190,11 @@ class RlxEngine:
 class LlamaCppEngine:
     name = "llama.cpp"
 
-    def load(self, gguf, threads, kv, n_ctx, fa=False):
+    def load(self, gguf, threads, kv, n_ctx, fa=False, extra_bufts=True):
         import ctypes
 
         import llama_cpp
+        import llama_cpp.llama_cpp as low
         self.lib = llama_cpp
         self.log = []
 
@@ -200,13 +203,25 @@ class LlamaCppEngine:
             self.log.append(text.decode("utf-8", errors="replace"))
         self._cb = cb  # kept alive: llama.cpp holds the pointer
         llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
-        self.llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_batch=2048, n_ubatch=512, n_threads=threads,
-                                   n_threads_batch=threads, flash_attn=bool(fa), type_k=GGML_TYPE[kv],
-                                   type_v=GGML_TYPE[kv], use_mmap=True, logits_all=False, verbose=True)
+        defaults = low.llama_model_default_params
+        if not extra_bufts:  # the Llama class has no argument for it: its default params, patched
+            def no_extra():
+                p = defaults()
+                p.use_extra_bufts = False
+                return p
+            low.llama_model_default_params = no_extra
+        try:
+            self.llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_batch=2048, n_ubatch=512, n_threads=threads,
+                                       n_threads_batch=threads, flash_attn=bool(fa), type_k=GGML_TYPE[kv],
+                                       type_v=GGML_TYPE[kv], use_mmap=True, logits_all=False, verbose=True)
+        finally:
+            low.llama_model_default_params = defaults
         self.n_vocab = self.llm.n_vocab()
         self.threads, self.fa, self.kv = threads, bool(fa), kv
         rb, self.kv_bytes_per_cell = self._readback("".join(self.log), self.llm.ctx)
         rb["n_batch"], rb["n_ubatch"] = 2048, 512
+        rb["use_extra_bufts"] = bool(self.llm.model_params.use_extra_bufts)
+        rb["weight_buffers"] = re.findall(r"load_tensors:\s+(\S+) model buffer size", "".join(self.log))
         self.readback = rb
         return rb
 
@@ -384,7 +399,8 @@ def handle(eng, msg):
         e = ENGINES[msg["engine"]]()
         rss0 = rss_mib()
         t0 = time.perf_counter()
-        rb = e.load(msg["gguf"], msg["threads"], msg["kv"], msg["n_ctx"], msg.get("fa"))
+        extra = {"extra_bufts": msg["extra_bufts"]} if "extra_bufts" in msg else {}
+        rb = e.load(msg["gguf"], msg["threads"], msg["kv"], msg["n_ctx"], msg.get("fa"), **extra)
         return e, {"readback": rb, "load_s": time.perf_counter() - t0, "rss_before_mib": rss0,
                    "rss_mib": rss_mib(), "pid": os.getpid()}
     if eng is None:
