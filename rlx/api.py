@@ -373,7 +373,9 @@ def model_path(path: str | os.PathLike) -> tuple[str, bool]:
 def _read_with_progress(weights: dict, progress: bool | None) -> None:
     """Reads every weight's pages once (they are mmap'd) under a tqdm bar of bytes: shown when
     progress is True, or when None and stderr is a terminal and the model is large."""
-    arrays = [w.data if hasattr(w, "data") and not isinstance(w, np.ndarray) else w for w in weights.values()]
+    # an array as it is (ndarray.data of a bf16 array raises: a buffer cannot hold ml_dtypes'
+    # dtype), a packed weight's bytes
+    arrays = [w if isinstance(w, np.ndarray) else getattr(w, "data", None) for w in weights.values()]
     arrays = [a for a in arrays if isinstance(a, np.ndarray)]
     total = sum(a.nbytes for a in arrays)
     if progress is False or (progress is None and total < (256 << 20)):

@@ -574,6 +574,21 @@ def test_stories_keeps_llama2c_tokens(tmp_path, recipe):
 
 
 @needs_stories
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("progress", [None, True])
+def test_float_files_load(tmp_path, dtype, progress):
+    """rlx.load of a file of 16- or 32-bit matrices (a bf16 file once raised "cannot include dtype
+    'E' in a buffer" while its pages were read), the progress bar on or off: the logits of
+    Generator.from_pretrained on the same file."""
+    rlx.quantize(STORIES / "hf", tmp_path / "s.gguf", type=dtype)
+    model = rlx.load(tmp_path / "s.gguf", progress=progress)
+    ids = model.tokenizer.encode("Once upon a time")
+    want = rlx.Generator.from_pretrained(tmp_path / "s.gguf").prefill_get_last_logits(ids)
+    np.testing.assert_array_equal(model.generator.prefill_get_last_logits(ids), want)
+    assert model.generate("Once upon a time", max_new_tokens=4)
+
+
+@needs_stories
 def test_stories_tokenizer_from_the_file(tmp_path):
     """As SentencePiece on text without runs of spaces (this model's SentencePiece normaliser
     collapses and strips spaces, which llama.cpp does not do); as llama.cpp on all text."""
