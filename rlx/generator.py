@@ -123,9 +123,10 @@ class Sequence:
         self._c.append(ids)
 
     def extend(self, ids: Seq[int]) -> np.ndarray:
-        """Appends ids and runs them through the KV cache in one pass (a chat's next turn: the
-        earlier positions are not recomputed); returns the (vocab,) logits after them. The same
-        logits as one prefill of the whole history. If the pass fails, the ids are taken back."""
+        """Appends ids and runs them through the KV cache (a chat's next turn: the earlier
+        positions are not recomputed; in pieces of with_prefill_chunk positions); returns the
+        (vocab,) logits after them. The same logits as one prefill of the whole history. If the
+        pass fails, the ids are taken back."""
         n = self._c.n_tokens
         self._c.append(ids)
         try:
@@ -322,6 +323,20 @@ class Generator(Sequence):
     def with_dynamic_decode_cache(self) -> "Generator":
         """Decode plans compiled once with symbolic SEQ / PAST and bound per step."""
         return self._set_policy(decode=("dynamic", 1))
+
+    def with_prefill_chunk(self, n: int) -> "Generator":
+        """A prompt (or a next turn) goes through the model n positions per plan run (512 by
+        default, llama.cpp's n_ubatch), each piece over the cache the earlier ones wrote: the
+        plans' intermediates stay the size of n positions however long the prompt (Qwen3-0.6B, an
+        8192-token prompt: 320 MiB of them at once, 40 in pieces of 512, the same TTFT). 0: the
+        whole run at once. The logits are those of one run up to f32 summation order (and, in an
+        f16 / bf16 cache, a neighbouring rounding of a K/V element: tests/unit/test_sequences.py).
+        A block without the LM head (a pipeline stage) runs its rows in one piece. If a piece
+        fails (Ctrl-C included), the cache is left as the call found it."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"prefill chunk must be an int >= 0 (0: whole), got {n!r}")
+        self._model.set_prefill_chunk(n)
+        return self
 
     def with_compile_seq_cap(self, cap: int) -> "Generator":
         """Bounds the symbolic SEQ / PAST of dynamic plans at cap (below max_position_embeddings):

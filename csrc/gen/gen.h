@@ -45,6 +45,7 @@ struct rlx_model {
     int n_params;
     enum rlx_plan_policy prefill_policy, decode_policy;
     int64_t prefill_capacity, max_past, seq_cap;
+    int64_t prefill_chunk; /* a cached run of a block with the head: at most this many positions a plan run */
     size_t memory_budget;
     char budget_hint[256];
     struct plan_slot *slots; /* (n_slots) compiled plans */

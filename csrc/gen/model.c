@@ -92,6 +92,7 @@ rlx_status rlx_model_create(const struct rlx_model_config *cfg, struct rlx_devic
     m->ends = ends;
     m->prefill_capacity = 1;
     m->max_past = cfg->max_position_embeddings;
+    m->prefill_chunk = RLX_PREFILL_CHUNK_DEFAULT;
     rlx_status s = rlx_decoder_params(cfg, layer_begin, layer_end, ends, &m->params, &m->n_params);
     if (s == RLX_OK) s = rlx_weights_create(dev, &m->weights);
     if (s == RLX_OK && pthread_mutex_init(&m->lock, NULL) != 0) s = rlx_set_error(RLX_ERR_NOMEM, "model: no mutex");
@@ -233,6 +234,16 @@ rlx_status rlx_model_set_seq_cap(struct rlx_model *m, int64_t cap)
     rlx_model_lock(m);
     m->seq_cap = cap;
     release_plans_locked(m);
+    rlx_model_unlock(m);
+    return RLX_OK;
+}
+
+rlx_status rlx_model_set_prefill_chunk(struct rlx_model *m, int64_t chunk)
+{
+    if (chunk < 0)
+        return rlx_set_error(RLX_ERR_INVALID, "prefill chunk %lld: must be >= 0 (0: whole)", (long long)chunk);
+    rlx_model_lock(m);
+    m->prefill_chunk = chunk;
     rlx_model_unlock(m);
     return RLX_OK;
 }

@@ -282,8 +282,28 @@ static rlx_status forward_history(struct rlx_seq *s, bool cached, const float **
     }
     if (from == s->n_tokens) from--; /* recompute the last position to get its output */
     s->logits_valid = false;
-    RLX_TRY(run_positions(s, from ? KIND_DECODE : KIND_PREFILL, NULL, from, s->n_tokens - from, out, rows));
-    s->logits_valid = (s->m->ends & RLX_BLOCK_HEAD) != 0;
+    /* With the head, only the last position's output is kept: the run goes in pieces of at most
+     * prefill_chunk positions (a block without it returns every row: in one piece). A piece that
+     * fails (an interrupt included) leaves the cache as the call found it. */
+    const bool head = (s->m->ends & RLX_BLOCK_HEAD) != 0;
+    const int64_t chunk = head ? s->m->prefill_chunk : 0, start = from;
+    double profile[RLX_OP_COUNT] = {0}; /* the pieces' profiles, summed */
+    bool profiled = true;
+    for (;;) {
+        const int64_t n = chunk > 0 && s->n_tokens - from > chunk ? chunk : s->n_tokens - from;
+        const rlx_status st = run_positions(s, from ? KIND_DECODE : KIND_PREFILL, NULL, from, n, out, rows);
+        if (st != RLX_OK) {
+            (void)rlx_kv_cache_truncate(s->kv, start); /* cannot fail: start >= 0 */
+            return st;
+        }
+        profiled = profiled && s->profile_valid;
+        for (int op = 0; profiled && op < RLX_OP_COUNT; op++) profile[op] += s->profile[op];
+        from += n;
+        if (from == s->n_tokens) break;
+    }
+    if (profiled) memcpy(s->profile, profile, sizeof profile);
+    s->profile_valid = profiled;
+    s->logits_valid = head;
     return RLX_OK;
 }
 

@@ -168,6 +168,14 @@ static PyObject *model_set_seq_cap(struct model_object *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *model_set_prefill_chunk(struct model_object *self, PyObject *arg)
+{
+    long long chunk = PyLong_AsLongLong(arg);
+    if (chunk == -1 && PyErr_Occurred()) return NULL;
+    if (rlx_py_raise(rlx_model_set_prefill_chunk(self->model, chunk))) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *model_set_memory_budget(struct model_object *self, PyObject *args)
 {
     unsigned long long bytes;
@@ -308,6 +316,8 @@ static PyMethodDef model_methods[] = {
      "'bucketed' or 'dynamic'. Drops compiled plans."},
     {"set_seq_cap", (PyCFunction)model_set_seq_cap, METH_O,
      "set_seq_cap(cap)\n\nBounds SEQ / PAST of dynamic plans (0 = none); drops compiled plans."},
+    {"set_prefill_chunk", (PyCFunction)model_set_prefill_chunk, METH_O,
+     "set_prefill_chunk(n)\n\nCached runs of a model with the head go n positions per plan run (0 = whole)."},
     {"set_memory_budget", (PyCFunction)model_set_memory_budget, METH_VARARGS,
      "set_memory_budget(bytes, hint='')\n\nRefuse plans whose intermediates exceed bytes (0 = none)."},
     {"set_profiling", (PyCFunction)model_set_profiling, METH_O,

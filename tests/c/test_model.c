@@ -98,6 +98,7 @@ static const struct rlx_model_config tiny = {.vocab_size = 37,
                                              .qk_norm = true,
                                              .layer_window = {0, 3}};
 
+/* Cached == naive under a plan policy and KV dtype, the prompt run in pieces of 2 positions. */
 static void test_cached_equals_naive(struct rlx_device *dev, enum rlx_plan_policy policy, enum rlx_dtype kv_dtype)
 {
     const char *device = rlx_device_name(dev);
@@ -111,6 +112,9 @@ static void test_cached_equals_naive(struct rlx_device *dev, enum rlx_plan_polic
     CHECK(rlx_seq_create(m, kv_dtype, &g) == RLX_OK, "sequence");
     enum rlx_plan_policy prefill = policy == RLX_POLICY_BUCKETED ? RLX_POLICY_LRU : policy;
     CHECK(rlx_model_set_policy(m, prefill, 2, policy, 16) == RLX_OK, "policy");
+    /* the prompt goes in pieces of 2 positions (2 + 2 + 1, the later ones over the cache) */
+    CHECK(rlx_model_set_prefill_chunk(m, -1) == RLX_ERR_INVALID && rlx_model_set_prefill_chunk(m, 2) == RLX_OK,
+          "prefill chunk");
     int32_t prompt[5] = {1, 7, 3, 30, 2};
     CHECK(rlx_seq_prefill(g, prompt, 5) == RLX_OK, "prefill");
     float naive[37];

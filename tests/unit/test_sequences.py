@@ -17,6 +17,7 @@ reference with K/V rounded to the cache dtype.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -260,6 +261,46 @@ def test_extend_equals_one_prefill(device, family, kv_dtype):
     with pytest.raises(ValueError):
         s.extend([1, cfg.vocab_size])
     assert s.tokens == turn1 + turn2 + turn3
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7])
+def test_a_prompt_in_chunks_equals_one_run(device, chunk):
+    """A prompt (and a next turn) going `chunk` positions per plan run, across the sliding window
+    of 5 and with a remainder, gives one run's logits and cache rows (f32 cache: the oracle is the
+    same computation in one piece; only f32 summation order differs)."""
+    gen = rlx.Generator(CFG, W, device=device, kv_dtype="f32").with_prefill_chunk(0)
+    prompt, turn = [(7 * i + 3) % CFG.vocab_size for i in range(23)], [9, 4, 61, 2, 30, 11, 5, 8, 19]
+    whole = gen.new_sequence()
+    want = [whole.prefill_get_last_logits(prompt), whole.extend(turn)]
+    gen.with_prefill_chunk(chunk)
+    s = gen.new_sequence()
+    got = [s.prefill_get_last_logits(prompt), s.extend(turn)]
+    assert s.kv_len == len(prompt) + len(turn)
+    for g, w in zip(got, want):
+        assert np.abs(g - w).max() <= 1e-5
+    for layer in range(CFG.num_hidden_layers):
+        for a, b in zip(s.kv_cache(layer), whole.kv_cache(layer)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert greedy(s, 4) == greedy(whole, 4)
+
+
+def test_prefill_chunk_bounds_the_plans_memory():
+    """The intermediates a long prompt plans: the size of the chunk, not of the prompt."""
+    cfg = dataclasses.replace(CFG, max_position_embeddings=1024)
+    planned = {}
+    for chunk in (0, 32):
+        gen = rlx.Generator(cfg, weights(cfg), kv_dtype="f32").with_prefill_chunk(chunk)
+        gen.prefill_get_last_logits([(5 * i + 1) % cfg.vocab_size for i in range(1000)])
+        planned[chunk] = gen.compile_stats()["planned_bytes"]
+    assert planned[32] * 8 < planned[0], planned
+
+
+def test_prefill_chunk_refuses_what_is_not_a_count():
+    gen = rlx.Generator(CFG, W)
+    for bad in (-1, 1.5, True, "8"):
+        with pytest.raises(ValueError):
+            gen.with_prefill_chunk(bad)
+    assert gen.with_prefill_chunk(0) is gen
 
 
 def test_a_generator_used_from_two_threads_serialises():

@@ -165,6 +165,12 @@ rlx_status rlx_model_set_policy(struct rlx_model *m, enum rlx_plan_policy prefil
 /* Bounds SEQ and PAST of dynamic plans (memory planned once at the cap; 0 = max_position_embeddings
  * bounds them and memory grows with use). Drops plans. */
 rlx_status rlx_model_set_seq_cap(struct rlx_model *m, int64_t cap);
+/* A cached run of a model with the LM head (rlx_seq_logits_cached: a prompt, a next turn) goes
+ * through at most `chunk` positions per plan run, the later pieces over the cache the earlier ones
+ * wrote, as llama.cpp's n_ubatch does: the intermediates' memory is bounded by the chunk instead
+ * of growing with the prompt (0: the whole run at once). Default RLX_PREFILL_CHUNK_DEFAULT. */
+#define RLX_PREFILL_CHUNK_DEFAULT 512
+rlx_status rlx_model_set_prefill_chunk(struct rlx_model *m, int64_t chunk);
 /* Soft memory budget for each plan's intermediates (0 = none); hint is appended to refusals. */
 void rlx_model_set_memory_budget(struct rlx_model *m, size_t bytes, const char *hint);
 /* Plans time every node from now on (or stop); each sequence keeps the profile of its last run. */
