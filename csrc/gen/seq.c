@@ -283,15 +283,19 @@ static rlx_status forward_history(struct rlx_seq *s, bool cached, const float **
     if (from == s->n_tokens) from--; /* recompute the last position to get its output */
     s->logits_valid = false;
     /* With the head, only the last position's output is kept: the run goes in pieces of at most
-     * prefill_chunk positions (a block without it returns every row: in one piece). A piece that
-     * fails (an interrupt included) leaves the cache as the call found it. */
+     * prefill_chunk positions (a block without it returns every row: in one piece), all of them
+     * through the plans over the cache (the first at past 0): one plan's intermediates, not a
+     * prefill plan's beside them. A piece that fails (an interrupt included) leaves the cache as
+     * the call found it. */
     const bool head = (s->m->ends & RLX_BLOCK_HEAD) != 0;
     const int64_t chunk = head ? s->m->prefill_chunk : 0, start = from;
+    const bool pieces = chunk > 0 && s->n_tokens - from > chunk;
     double profile[RLX_OP_COUNT] = {0}; /* the pieces' profiles, summed */
     bool profiled = true;
     for (;;) {
         const int64_t n = chunk > 0 && s->n_tokens - from > chunk ? chunk : s->n_tokens - from;
-        const rlx_status st = run_positions(s, from ? KIND_DECODE : KIND_PREFILL, NULL, from, n, out, rows);
+        const enum plan_kind kind = from || pieces ? KIND_DECODE : KIND_PREFILL;
+        const rlx_status st = run_positions(s, kind, NULL, from, n, out, rows);
         if (st != RLX_OK) {
             (void)rlx_kv_cache_truncate(s->kv, start); /* cannot fail: start >= 0 */
             return st;
