@@ -11,7 +11,8 @@ here, around the engine call alone (time.perf_counter), never around the pipe.
 Commands ({"cmd": ..., args}; the answer always has "ok", and "error" when it is false):
 
     load      engine ("rlx" | "llama.cpp"), gguf (path), threads, kv ("f16" | "f32" | "bf16"),
-              n_ctx, fa (llama.cpp: false | true)          -> settings READ BACK from the engine
+              n_ctx, fa (llama.cpp: false | true), dtype (rlx only, optional: "f32" converts every
+              matrix once at load: the gate's oracle for quantized files) -> settings READ BACK
     logits    prompt (ids), feed (ids), out (.npy path)     -> the (1 + len(feed), vocab) logits
     first     ids: a fresh prompt to its first greedy token -> seconds, the token
     context   ids: sets the context to ids (fresh)          -> seconds, the last logits' path (out)
@@ -90,14 +91,14 @@ def peak_rss_mib() -> float:
 class RlxEngine:
     name = "rlx"
 
-    def load(self, gguf, threads, kv, n_ctx, fa=None):
+    def load(self, gguf, threads, kv, n_ctx, fa=None, dtype=None):
         import rlx
         from rlx import gguf as rg
         self.rlx = rlx
         rlx.set_num_threads(threads)
         gf = rg.GGUFFile(gguf)
         cfg = rg.model_config(gf)
-        self.gen = (rlx.Generator(cfg, rg.model_weights(gf), device="cpu", kv_dtype=kv)
+        self.gen = (rlx.Generator(cfg, rg.model_weights(gf), device="cpu", dtype=dtype, kv_dtype=kv)
                     .with_dynamic_prefill_cache().with_dynamic_decode_cache())
         bi = rlx.build_info()
         return {"kv_type": self.gen.kv_dtype, "weight_dtypes": {k: str(v) for k, v in self.gen.weight_dtypes.items()}
@@ -399,7 +400,7 @@ def handle(eng, msg):
         e = ENGINES[msg["engine"]]()
         rss0 = rss_mib()
         t0 = time.perf_counter()
-        extra = {"extra_bufts": msg["extra_bufts"]} if "extra_bufts" in msg else {}
+        extra = {k: msg[k] for k in ("extra_bufts", "dtype") if k in msg}
         rb = e.load(msg["gguf"], msg["threads"], msg["kv"], msg["n_ctx"], msg.get("fa"), **extra)
         return e, {"readback": rb, "load_s": time.perf_counter() - t0, "rss_before_mib": rss0,
                    "rss_mib": rss_mib(), "pid": os.getpid()}

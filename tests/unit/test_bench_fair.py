@@ -69,6 +69,37 @@ def test_compare_logits_near_tie_may_flip():
     assert c["top1_disagree_rows"] == [1] and c["pass"]
 
 
+def test_compare_logits_relative_to_the_oracle():
+    """Quantized weights: the KL part is relative to the f32 oracle. Two engines each a similar
+    distance from the oracle pass even when they are further than 1e-3 from each other; rlx
+    measurably further from the oracle than the peer fails."""
+    rng = np.random.default_rng(3)
+    oracle = rng.normal(size=(32, 200)) * 3
+    peer = oracle + rng.normal(size=oracle.shape) * 0.06
+    rl = oracle + rng.normal(size=oracle.shape) * 0.06
+    c = bench_fair.compare_logits(rl, peer, tol=1.0)
+    assert not c["pass"] and c["kl_max"] > 1e-3  # the fixed rule between the engines stops it
+    k_rl, k_peer = bench_fair.kl_rows(oracle, rl), bench_fair.kl_rows(oracle, peer)
+    c = bench_fair.compare_logits(rl, peer, tol=1.0, oracle=oracle)
+    o = c["oracle"]
+    assert o["kl_rlx_mean"] == pytest.approx(k_rl.mean()) and o["kl_peer_mean"] == pytest.approx(k_peer.mean())
+    assert o["diff_mean"] == pytest.approx((k_rl - k_peer).mean())
+    assert o["diff_se"] == pytest.approx((k_rl - k_peer).std(ddof=1) / math.sqrt(32))
+    assert c["pass"] == (o["diff_mean"] <= 2 * o["diff_se"]) and c["pass"]
+    worse = oracle + rng.normal(size=oracle.shape) * 0.12  # twice the noise: ~4x the KL
+    c = bench_fair.compare_logits(worse, peer, tol=1.0, oracle=oracle)
+    assert not c["pass"] and not c["oracle"]["pass"] and c["oracle"]["diff_mean"] > 2 * c["oracle"]["diff_se"]
+    better = oracle + rng.normal(size=oracle.shape) * 0.01
+    assert bench_fair.compare_logits(better, peer, tol=1.0, oracle=oracle)["pass"]
+
+
+def test_kl_rows():
+    p = np.log(np.array([[0.5, 0.5], [0.9, 0.1]]))
+    q = np.log(np.array([[0.5, 0.5], [0.5, 0.5]]))
+    assert bench_fair.kl_rows(p, q) == pytest.approx([0.0, 0.9 * math.log(1.8) + 0.1 * math.log(0.2)])
+    assert bench_fair.kl_rows(p + 7.0, q - 2.0) == pytest.approx(bench_fair.kl_rows(p, q))  # logits, any offset
+
+
 def _record(**kw):
     r = {"suite": "short", "settings": {"smoke": False, "quick": False, "rounds": 10, "long_rounds": 10},
          "rlx": {"dirty": False}, "cells": [{"loadavg_start": (0.2, 0.3, 0.4)}]}
