@@ -37,8 +37,8 @@ Design (what a skeptic asks, and what this does about it):
       2 max |delta| (a near tie that noise of the gate's size may flip);
       float weights: KL(p_llama || p_rlx) <= 1e-3 nats on every row;
       quantized weights (issue 16's rule: rlx no further from f32 than llama.cpp is): a third
-      worker, the oracle, runs the same file with every matrix dequantised to f32 (rlx's
-      dequantisation, bit-exact against gguf.quants), f32 activations and an f32 KV cache, then
+      worker, the oracle, runs the same file with every matrix dequantised to f32 (by the gguf
+      package's gguf.quants.dequantize, not rlx), f32 activations and an f32 KV cache, then
       exits before anything is timed; per row KL(oracle || rlx) and KL(oracle || llama.cpp), and
       the mean of their difference must be <= 2 standard errors of that mean (rlx not measurably
       further from the oracle than llama.cpp). Both engines quantise the activations and round
@@ -257,9 +257,8 @@ def compare_logits(rl: np.ndarray, ref: np.ndarray, tol: float, oracle: np.ndarr
 
 def oracle_logits(args_load: dict, prompt: list[int], feed: list[int], tmp: str, logdir: str, log) -> np.ndarray:
     """The gate's oracle for quantized weights: rlx in a worker of its own, the same file with every
-    matrix dequantised to f32 once at load (rlx's dequantisation is bit-exact against
-    gguf.quants.dequantize, tests/unit/test_quantize.py), f32 activations and an f32 KV cache;
-    closed before anything is timed."""
+    matrix dequantised to f32 once at load by the gguf package (gguf.quants.dequantize), f32
+    activations and an f32 KV cache; closed before anything is timed."""
     w = Worker("oracle f32", "rlx", None, args_load["threads"], logdir)
     try:
         info = w.call(cmd="load", engine="rlx", gguf=args_load["gguf"], threads=args_load["threads"], kv="f32",

@@ -11,8 +11,8 @@ here, around the engine call alone (time.perf_counter), never around the pipe.
 Commands ({"cmd": ..., args}; the answer always has "ok", and "error" when it is false):
 
     load      engine ("rlx" | "llama.cpp"), gguf (path), threads, kv ("f16" | "f32" | "bf16"),
-              n_ctx, fa (llama.cpp: false | true), dtype (rlx only, optional: "f32" converts every
-              matrix once at load: the gate's oracle for quantized files) -> settings READ BACK
+              n_ctx, fa (llama.cpp: false | true), dtype (rlx only, optional: "f32" dequantises every
+              packed matrix with gguf.quants at load and converts the rest: the gate's oracle) -> settings READ BACK
     logits    prompt (ids), feed (ids), out (.npy path)     -> the (1 + len(feed), vocab) logits
     first     ids: a fresh prompt to its first greedy token -> seconds, the token
     context   ids: sets the context to ids (fresh)          -> seconds, the last logits' path (out)
@@ -88,6 +88,25 @@ def peak_rss_mib() -> float:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
+def dequantised(weights: dict, rows: int = 4096) -> dict:
+    """Every packed matrix as float32, dequantised by the gguf package (gguf.quants.dequantize,
+    llama.cpp's formats in NumPy: not rlx's code), a block of rows at a time; the rows stay in the
+    file's order, which is the order rlx runs them in (Llama's q/k rows included)."""
+    import gguf
+    from rlx.weights import Packed
+    out = {}
+    for name, v in weights.items():
+        if isinstance(v, Packed):
+            qt = gguf.GGMLQuantizationType[v.dtype.upper()]
+            f = np.empty(v.shape, dtype=np.float32)
+            for a in range(0, v.shape[0], rows):
+                f[a:a + rows] = gguf.quants.dequantize(v.data[a:a + rows], qt).reshape(f[a:a + rows].shape)
+            out[name] = f
+        else:
+            out[name] = v
+    return out
+
+
 class RlxEngine:
     name = "rlx"
 
@@ -98,7 +117,10 @@ class RlxEngine:
         rlx.set_num_threads(threads)
         gf = rg.GGUFFile(gguf)
         cfg = rg.model_config(gf)
-        self.gen = (rlx.Generator(cfg, rg.model_weights(gf), device="cpu", dtype=dtype, kv_dtype=kv)
+        weights = rg.model_weights(gf)
+        if dtype == "f32":
+            weights = dequantised(weights)
+        self.gen = (rlx.Generator(cfg, weights, device="cpu", dtype=dtype, kv_dtype=kv)
                     .with_dynamic_prefill_cache().with_dynamic_decode_cache())
         bi = rlx.build_info()
         return {"kv_type": self.gen.kv_dtype, "weight_dtypes": {k: str(v) for k, v in self.gen.weight_dtypes.items()}
