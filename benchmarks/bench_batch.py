@@ -165,7 +165,8 @@ def batch_group(cell, args, name, wtype, gguf, kv, threads, facts, logdir, tmp, 
     vocab = facts["vocab"]
     n_ctx_seq = n_ctx_seq_for(args.prompt_max, args.steps)
     cell.update({"suite": "batch", "model": name, "weights": wtype, "gguf": gguf, "kv": kv, "threads": threads,
-                 "facts": facts, "loadavg_start": os.getloadavg(), "n_ctx_seq": n_ctx_seq, "batches": {}})
+                 "facts": facts, "n_ctx_seq": n_ctx_seq, "batches": {}})
+    cell.setdefault("loadavg_start", os.getloadavg())
     workers, infos = bf.start_group(name, wtype, gguf, kv, threads, LOAD_N_CTX, args.fa, logdir, log)
     cell["engines"] = infos
     try:

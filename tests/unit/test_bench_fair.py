@@ -173,3 +173,19 @@ def test_run_groups_records_every_group_until_the_first_failure(tmp_path, failur
     assert (saved.get("stopped") is None) == (failure is None)
     assert (saved["not_a_measurement"] == []) == (failure is None)  # a stopped run is not a measurement
     assert open(str(tmp_path / "rec.md")).read() == f"# t, 2026-12-01T00:00:00\n\n{len(ran)} cells"
+
+
+def test_run_groups_records_the_load_the_wait_let_go(tmp_path, monkeypatch):
+    """With --wait-quiet the group's starting load is the one wait_quiet read when it let the
+    group go (the load average can tick up in the moment before the group reads it again)."""
+    record = _record(cells=[], date="2026-12-01T00:00:00", machine={})
+    monkeypatch.setattr(bench_fair, "wait_quiet", lambda max_load, timeout, log: [0.49, 0.4, 0.3])
+
+    def run_one(cell, group):
+        cell.setdefault("loadavg_start", (0.9, 0.9, 0.9))  # what short_group does
+        cell["ok"] = True
+
+    args = type("Args", (), {"wait_quiet": 0.5, "readme": False})()
+    assert bench_fair.run_groups(record, [1], run_one, out=str(tmp_path / "r.json"), t_start=0.0, args=args,
+                                 log=lambda m: None, markdown_fn=lambda r: "", title="t", readme_section="s") == 0
+    assert record["cells"][0]["loadavg_start"] == [0.49, 0.4, 0.3] and record["not_a_measurement"] == []
