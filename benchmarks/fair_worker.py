@@ -93,6 +93,7 @@ def dequantised(weights: dict, rows: int = 4096) -> dict:
     llama.cpp's formats in NumPy: not rlx's code), a block of rows at a time; the rows stay in the
     file's order, which is the order rlx runs them in (Llama's q/k rows included)."""
     import gguf
+
     from rlx.weights import Packed
     out = {}
     for name, v in weights.items():
