@@ -1069,8 +1069,63 @@ static __attribute__((unused)) void test_pool_fork(void)
     result(waited && WIFEXITED(st) && WEXITSTATUS(st) == 0, "pool: region in a fork() child failed (status %d)", st);
 }
 
+/* rlx_pieces: each piece taken exactly once, whether every task takes part or one task alone takes
+ * all (the others descheduled); a task alone takes its own range front to back, then the others'
+ * in turn (task t + 1, t + 2, ...), each front to back. */
+struct pieces_ctx {
+    struct rlx_pieces p;
+    atomic_int hits[COVER_MAX];
+    int64_t order[COVER_MAX]; /* alone: the pieces in the order taken */
+    int64_t taken;
+};
+
+static void pieces_fn(void *p, int64_t begin, int64_t end)
+{
+    struct pieces_ctx *c = p;
+    for (int64_t t = begin; t < end; t++)
+        for (int64_t i; (i = rlx_pieces_take(&c->p, (int)t)) >= 0;) atomic_fetch_add(&c->hits[i], 1);
+}
+
+static void test_pieces(void)
+{
+    const int64_t ns[] = {1, 2, 5, 64, 1000};
+    const int parts[] = {1, 2, 3, 7};
+    for (int ni = 0; ni < 5; ni++)
+        for (int pi = 0; pi < 4; pi++)
+            for (int alone = 0; alone < 2; alone++) {
+                const int64_t n = ns[ni];
+                const int np = parts[pi];
+                struct pieces_ctx *c = calloc(1, sizeof *c);
+                rlx_pieces_init(&c->p, n, np);
+                int in_order = 1;
+                if (alone) { /* the last task alone: its range, then task 0's, 1's, ... */
+                    for (int64_t i; (i = rlx_pieces_take(&c->p, np - 1)) >= 0;) {
+                        atomic_fetch_add(&c->hits[i], 1);
+                        c->order[c->taken++] = i;
+                    }
+                    int64_t k = 0;
+                    for (int r = 0; r < np; r++) {
+                        const int t = (np - 1 + r) % np;
+                        for (int64_t i = t * n / np; i < (t + 1) * n / np; i++) in_order &= c->order[k++] == i;
+                    }
+                } else {
+                    rlx_parallel_for(np, 1, pieces_fn, c);
+                }
+                int once = 1;
+                for (int64_t i = 0; i < n; i++) once &= atomic_load(&c->hits[i]) == 1;
+                result(once, "pieces n=%lld parts=%d alone=%d: a piece not taken exactly once", (long long)n, np,
+                       alone);
+                result(rlx_pieces_take(&c->p, 0) == -1, "pieces n=%lld parts=%d: a piece left after the region",
+                       (long long)n, np);
+                result(in_order, "pieces n=%lld parts=%d: a task alone did not take its range first, then the others'",
+                       (long long)n, np);
+                free(c);
+            }
+}
+
 static void test_pool(void)
 {
+    test_pieces();
     test_pool_cover(0);
     test_pool_cover(1);
     test_pool_concurrent();

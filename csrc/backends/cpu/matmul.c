@@ -3,8 +3,9 @@
  *
  * Decode (f32 weights: M <= RLX_MV_MAX_M rows of `a`; 16-bit: M <= RLX_MV_PASSES_MAX_M; weights b
  * (N, K) row-contiguous) is a matrix-vector product bound by how fast the weights stream from
- * DRAM: the pool's threads take contiguous pieces of ~256 KiB of weight rows in turn (whole blocks
- * of 16 rows, so no two threads write one cache line of out), and each thread walks its rows one
+ * DRAM: the rows are cut into pieces of ~256 KiB (whole blocks of 16 rows, so no two threads write
+ * one cache line of out), each thread takes the pieces of its own contiguous range, then what is
+ * left of the others' (rlx_pieces, pool.h), and each thread walks its rows one
  * at a time, front to back, so its weights are one sequential stream (reading four rows at once,
  * four streams 4 KiB apart, measured 2-4x slower from DRAM here; software prefetch a row ahead
  * measured 10-20% slower too); a group's x rows (at most 4 x K floats) stay in L1. For bf16 weights the contract rounds `a`
@@ -85,7 +86,6 @@
 
 #include <cblas.h>
 #include <immintrin.h>
-#include <stdatomic.h>
 #include <string.h>
 
 /* Rows of `a` one matvec kernel instance takes (a group); a matvec call takes up to
@@ -98,7 +98,7 @@
 /* Weight rows per pool item: 16 floats of out = one cache line. */
 #define RLX_MV_BLOCK       16
 /* Bytes of weights per piece of rows a thread takes at a time (about 10 us of one thread's
- * bandwidth: the atomic that deals pieces costs nothing next to it). */
+ * bandwidth: the atomic that takes a piece costs nothing next to it). */
 #define RLX_MV_GRAIN_BYTES (256 * 1024)
 /* Floats of b widened per sgemm panel (4 MiB; f16 weights); the panel holds at least 16 rows. */
 #define RLX_PANEL_FLOATS   (1 << 20)
@@ -358,40 +358,42 @@ struct mv_ctx {
     const void *b;
     int wt, isa;
     int64_t M, K, N;
-    int64_t piece; /* rows per piece, a multiple of RLX_MV_BLOCK */
-    int64_t npieces;
-    atomic_llong next; /* the next piece not yet taken */
+    int64_t piece;            /* rows per piece, a multiple of RLX_MV_BLOCK */
+    struct rlx_pieces pieces; /* the pieces of rows, a range per task */
 };
 
-/* One task: takes pieces of rows in turn until none is left, so a thread that was descheduled
- * (the machine is shared) leaves its share to the others instead of stalling the region. */
+/* One piece of rows [p0, p1) */
+static void mv_piece(const struct mv_ctx *c, int64_t p0, int64_t p1)
+{
+    if (c->isa < RLX_CPU_ISA_AVX2 && !c->a16) {
+        mv_rows_scalar(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, p0, p1);
+        return;
+    }
+    /* each block of weight rows for every group of up to 4 rows of a */
+    for (int64_t r0 = p0; r0 < p1; r0 += RLX_MV_BLOCK) {
+        const int64_t r1 = r0 + RLX_MV_BLOCK < p1 ? r0 + RLX_MV_BLOCK : p1;
+        for (int64_t m0 = 0; m0 < c->M; m0 += RLX_MV_MAX_M) {
+            const int64_t mm = c->M - m0 < RLX_MV_MAX_M ? c->M - m0 : RLX_MV_MAX_M;
+            float *out = c->out + m0 * c->N;
+            if (c->a16)
+                mv_rows_dp(out, c->a16 + m0 * c->K, c->b, mm, c->K, c->N, r0, r1);
+            else if (c->isa >= RLX_CPU_ISA_AVX512)
+                mv_rows_512(out, c->a + m0 * c->K, c->b, c->wt, mm, c->K, c->N, r0, r1);
+            else
+                mv_rows_256(out, c->a + m0 * c->K, c->b, c->wt, mm, c->K, c->N, r0, r1);
+        }
+    }
+}
+
+/* One task: its range of pieces, then what is left of the others' (rlx_pieces_take) */
 static void mv_task(void *p, int64_t begin, int64_t end)
 {
     struct mv_ctx *c = p;
-    (void)begin, (void)end;
-    for (;;) {
-        const int64_t i = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-        if (i >= c->npieces) return;
-        const int64_t p0 = i * c->piece, p1 = p0 + c->piece < c->N ? p0 + c->piece : c->N;
-        if (c->isa < RLX_CPU_ISA_AVX2 && !c->a16) {
-            mv_rows_scalar(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, p0, p1);
-            continue;
+    for (int64_t t = begin; t < end; t++)
+        for (int64_t i; (i = rlx_pieces_take(&c->pieces, (int)t)) >= 0;) {
+            const int64_t p0 = i * c->piece, p1 = p0 + c->piece < c->N ? p0 + c->piece : c->N;
+            mv_piece(c, p0, p1);
         }
-        /* each block of weight rows for every group of up to 4 rows of a */
-        for (int64_t r0 = p0; r0 < p1; r0 += RLX_MV_BLOCK) {
-            const int64_t r1 = r0 + RLX_MV_BLOCK < p1 ? r0 + RLX_MV_BLOCK : p1;
-            for (int64_t m0 = 0; m0 < c->M; m0 += RLX_MV_MAX_M) {
-                const int64_t mm = c->M - m0 < RLX_MV_MAX_M ? c->M - m0 : RLX_MV_MAX_M;
-                float *out = c->out + m0 * c->N;
-                if (c->a16)
-                    mv_rows_dp(out, c->a16 + m0 * c->K, c->b, mm, c->K, c->N, r0, r1);
-                else if (c->isa >= RLX_CPU_ISA_AVX512)
-                    mv_rows_512(out, c->a + m0 * c->K, c->b, c->wt, mm, c->K, c->N, r0, r1);
-                else
-                    mv_rows_256(out, c->a + m0 * c->K, c->b, c->wt, mm, c->K, c->N, r0, r1);
-            }
-        }
-    }
 }
 
 /* out (M, N) = a (M, K) @ b^T, b (N, K) of dtype wt; 1 <= M <= RLX_MV_PASSES_MAX_M, K >= 1; a16: a
@@ -403,21 +405,13 @@ static void matvec(float *out, const float *a, const uint16_t *a16, const void *
 {
     const int64_t block_bytes = RLX_MV_BLOCK * K * (wt == RLX_F32 ? 4 : 2);
     const int64_t piece = (RLX_MV_GRAIN_BYTES + block_bytes - 1) / block_bytes * RLX_MV_BLOCK;
-    struct mv_ctx c = {.out = out,
-                       .a = a,
-                       .a16 = a16,
-                       .b = b,
-                       .wt = wt,
-                       .isa = isa,
-                       .M = M,
-                       .K = K,
-                       .N = N,
-                       .piece = piece,
-                       .npieces = (N + piece - 1) / piece};
-    atomic_init(&c.next, 0);
-    int64_t ntasks = c.npieces / 2;
-    const int64_t threads = rlx_pool_threads();
+    struct mv_ctx c = {
+        .out = out, .a = a, .a16 = a16, .b = b, .wt = wt, .isa = isa, .M = M, .K = K, .N = N, .piece = piece};
+    const int64_t npieces = (N + piece - 1) / piece;
+    int64_t ntasks = npieces / 2;
+    const int64_t threads = rlx_pool_threads() < RLX_PIECES_MAX_PARTS ? rlx_pool_threads() : RLX_PIECES_MAX_PARTS;
     ntasks = ntasks > threads ? threads : ntasks < 1 ? 1 : ntasks;
+    rlx_pieces_init(&c.pieces, npieces, (int)ntasks);
     rlx_parallel_for(ntasks, 1, mv_task, &c);
 }
 

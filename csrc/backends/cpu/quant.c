@@ -49,7 +49,8 @@
  *   scalar: M <= 4 the blocked passes with the scalar kernels below, above sgemm on `a`
  *     quantised and dequantised (q * d in f32) and W dequantised by the dtype's to_f32.
  * Blocked passes: the pool's threads take pieces of whole 16-row blocks of weight rows (~64 KiB of
- * weights, dealt by an atomic as matmul.c's matvec, each thread streaming its rows front to back)
+ * weights; each thread its own contiguous range of them, then what is left of the others', as
+ * matmul.c's matvec (rlx_pieces, pool.h), each thread streaming its rows front to back)
  * and run every group of up to 4 rows of `a` over the piece, so the piece comes from DRAM once and
  * from L2 for the other groups; rows of `a` in chunks of ~8 MiB of quantised activations. Every
  * output is one row's fixed sequence of operations: bitwise identical across thread counts and
@@ -70,7 +71,6 @@
 
 #include <cblas.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
 /* Rows of `a` per call of the row kernels; up to which M the VNNI / AVX2 paths run the blocked
@@ -467,8 +467,8 @@ struct qmv_ctx {
     const void *w;
     int wt, path;
     int64_t M, K, N;
-    int64_t piece, npieces;
-    atomic_llong next;
+    int64_t piece;            /* rows per piece, a multiple of RLX_QMV_BLOCK */
+    struct rlx_pieces pieces; /* the pieces of rows, a range per task */
 };
 
 static void qmv_rows(const struct qmv_ctx *c, int64_t r0, int64_t r1)
@@ -493,13 +493,11 @@ static void qmv_rows(const struct qmv_ctx *c, int64_t r0, int64_t r1)
 static void qmv_task(void *p, int64_t begin, int64_t end)
 {
     struct qmv_ctx *c = p;
-    (void)begin, (void)end;
-    for (;;) {
-        const int64_t i = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-        if (i >= c->npieces) return;
-        const int64_t r0 = i * c->piece, r1 = r0 + c->piece < c->N ? r0 + c->piece : c->N;
-        qmv_rows(c, r0, r1);
-    }
+    for (int64_t t = begin; t < end; t++)
+        for (int64_t i; (i = rlx_pieces_take(&c->pieces, (int)t)) >= 0;) {
+            const int64_t r0 = i * c->piece, r1 = r0 + c->piece < c->N ? r0 + c->piece : c->N;
+            qmv_rows(c, r0, r1);
+        }
 }
 
 /* out (M, N) = the quantised rows a . W^T, W (N, K) of dtype wt */
@@ -508,20 +506,12 @@ static void qmatvec(float *out, const struct rlx_cpu_qact *a, const void *w, int
 {
     const int64_t block_bytes = RLX_QMV_BLOCK * row_bytes(wt, K);
     const int64_t piece = (RLX_QMV_GRAIN_BYTES + block_bytes - 1) / block_bytes * RLX_QMV_BLOCK;
-    struct qmv_ctx c = {.out = out,
-                        .a = a,
-                        .w = w,
-                        .wt = wt,
-                        .path = path,
-                        .M = M,
-                        .K = K,
-                        .N = N,
-                        .piece = piece,
-                        .npieces = (N + piece - 1) / piece};
-    atomic_init(&c.next, 0);
-    int64_t ntasks = c.npieces / 2;
-    const int64_t threads = rlx_pool_threads();
+    struct qmv_ctx c = {.out = out, .a = a, .w = w, .wt = wt, .path = path, .M = M, .K = K, .N = N, .piece = piece};
+    const int64_t npieces = (N + piece - 1) / piece;
+    int64_t ntasks = npieces / 2;
+    const int64_t threads = rlx_pool_threads() < RLX_PIECES_MAX_PARTS ? rlx_pool_threads() : RLX_PIECES_MAX_PARTS;
     ntasks = ntasks > threads ? threads : ntasks < 1 ? 1 : ntasks;
+    rlx_pieces_init(&c.pieces, npieces, (int)ntasks);
     rlx_parallel_for(ntasks, 1, qmv_task, &c);
 }
 
