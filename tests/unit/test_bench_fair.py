@@ -93,6 +93,28 @@ def test_compare_logits_relative_to_the_oracle():
     assert bench_fair.compare_logits(better, peer, tol=1.0, oracle=oracle)["pass"]
 
 
+def test_compare_logits_oracle_units():
+    """The paired difference is averaged per unit (a prompt: its rows share one KV cache) and its
+    standard error taken over the units: a difference shared by the rows of each unit is one
+    sample per unit, not one per row."""
+    rng = np.random.default_rng(4)
+    oracle = rng.normal(size=(32, 200)) * 3
+    peer = oracle + rng.normal(size=oracle.shape) * 0.05
+    rl = oracle + rng.normal(size=oracle.shape) * 0.05
+    units = np.repeat(np.arange(8), 4)
+    c = bench_fair.compare_logits(rl, peer, tol=1.0, oracle=oracle, units=units)
+    d = bench_fair.kl_rows(oracle, rl) - bench_fair.kl_rows(oracle, peer)
+    per_unit = d.reshape(8, 4).mean(axis=1)
+    o = c["oracle"]
+    assert o["units"] == 8 and o["diff_per_unit"] == pytest.approx(per_unit)
+    assert o["diff_mean"] == pytest.approx(per_unit.mean())
+    assert o["diff_se"] == pytest.approx(per_unit.std(ddof=1) / math.sqrt(8))
+    assert o["pass"] == (per_unit.mean() <= 2 * o["diff_se"])
+    assert len(bench_fair.gate_inputs(1000)) == bench_fair.GATE_PROMPTS  # distinct prompts, fixed
+    assert len({tuple(p) for p, _ in bench_fair.gate_inputs(1000)}) == bench_fair.GATE_PROMPTS
+    assert bench_fair.gate_inputs(1000) == bench_fair.gate_inputs(1000)
+
+
 def test_kl_rows():
     p = np.log(np.array([[0.5, 0.5], [0.9, 0.1]]))
     q = np.log(np.array([[0.5, 0.5], [0.5, 0.5]]))
