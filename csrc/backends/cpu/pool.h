@@ -31,7 +31,7 @@ int rlx_pool_threads(void);
  * rest of its share to the others instead of stalling the region. Dealing the pieces in turn from
  * one counter instead (thread 0 piece 0, thread 1 piece 1, thread 0 piece 2, ...) streamed 0.77x
  * the read probe on an Intel Xeon with 2 threads (Q8_0 / Q4_K / Q4_0 weights of 512 MiB from DRAM),
- * contiguous ranges 0.99-1.1x; one thread 0.98-1.0x either way. */
+ * contiguous ranges 0.89-1.1x over two runs; one thread 0.98-1.0x either way. */
 #define RLX_PIECES_MAX_PARTS 256
 struct rlx_pieces {
     int parts;
