@@ -23,7 +23,8 @@
  *
  * Also: the documented quantisation bit for bit (identity weights: out = RN(q * d) exactly) on
  * every path and M; results bitwise identical at 1 and 2 threads (but for the scalar path's
- * prefill, which is OpenBLAS's sgemm); weights and `a` placed against
+ * prefill, which is OpenBLAS's sgemm) and, on the blocked passes, each row of M bitwise its product
+ * alone (M = 1); weights and `a` placed against
  * an unreadable page (an over-read faults); out and scratch guarded (no write past them); M = 0 /
  * N = 0 leave out alone; embedding_quant bit-exact with the ref table (random bytes, NaN included).
  * Prints one line per failure, then "N passed, M failed".
@@ -290,6 +291,20 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
         result(memcmp(o1, o2, (size_t)(M * N) * sizeof(float)) == 0,
                "matmul_quant %s M=%lld K=%lld N=%lld [%s]: 2 threads differ from 1", tn, (long long)M, (long long)K,
                (long long)N, path_name());
+    /* on the blocked passes (every decode step, batched ones included) each row of `a` gets the bits it
+     * gets alone, whatever group of rows it runs in (quant.c) */
+    const int64_t passes = rlx_cpu_avx512_vnni() ? 16 : rlx_cpu_isa() >= RLX_CPU_ISA_AVX2 ? 12 : 4;
+    if (M > 1 && M <= passes) {
+        float *row = buf(N);
+        int same = 1;
+        for (int64_t m = 0; m < M && same; m++) {
+            run_cpu(row, a + m * K, w, wt, 1, K, N);
+            same = memcmp(row, o1 + m * N, (size_t)N * sizeof(float)) == 0;
+        }
+        result(same, "matmul_quant %s M=%lld K=%lld N=%lld [%s]: a row differs from its product alone", tn,
+               (long long)M, (long long)K, (long long)N, path_name());
+        free(row);
+    }
 
     /* the bound, per output */
     float *W = malloc((size_t)(N * K) * sizeof(float)), *mag = malloc((size_t)(N * K) * sizeof(float));
@@ -408,12 +423,14 @@ static void empty_cases(int wt)
 static void test_matmul_quant(void)
 {
     const int vg = under_valgrind();
-    const int64_t Ms[] = {1, 2, 3, 4, 5, 7, 8, 16, 33, 130};
+    /* 12 and 15: a VNNI group of 8, then 4 or 7 (quant.c's group_rows) */
+    const int64_t Ms[] = {1, 2, 3, 4, 5, 7, 8, 16, 33, 130, 12, 15};
+    const int nms = (int)(sizeof Ms / sizeof Ms[0]);
     for (int ti = 0; ti < NTYPES; ti++) {
         const int wt = TYPES[ti];
         const int64_t bs = tr(wt)->block_size;
         const int64_t Ks[] = {bs == 32 ? 96 : 256, bs == 32 ? 320 : 768}, Ns[] = {7, 37};
-        for (int mi = 0; mi < 10; mi++)
+        for (int mi = 0; mi < nms; mi++)
             for (int ki = 0; ki < 2; ki++)
                 for (int ni = 0; ni < 2; ni++) {
                     const int64_t M = Ms[mi], K = Ks[ki], N = Ns[ni];
@@ -429,7 +446,7 @@ static void test_matmul_quant(void)
         quant_case(wt, 2, bs == 32 ? 320 : 768, vg ? 1201 : 6001, 1, 0, 0);
         empty_cases(wt);
     }
-    for (int mi = 0; mi < 10; mi++) {
+    for (int mi = 0; mi < nms; mi++) {
         identity_case(RLX_Q8_0, Ms[mi]);
         if (!vg || Ms[mi] < 40) identity_case(RLX_Q4_K, Ms[mi]);
     }

@@ -186,7 +186,8 @@ static inline __attribute__((always_inline)) void rlx_cpu_qmv_prefetch(const uin
     for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + RLX_QMV_PF + o, _MM_HINT_T1);
 }
 /* out[m * ldo + r] = row r of W (N rows of K of dtype wt, whole blocks) . row m of the quantised
- * activations, for m < M (1..4) and r in [r0, r1); each the same operations whatever M or the range. */
+ * activations, for m < M (AVX2: 1 .. 4; AVX-512 VNNI: 1 .. 8 or 16; another M writes nothing) and r
+ * in [r0, r1); each the same operations whatever M or the range. */
 void rlx_cpu_qmv_avx2(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,
                       int64_t r0, int64_t r1);
 void rlx_cpu_qmv_avx512(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,

@@ -38,8 +38,9 @@
  *   VNNI (AVX-512 with VPDPBUSD): M <= 16 the blocked passes with quant_avx512.c's row kernels,
  *     above the GEMM of quant_gemm.c (a batched decode step of up to 16 sequences, RLX_MAX_BATCH,
  *     stays on the passes: Qwen3-0.6B Q4_K_M, 16 sequences, 2 threads, 124-146 ms per step against
- *     146 through the GEMM, whose panel unpacking is not paid back at 16 rows; and each sequence
- *     then gets the bits it gets alone);
+ *     146 through the GEMM, whose panel unpacking is not paid back at 16 rows (Zen 4, with the rows
+ *     in groups of 4; one group of 16 since: Intel Xeon 150 -> 122 ms); and each sequence then
+ *     gets the bits it gets alone);
  *   AVX2: M <= 12 the blocked passes with quant_avx2.c's row kernels, above quant_gemm.c's AVX2
  *     GEMM; both beat dequantising panels for sgemm at every M measured, 16 .. 512.
  *     (16 sequences of Qwen3-0.6B Q4_K_M under RLX_CPU_ISA=avx2 on the Zen 4, 2 threads, ran 161 ms
@@ -51,8 +52,10 @@
  * Blocked passes: the pool's threads take pieces of whole 16-row blocks of weight rows (~64 KiB of
  * weights; each thread its own contiguous range of them, then what is left of the others', as
  * matmul.c's matvec (rlx_pieces, pool.h), each thread streaming its rows front to back)
- * and run every group of up to 4 rows of `a` over the piece, so the piece comes from DRAM once and
- * from L2 for the other groups; rows of `a` in chunks of ~8 MiB of quantised activations. Every
+ * and run every group of rows of `a` over the piece (VNNI: up to 16 rows in one pass, so a batched
+ * decode step of 16 sequences unpacks each weight once; AVX2 and scalar: up to 4), so the piece
+ * comes from DRAM once and from L2 for the other groups; rows of `a` in chunks of ~8 MiB of
+ * quantised activations. Every
  * output is one row's fixed sequence of operations: bitwise identical across thread counts and
  * whatever M or grouping. Each path computes the function above (the GEMM and sgemm up to f32
  * rounding and summation order); tests/c/test_quant_kernels.c holds each to the ref table.
@@ -73,7 +76,8 @@
 #include <math.h>
 #include <string.h>
 
-/* Rows of `a` per call of the row kernels; up to which M the VNNI / AVX2 paths run the blocked
+/* Rows of `a` per call of the AVX2 and scalar row kernels (VNNI: group_rows); up to which M the
+ * VNNI / AVX2 paths run the blocked
  * passes (above: quant_gemm.c); bytes of quantised rows of `a` per chunk of the blocked passes. */
 #define RLX_QMV_MAX_M 4
 #ifndef RLX_QMV_VNNI_MAX_M
@@ -448,7 +452,7 @@ static float dot_scalar(const uint8_t *w, const struct rlx_cpu_qact *a, int64_t 
 
 /* ---------------------------------------------------------------------------------------------
  * Decode (and the AVX2 prefill): pieces of weight rows dealt to the threads; within a piece, the
- * rows of `a` in groups of up to RLX_QMV_MAX_M, so a piece (~256 KiB) is read from DRAM once and
+ * rows of `a` in groups (group_rows), so a piece (~64 KiB) is read from DRAM once and
  * then from L2 for the other groups
  * ------------------------------------------------------------------------------------------- */
 
@@ -471,16 +475,24 @@ struct qmv_ctx {
     struct rlx_pieces pieces; /* the pieces of rows, a range per task */
 };
 
+/* Rows of `a` the next pass over a piece takes when `left` rows remain: VNNI 16, 8 or all that
+ * are left (its kernels' instances: 1 .. 8 and 16), else up to RLX_QMV_MAX_M */
+static int group_rows(int path, int64_t left)
+{
+    if (path != PATH_VNNI) return (int)(left < RLX_QMV_MAX_M ? left : RLX_QMV_MAX_M);
+    return left >= 16 ? 16 : left >= 8 ? 8 : (int)left;
+}
+
 static void qmv_rows(const struct qmv_ctx *c, int64_t r0, int64_t r1)
 {
-    for (int64_t m0 = 0; m0 < c->M; m0 += RLX_QMV_MAX_M) {
-        const int mm = (int)(c->M - m0 < RLX_QMV_MAX_M ? c->M - m0 : RLX_QMV_MAX_M);
+    for (int64_t m0 = 0, mm; m0 < c->M; m0 += mm) {
+        mm = group_rows(c->path, c->M - m0);
         const struct rlx_cpu_qact a = act_part(c->a, m0, c->wt);
         float *out = c->out + m0 * c->N;
         if (c->path == PATH_VNNI) {
-            rlx_cpu_qmv_avx512(out, c->N, &a, mm, c->w, c->wt, c->K, r0, r1);
+            rlx_cpu_qmv_avx512(out, c->N, &a, (int)mm, c->w, c->wt, c->K, r0, r1);
         } else if (c->path == PATH_AVX2) {
-            rlx_cpu_qmv_avx2(out, c->N, &a, mm, c->w, c->wt, c->K, r0, r1);
+            rlx_cpu_qmv_avx2(out, c->N, &a, (int)mm, c->w, c->wt, c->K, r0, r1);
         } else {
             const int64_t rb = row_bytes(c->wt, c->K);
             for (int64_t r = r0; r < r1; r++)
@@ -599,11 +611,12 @@ static void matmul_sgemm(float *out, const float *a, const void *w, int wt, int6
  * Entry points
  * ------------------------------------------------------------------------------------------- */
 
-/* Rows of `a` per chunk of the blocked passes (their quantised rows about 5 bytes per element) */
+/* Rows of `a` per chunk of the blocked passes (their quantised rows about 5 bytes per element; a
+ * multiple of 16, so a chunk splits into whole groups of every path) */
 static int64_t mv_chunk(int64_t M, int64_t K)
 {
-    int64_t r = RLX_QMV_CHUNK_BYTES / (5 * K) / RLX_QMV_MAX_M * RLX_QMV_MAX_M;
-    r = r < RLX_QMV_MAX_M ? RLX_QMV_MAX_M : r;
+    int64_t r = RLX_QMV_CHUNK_BYTES / (5 * K) / 16 * 16;
+    r = r < 16 ? 16 : r;
     return r < M ? r : M;
 }
 
