@@ -167,7 +167,8 @@ def batch_group(cell, args, name, wtype, gguf, kv, threads, facts, logdir, tmp, 
     cell.update({"suite": "batch", "model": name, "weights": wtype, "gguf": gguf, "kv": kv, "threads": threads,
                  "facts": facts, "n_ctx_seq": n_ctx_seq, "batches": {}})
     cell.setdefault("loadavg_start", os.getloadavg())
-    workers, infos = bf.start_group(name, wtype, gguf, kv, threads, LOAD_N_CTX, args.fa, logdir, log)
+    workers, infos = bf.start_group(name, wtype, gguf, kv, threads, LOAD_N_CTX, args.fa, logdir, log,
+                                    args.llama_extra_bufts == "on")
     cell["engines"] = infos
     try:
         bad = bf.check_readback(workers, infos, kv, threads)
@@ -240,7 +241,9 @@ def markdown(record: dict) -> str:
              f"end. {st['rounds']} rounds per B, blocks of {st['steps']} batched steps after ragged prompts of "
              f"{st['prompt_min']}..{st['prompt_max']} tokens; aggregate tok/s = B x steps / seconds (median over "
              f"rounds); ratios = geometric mean of per-round ratios [95% bootstrap interval]; rlx / llama.cpp above "
-             f"1: rlx faster; 'x B=1': the engine's own aggregate speed against its B=1.")
+             f"1: rlx faster; 'x B=1': the engine's own aggregate speed against its B=1."
+             + (" llama.cpp ran with its extra weight buffers (AMX, CPU_REPACK) off (--llama-extra-bufts off, "
+                "llama-cli's --no-repack)." if st.get('llama_extra_bufts') == "off" else ""))
     L.append("")
     L.append("| model | KV | thr | B | rlx tok/s | llama.cpp FA off | llama.cpp FA on | rlx / FA off | rlx / FA on "
              "| rlx x B=1 | FA off x B=1 | FA on x B=1 | load (1 min) |")
@@ -317,6 +320,9 @@ def main() -> int:
     ap.add_argument("--kv", choices=("f16", "f32", "bf16"), default="f16")
     ap.add_argument("--threads", nargs="+", type=int, default=[2])
     ap.add_argument("--fa", nargs="+", choices=("off", "on"), default=["off", "on"])
+    ap.add_argument("--llama-extra-bufts", choices=("on", "off"), default="on",
+                    help="llama.cpp's extra weight buffer types (AMX, CPU_REPACK), its default on; off is "
+                         "llama-cli's --no-repack, for a machine where they fail (recorded)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--steps", type=int, default=16, help="batched decode steps per timed block")
     ap.add_argument("--prompt-min", type=int, default=32)
@@ -352,6 +358,7 @@ def main() -> int:
               "llama_cpp": bf.llama_cpp_info(), "machine": bf.machine_info(),
               "settings": {"smoke": args.smoke, "quick": False, "rounds": args.rounds, "long_rounds": args.rounds,
                            "steps": args.steps, "batch": args.batch, "settle_s": args.settle, "fa": args.fa,
+                           "llama_extra_bufts": args.llama_extra_bufts,
                            "kv": args.kv, "threads": args.threads, "prompt_min": args.prompt_min,
                            "prompt_max": args.prompt_max, "gate_steps": GATE_STEPS, "load_n_ctx": LOAD_N_CTX,
                            "bootstrap_resamples": bf.BOOT,

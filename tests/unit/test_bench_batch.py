@@ -76,6 +76,9 @@ def test_markdown_table():
     assert "| 7.3 |" in row2 and "| 4.0 |" in row2  # aggregate tok/s: 8 tokens / 1.1 s, 8 / 2.0 s
     assert "1.82x" in row2  # rlx at B=2 against B=1: 2 * 1.0 / 1.1
     assert "B=2: PASS" in md and "n_ctx_seq 256" in md
+    assert "--llama-extra-bufts off" not in md
+    r["settings"]["llama_extra_bufts"] = "off"  # said in the record's first paragraph
+    assert "extra weight buffers (AMX, CPU_REPACK) off (--llama-extra-bufts off" in bench_batch.markdown(r)
     r = _record(stopped="gate failed")
     r["not_a_measurement"] = bf.grade(r)
     md = bench_batch.markdown(r)
