@@ -428,7 +428,7 @@ class _GGUFSource:
                     w.add_key_value(key, value.tolist(), V.ARRAY, _array_value_type(value))
             elif all(isinstance(v, str) for v in value):
                 if value:
-                    w.add_key_value(key, value, V.ARRAY, V.STRING)
+                    w.add_key_value(key, list(value), V.ARRAY, V.STRING)
             else:
                 raise WeightsError(f"{self.path}: metadata key '{key}' is an array of arrays, which rlx does not "
                                    "copy")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+import tracemalloc
 from pathlib import Path
 
 import gguf
@@ -25,7 +26,7 @@ from gguf.constants import GGMLQuantizationType as T
 
 from rlx.config import config_from_dict
 from rlx.errors import ConfigError, WeightsError
-from rlx.gguf import GGUFFile, config_from_gguf, llama3_rope_factors, permute_qk, unpermute_qk
+from rlx.gguf import GGUFFile, GGUFStrings, config_from_gguf, llama3_rope_factors, permute_qk, unpermute_qk
 from rlx.weights import expected_weights
 
 VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "tokenizers" / "vectors"
@@ -314,10 +315,35 @@ def test_metadata_matches_gguf_reader(tmp_path):
             np.testing.assert_array_equal(got, np.array(want))
         elif isinstance(got, float):
             assert np.float32(got) == np.float32(want) if field.types[0] == gguf.GGUFValueType.FLOAT32 else got == want
+        elif isinstance(got, GGUFStrings):
+            assert got == want and list(got) == want and isinstance(want, list), key
         else:
             assert got == want and type(got) is type(want), key
     assert f.metadata["test.strs"] == ["a", "", "é"] and f.metadata["test.flag"] is True
     assert f.version == 3 and f.architecture == "qwen3" and len(f.tensors) == len(r.tensors)
+
+
+def test_string_arrays_read_in_place(tmp_path):
+    """A string array is kept as offsets into the map (8 bytes a string), decoded when read; it
+    behaves as a read-only sequence equal to the list of its strings."""
+    words = [f"w{i}é" for i in range(40000)] + ["", "a b"]
+    write_model(tmp_path / "m.gguf", QWEN3, types=(T.Q8_0,), extra_kv={"test.strs": ("array", words)})
+    tracemalloc.start()
+    f = GGUFFile(tmp_path / "m.gguf")
+    held = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    v = f.metadata["test.strs"]
+    assert isinstance(v, GGUFStrings) and len(v) == len(words)
+    assert held < 24 * len(words), held  # the vocabulary's tokens too; as Python strs ~60 bytes each
+    assert v == words and v == tuple(words) and v != words[:-1] and v != words[:-1] + ["x"] and v != "w0é"
+    assert v[0] == "w0é" and v[-1] == "a b" and v[-2] == "" and v[5:8] == words[5:8] and list(v) == words
+    assert "w7é" in v and v.index("w7é") == 7 and list(reversed(v))[0] == "a b"
+    with pytest.raises(IndexError):
+        v[len(words)]
+    with pytest.raises(TypeError):
+        hash(v)
+    assert f.get("test.strs", list) == words and type(f.get("test.strs", list)) is list
+    assert repr(v).startswith("GGUFStrings(['w0é', 'w1é', 'w2é', ...], 40002 strings)")
 
 
 def test_permutation_helpers():
