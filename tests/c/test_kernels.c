@@ -1079,6 +1079,12 @@ struct pieces_ctx {
     int64_t taken;
 };
 
+static void piece_hit(void *p, int64_t i)
+{
+    struct pieces_ctx *c = p;
+    atomic_fetch_add(&c->hits[i], 1);
+}
+
 static void pieces_fn(void *p, int64_t begin, int64_t end)
 {
     struct pieces_ctx *c = p;
@@ -1121,6 +1127,17 @@ static void test_pieces(void)
                        (long long)n, np);
                 free(c);
             }
+    /* rlx_parallel_pieces: every piece of [0, n) once, at the pool's thread count */
+    for (int ni = 0; ni < 5; ni++) {
+        const int64_t n = ns[ni];
+        struct pieces_ctx *c = calloc(1, sizeof *c);
+        rlx_parallel_pieces(n, piece_hit, c);
+        int once = 1;
+        for (int64_t i = 0; i < n; i++) once &= atomic_load(&c->hits[i]) == 1;
+        result(once, "parallel_pieces n=%lld [threads=%d]: a piece not run once", (long long)n, rlx_pool_threads());
+        free(c);
+    }
+    rlx_parallel_pieces(0, piece_hit, NULL); /* nothing to run: fn never called */
 }
 
 static void test_pool(void)

@@ -364,8 +364,7 @@ struct mv_ctx {
     const void *b;
     int wt, isa;
     int64_t M, K, N;
-    int64_t piece;            /* rows per piece, a multiple of RLX_MV_BLOCK */
-    struct rlx_pieces pieces; /* the pieces of rows, a range per task */
+    int64_t piece; /* rows per piece, a multiple of RLX_MV_BLOCK */
 };
 
 /* One piece of rows [p0, p1) */
@@ -391,15 +390,12 @@ static void mv_piece(const struct mv_ctx *c, int64_t p0, int64_t p1)
     }
 }
 
-/* One task: its range of pieces, then what is left of the others' (rlx_pieces_take) */
-static void mv_task(void *p, int64_t begin, int64_t end)
+/* Piece i (rlx_parallel_pieces) */
+static void mv_piece_at(void *p, int64_t i)
 {
-    struct mv_ctx *c = p;
-    for (int64_t t = begin; t < end; t++)
-        for (int64_t i; (i = rlx_pieces_take(&c->pieces, (int)t)) >= 0;) {
-            const int64_t p0 = i * c->piece, p1 = p0 + c->piece < c->N ? p0 + c->piece : c->N;
-            mv_piece(c, p0, p1);
-        }
+    const struct mv_ctx *c = p;
+    const int64_t p0 = i * c->piece;
+    mv_piece(c, p0, p0 + c->piece < c->N ? p0 + c->piece : c->N);
 }
 
 /* out (M, N) = a (M, K) @ b^T, b (N, K) of dtype wt; 1 <= M <= RLX_MV_PASSES_MAX_M, K >= 1; a16: a
@@ -413,12 +409,7 @@ static void matvec(float *out, const float *a, const uint16_t *a16, const void *
     const int64_t piece = (RLX_MV_GRAIN_BYTES + block_bytes - 1) / block_bytes * RLX_MV_BLOCK;
     struct mv_ctx c = {
         .out = out, .a = a, .a16 = a16, .b = b, .wt = wt, .isa = isa, .M = M, .K = K, .N = N, .piece = piece};
-    const int64_t npieces = (N + piece - 1) / piece;
-    int64_t ntasks = npieces / 2;
-    const int64_t threads = rlx_pool_threads() < RLX_PIECES_MAX_PARTS ? rlx_pool_threads() : RLX_PIECES_MAX_PARTS;
-    ntasks = ntasks > threads ? threads : ntasks < 1 ? 1 : ntasks;
-    rlx_pieces_init(&c.pieces, npieces, (int)ntasks);
-    rlx_parallel_for(ntasks, 1, mv_task, &c);
+    rlx_parallel_pieces((N + piece - 1) / piece, mv_piece_at, &c);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -280,6 +280,30 @@ void rlx_parallel_for(int64_t n, int64_t grain, rlx_range_fn fn, void *ctx)
     pthread_mutex_unlock(&g_pool.region);
 }
 
+struct pieces_ctx {
+    struct rlx_pieces pieces; /* a range per task */
+    rlx_piece_fn fn;
+    void *ctx;
+};
+
+static void pieces_task(void *p, int64_t begin, int64_t end)
+{
+    struct pieces_ctx *c = p;
+    for (int64_t t = begin; t < end; t++)
+        for (int64_t i; (i = rlx_pieces_take(&c->pieces, (int)t)) >= 0;) c->fn(c->ctx, i);
+}
+
+void rlx_parallel_pieces(int64_t n, rlx_piece_fn fn, void *ctx)
+{
+    if (n <= 0) return;
+    const int64_t threads = rlx_pool_threads() < RLX_PIECES_MAX_PARTS ? rlx_pool_threads() : RLX_PIECES_MAX_PARTS;
+    int64_t ntasks = n / 2;
+    ntasks = ntasks > threads ? threads : ntasks < 1 ? 1 : ntasks;
+    struct pieces_ctx c = {.fn = fn, .ctx = ctx};
+    rlx_pieces_init(&c.pieces, n, (int)ntasks);
+    rlx_parallel_for(ntasks, 1, pieces_task, &c);
+}
+
 int rlx_pool_threads(void)
 {
     pool_init();

@@ -471,8 +471,7 @@ struct qmv_ctx {
     const void *w;
     int wt, path;
     int64_t M, K, N;
-    int64_t piece;            /* rows per piece, a multiple of RLX_QMV_BLOCK */
-    struct rlx_pieces pieces; /* the pieces of rows, a range per task */
+    int64_t piece; /* rows per piece, a multiple of RLX_QMV_BLOCK */
 };
 
 /* Rows of `a` the next pass over a piece takes when `left` rows remain: VNNI 16, 8 or all that
@@ -502,14 +501,12 @@ static void qmv_rows(const struct qmv_ctx *c, int64_t r0, int64_t r1)
     }
 }
 
-static void qmv_task(void *p, int64_t begin, int64_t end)
+/* Piece i (rlx_parallel_pieces) */
+static void qmv_piece_at(void *p, int64_t i)
 {
-    struct qmv_ctx *c = p;
-    for (int64_t t = begin; t < end; t++)
-        for (int64_t i; (i = rlx_pieces_take(&c->pieces, (int)t)) >= 0;) {
-            const int64_t r0 = i * c->piece, r1 = r0 + c->piece < c->N ? r0 + c->piece : c->N;
-            qmv_rows(c, r0, r1);
-        }
+    const struct qmv_ctx *c = p;
+    const int64_t r0 = i * c->piece;
+    qmv_rows(c, r0, r0 + c->piece < c->N ? r0 + c->piece : c->N);
 }
 
 /* out (M, N) = the quantised rows a . W^T, W (N, K) of dtype wt */
@@ -519,12 +516,7 @@ static void qmatvec(float *out, const struct rlx_cpu_qact *a, const void *w, int
     const int64_t block_bytes = RLX_QMV_BLOCK * row_bytes(wt, K);
     const int64_t piece = (RLX_QMV_GRAIN_BYTES + block_bytes - 1) / block_bytes * RLX_QMV_BLOCK;
     struct qmv_ctx c = {.out = out, .a = a, .w = w, .wt = wt, .path = path, .M = M, .K = K, .N = N, .piece = piece};
-    const int64_t npieces = (N + piece - 1) / piece;
-    int64_t ntasks = npieces / 2;
-    const int64_t threads = rlx_pool_threads() < RLX_PIECES_MAX_PARTS ? rlx_pool_threads() : RLX_PIECES_MAX_PARTS;
-    ntasks = ntasks > threads ? threads : ntasks < 1 ? 1 : ntasks;
-    rlx_pieces_init(&c.pieces, npieces, (int)ntasks);
-    rlx_parallel_for(ntasks, 1, qmv_task, &c);
+    rlx_parallel_pieces((N + piece - 1) / piece, qmv_piece_at, &c);
 }
 
 /* ---------------------------------------------------------------------------------------------
