@@ -4,8 +4,8 @@
  * unpacked once for all of them; instances for M = 1 .. 8 and 16, quant.c's group_rows). A batched
  * decode step of 16 sequences then unpacks each weight once, where groups of 4 unpacked it four
  * times: measured on an Intel Xeon (2 threads, Qwen3-0.6B, whole steps, old and new builds run
- * alternately), 16 sequences 92-104 -> 110-124 tok/s on Q4_K_M, Q8_0, Q4_0 and Q6_K; 8 sequences
- * 80-99 -> 99-122; one sequence unchanged. Only called where rlx_cpu_avx512_vnni() (quant.c).
+ * alternately), Q4_K_M 16 sequences 107 -> 131 tok/s, 8 sequences 106 -> 118; Q8_0 91 -> 119 and
+ * 77 -> 99; one sequence within the noise. Only called where rlx_cpu_avx512_vnni() (quant.c).
  *
  * 64 weights per vector, unpacked to unsigned bytes in the order the activations are kept in.
  * Zen 4 runs each 512-bit multiply (VPDPBUSD, VPDPWSSD, VPMADDUBSW, FMA, VCVTPH2PS) as two halves
@@ -400,18 +400,18 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
  * (it lays them out differently on every run). */
 /* clang-format off */
 #define INSTANCE(WT, MM, KERNEL)                                                                                       \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"),                                       \
-                   noinline)) static void KERNEL##_##WT##_##MM(float *out, int64_t ldo, const struct rlx_cpu_qact *a,  \
-                                                               const uint8_t *w, int64_t K, int64_t r0, int64_t r1)    \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), noinline)) static void               \
+    KERNEL##_##WT##_##MM(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K,          \
+                         int64_t r0, int64_t r1)                                                                       \
     {                                                                                                                  \
         struct idx32 ix;                                                                                               \
         if (WT == RLX_Q4_0 || WT == RLX_Q4_1 || WT == RLX_Q5_0 || WT == RLX_Q5_1) idx32_init(&ix, WT);                 \
         for (int64_t r = r0; r < r1; r++) KERNEL(out, ldo, a, w, K, r, &ix, WT, MM);                                   \
     }
 #define INSTANCES(WT, KERNEL)                                                                                          \
-    INSTANCE(WT, 1, KERNEL)                                                                                            \
-    INSTANCE(WT, 2, KERNEL) INSTANCE(WT, 3, KERNEL) INSTANCE(WT, 4, KERNEL) INSTANCE(WT, 5, KERNEL)                    \
-        INSTANCE(WT, 6, KERNEL) INSTANCE(WT, 7, KERNEL) INSTANCE(WT, 8, KERNEL) INSTANCE(WT, 16, KERNEL)
+    INSTANCE(WT, 1, KERNEL) INSTANCE(WT, 2, KERNEL) INSTANCE(WT, 3, KERNEL) INSTANCE(WT, 4, KERNEL)                    \
+    INSTANCE(WT, 5, KERNEL) INSTANCE(WT, 6, KERNEL) INSTANCE(WT, 7, KERNEL) INSTANCE(WT, 8, KERNEL)                    \
+    INSTANCE(WT, 16, KERNEL)
 INSTANCES(RLX_Q8_0, row8)
 INSTANCES(RLX_Q4_0, row4)
 INSTANCES(RLX_Q4_1, row4)
@@ -433,9 +433,8 @@ void rlx_cpu_qmv_avx512(float *out, int64_t ldo, const struct rlx_cpu_qact *a, i
         KERNEL##_##WT##_##MM(out, ldo, a, w, K, r0, r1);                                                               \
         break;
 #define CASES(WT, KERNEL)                                                                                              \
-    CASE(WT, 1, KERNEL)                                                                                                \
-    CASE(WT, 2, KERNEL) CASE(WT, 3, KERNEL) CASE(WT, 4, KERNEL) CASE(WT, 5, KERNEL) CASE(WT, 6, KERNEL)                \
-        CASE(WT, 7, KERNEL) CASE(WT, 8, KERNEL) CASE(WT, 16, KERNEL)
+    CASE(WT, 1, KERNEL) CASE(WT, 2, KERNEL) CASE(WT, 3, KERNEL) CASE(WT, 4, KERNEL) CASE(WT, 5, KERNEL)                \
+    CASE(WT, 6, KERNEL) CASE(WT, 7, KERNEL) CASE(WT, 8, KERNEL) CASE(WT, 16, KERNEL)
     switch (wt * 32 + M) {
         CASES(RLX_Q8_0, row8)
         CASES(RLX_Q4_0, row4)
