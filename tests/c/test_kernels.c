@@ -1079,10 +1079,11 @@ struct pieces_ctx {
     int64_t taken;
 };
 
-static void piece_hit(void *p, int64_t i)
+static void piece_hit(void *p, int64_t begin, int64_t end)
 {
     struct pieces_ctx *c = p;
-    atomic_fetch_add(&c->hits[i], 1);
+    for (int64_t i = begin; i < end; i++) atomic_fetch_add(&c->hits[i], 1);
+    atomic_fetch_add(&c->hits[COVER_MAX - 1], end - begin > 3); /* a piece longer than asked */
 }
 
 static void pieces_fn(void *p, int64_t begin, int64_t end)
@@ -1127,17 +1128,20 @@ static void test_pieces(void)
                        (long long)n, np);
                 free(c);
             }
-    /* rlx_parallel_pieces: every piece of [0, n) once, at the pool's thread count */
-    for (int ni = 0; ni < 5; ni++) {
-        const int64_t n = ns[ni];
-        struct pieces_ctx *c = calloc(1, sizeof *c);
-        rlx_parallel_pieces(n, piece_hit, c);
-        int once = 1;
-        for (int64_t i = 0; i < n; i++) once &= atomic_load(&c->hits[i]) == 1;
-        result(once, "parallel_pieces n=%lld [threads=%d]: a piece not run once", (long long)n, rlx_pool_threads());
-        free(c);
-    }
-    rlx_parallel_pieces(0, piece_hit, NULL); /* nothing to run: fn never called */
+    /* rlx_parallel_pieces: every item of [0, n) once, in pieces of at most 3 (1 and 3 items a
+     * piece), at the pool's thread count */
+    for (int ni = 0; ni < 5; ni++)
+        for (int64_t piece = 1; piece <= 3; piece += 2) {
+            const int64_t n = ns[ni] < COVER_MAX - 1 ? ns[ni] : COVER_MAX - 1;
+            struct pieces_ctx *c = calloc(1, sizeof *c);
+            rlx_parallel_pieces(n, piece, piece_hit, c);
+            int once = atomic_load(&c->hits[COVER_MAX - 1]) == 0;
+            for (int64_t i = 0; i < n; i++) once &= atomic_load(&c->hits[i]) == 1;
+            result(once, "parallel_pieces n=%lld piece=%lld [threads=%d]: an item not run once", (long long)n,
+                   (long long)piece, rlx_pool_threads());
+            free(c);
+        }
+    rlx_parallel_pieces(0, 3, piece_hit, NULL); /* nothing to run: fn never called */
 }
 
 static void test_pool(void)

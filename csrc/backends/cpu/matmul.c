@@ -364,12 +364,12 @@ struct mv_ctx {
     const void *b;
     int wt, isa;
     int64_t M, K, N;
-    int64_t piece; /* rows per piece, a multiple of RLX_MV_BLOCK */
 };
 
-/* One piece of rows [p0, p1) */
-static void mv_piece(const struct mv_ctx *c, int64_t p0, int64_t p1)
+/* One piece of rows [p0, p1) (rlx_parallel_pieces) */
+static void mv_piece(void *p, int64_t p0, int64_t p1)
 {
+    const struct mv_ctx *c = p;
     if (c->isa < RLX_CPU_ISA_AVX2 && !c->a16) {
         mv_rows_scalar(c->out, c->a, c->b, c->wt, c->M, c->K, c->N, p0, p1);
         return;
@@ -390,14 +390,6 @@ static void mv_piece(const struct mv_ctx *c, int64_t p0, int64_t p1)
     }
 }
 
-/* Piece i (rlx_parallel_pieces) */
-static void mv_piece_at(void *p, int64_t i)
-{
-    const struct mv_ctx *c = p;
-    const int64_t p0 = i * c->piece;
-    mv_piece(c, p0, p0 + c->piece < c->N ? p0 + c->piece : c->N);
-}
-
 /* out (M, N) = a (M, K) @ b^T, b (N, K) of dtype wt; 1 <= M <= RLX_MV_PASSES_MAX_M, K >= 1; a16: a
  * packed to bf16 for VDPBF16PS (bf16 weights on AVX512_BF16 only), else NULL and `a` is used.
  * Pieces of whole 16-row blocks holding about RLX_MV_GRAIN_BYTES of weights; one task per pool
@@ -407,9 +399,8 @@ static void matvec(float *out, const float *a, const uint16_t *a16, const void *
 {
     const int64_t block_bytes = RLX_MV_BLOCK * K * (wt == RLX_F32 ? 4 : 2);
     const int64_t piece = (RLX_MV_GRAIN_BYTES + block_bytes - 1) / block_bytes * RLX_MV_BLOCK;
-    struct mv_ctx c = {
-        .out = out, .a = a, .a16 = a16, .b = b, .wt = wt, .isa = isa, .M = M, .K = K, .N = N, .piece = piece};
-    rlx_parallel_pieces((N + piece - 1) / piece, mv_piece_at, &c);
+    struct mv_ctx c = {.out = out, .a = a, .a16 = a16, .b = b, .wt = wt, .isa = isa, .M = M, .K = K, .N = N};
+    rlx_parallel_pieces(N, piece, mv_piece, &c);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -281,8 +281,9 @@ void rlx_parallel_for(int64_t n, int64_t grain, rlx_range_fn fn, void *ctx)
 }
 
 struct pieces_ctx {
-    struct rlx_pieces pieces; /* a range per task */
-    rlx_piece_fn fn;
+    struct rlx_pieces pieces; /* a range of pieces per task */
+    int64_t n, piece;         /* items, items per piece */
+    rlx_range_fn fn;
     void *ctx;
 };
 
@@ -290,17 +291,22 @@ static void pieces_task(void *p, int64_t begin, int64_t end)
 {
     struct pieces_ctx *c = p;
     for (int64_t t = begin; t < end; t++)
-        for (int64_t i; (i = rlx_pieces_take(&c->pieces, (int)t)) >= 0;) c->fn(c->ctx, i);
+        for (int64_t i; (i = rlx_pieces_take(&c->pieces, (int)t)) >= 0;) {
+            const int64_t b = i * c->piece;
+            c->fn(c->ctx, b, b + c->piece < c->n ? b + c->piece : c->n);
+        }
 }
 
-void rlx_parallel_pieces(int64_t n, rlx_piece_fn fn, void *ctx)
+void rlx_parallel_pieces(int64_t n, int64_t piece, rlx_range_fn fn, void *ctx)
 {
     if (n <= 0) return;
+    if (piece < 1) piece = 1;
+    const int64_t npieces = (n + piece - 1) / piece;
     const int64_t threads = rlx_pool_threads() < RLX_PIECES_MAX_PARTS ? rlx_pool_threads() : RLX_PIECES_MAX_PARTS;
-    int64_t ntasks = n / 2;
+    int64_t ntasks = npieces / 2;
     ntasks = ntasks > threads ? threads : ntasks < 1 ? 1 : ntasks;
-    struct pieces_ctx c = {.fn = fn, .ctx = ctx};
-    rlx_pieces_init(&c.pieces, n, (int)ntasks);
+    struct pieces_ctx c = {.n = n, .piece = piece, .fn = fn, .ctx = ctx};
+    rlx_pieces_init(&c.pieces, npieces, (int)ntasks);
     rlx_parallel_for(ntasks, 1, pieces_task, &c);
 }
 

@@ -63,13 +63,11 @@ static inline int64_t rlx_pieces_take(struct rlx_pieces *p, int t)
     return -1;
 }
 
-/* fn processes piece i of a region's pieces */
-typedef void (*rlx_piece_fn)(void *ctx, int64_t i);
-
-/* Runs fn over the pieces [0, n) (the matrix-vector products' weight rows): one task per pool
- * thread (at most RLX_PIECES_MAX_PARTS) while there are at least two pieces a task, each task its
- * own contiguous range of the pieces first, then what is left of the others' (rlx_pieces).
- * Returns when all are done. */
-void rlx_parallel_pieces(int64_t n, rlx_piece_fn fn, void *ctx);
+/* Runs fn over [0, n) in pieces of `piece` items (the last may be shorter; the matrix-vector
+ * products' weight rows), fn(ctx, begin, end) once per piece: one task per pool thread (at most
+ * RLX_PIECES_MAX_PARTS) while there are at least two pieces a task, each task its own contiguous
+ * range of the pieces first, then what is left of the others' (rlx_pieces). Returns when all are
+ * done. */
+void rlx_parallel_pieces(int64_t n, int64_t piece, rlx_range_fn fn, void *ctx);
 
 #endif

@@ -55,10 +55,10 @@
  * and run every group of rows of `a` over the piece (VNNI: up to 16 rows in one pass, so a batched
  * decode step of 16 sequences unpacks each weight once; AVX2 and scalar: up to 4), so the piece
  * comes from DRAM once and from L2 for the other groups; rows of `a` in chunks of ~8 MiB of
- * quantised activations. Every
- * output is one row's fixed sequence of operations: bitwise identical across thread counts and
- * whatever M or grouping. Each path computes the function above (the GEMM and sgemm up to f32
- * rounding and summation order); tests/c/test_quant_kernels.c holds each to the ref table.
+ * quantised activations. Every output is one row's fixed sequence of operations: bitwise identical
+ * across thread counts and whatever M or grouping. Each path computes the function above (the GEMM
+ * and sgemm up to f32 rounding and summation order); tests/c/test_quant_kernels.c holds each to the
+ * ref table.
  *
  * The figures above are whole decode steps (Zen 4 EPYC VM, 2 vCPUs shared with other jobs, so best of
  * several passes); the per-model figures against llama.cpp are in benchmarks/README.md.
@@ -77,8 +77,8 @@
 #include <string.h>
 
 /* Rows of `a` per call of the AVX2 and scalar row kernels (VNNI: group_rows); up to which M the
- * VNNI / AVX2 paths run the blocked
- * passes (above: quant_gemm.c); bytes of quantised rows of `a` per chunk of the blocked passes. */
+ * VNNI / AVX2 paths run the blocked passes (above: quant_gemm.c); bytes of quantised rows of `a`
+ * per chunk of the blocked passes. */
 #define RLX_QMV_MAX_M 4
 #ifndef RLX_QMV_VNNI_MAX_M
 #define RLX_QMV_VNNI_MAX_M 16
@@ -471,7 +471,6 @@ struct qmv_ctx {
     const void *w;
     int wt, path;
     int64_t M, K, N;
-    int64_t piece; /* rows per piece, a multiple of RLX_QMV_BLOCK */
 };
 
 /* Rows of `a` the next pass over a piece takes when `left` rows remain: VNNI 16, 8 or all that
@@ -482,8 +481,10 @@ static int group_rows(int path, int64_t left)
     return left >= 16 ? 16 : left >= 8 ? 8 : (int)left;
 }
 
-static void qmv_rows(const struct qmv_ctx *c, int64_t r0, int64_t r1)
+/* Weight rows [r0, r1): one piece (rlx_parallel_pieces) */
+static void qmv_rows(void *p, int64_t r0, int64_t r1)
 {
+    const struct qmv_ctx *c = p;
     for (int64_t m0 = 0, mm; m0 < c->M; m0 += mm) {
         mm = group_rows(c->path, c->M - m0);
         const struct rlx_cpu_qact a = act_part(c->a, m0, c->wt);
@@ -501,22 +502,14 @@ static void qmv_rows(const struct qmv_ctx *c, int64_t r0, int64_t r1)
     }
 }
 
-/* Piece i (rlx_parallel_pieces) */
-static void qmv_piece_at(void *p, int64_t i)
-{
-    const struct qmv_ctx *c = p;
-    const int64_t r0 = i * c->piece;
-    qmv_rows(c, r0, r0 + c->piece < c->N ? r0 + c->piece : c->N);
-}
-
 /* out (M, N) = the quantised rows a . W^T, W (N, K) of dtype wt */
 static void qmatvec(float *out, const struct rlx_cpu_qact *a, const void *w, int wt, int path, int64_t M, int64_t K,
                     int64_t N)
 {
     const int64_t block_bytes = RLX_QMV_BLOCK * row_bytes(wt, K);
     const int64_t piece = (RLX_QMV_GRAIN_BYTES + block_bytes - 1) / block_bytes * RLX_QMV_BLOCK;
-    struct qmv_ctx c = {.out = out, .a = a, .w = w, .wt = wt, .path = path, .M = M, .K = K, .N = N, .piece = piece};
-    rlx_parallel_pieces((N + piece - 1) / piece, qmv_piece_at, &c);
+    struct qmv_ctx c = {.out = out, .a = a, .w = w, .wt = wt, .path = path, .M = M, .K = K, .N = N};
+    rlx_parallel_pieces(N, piece, qmv_rows, &c);
 }
 
 /* ---------------------------------------------------------------------------------------------
