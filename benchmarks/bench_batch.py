@@ -167,6 +167,7 @@ def batch_group(cell, args, name, wtype, gguf, kv, threads, facts, logdir, tmp, 
     cell.update({"suite": "batch", "model": name, "weights": wtype, "gguf": gguf, "kv": kv, "threads": threads,
                  "facts": facts, "n_ctx_seq": n_ctx_seq, "batches": {}})
     cell.setdefault("loadavg_start", os.getloadavg())
+    cell["page_cache"] = bf.warm_pages(gguf, log)
     workers, infos = bf.start_group(name, wtype, gguf, kv, threads, LOAD_N_CTX, args.fa, logdir, log,
                                     args.llama_extra_bufts == "on")
     cell["engines"] = infos
@@ -215,8 +216,8 @@ def batch_group(cell, args, name, wtype, gguf, kv, threads, facts, logdir, tmp, 
                                        for lab in cb["times_s"]}
             s = {k: cb["scaling_vs_b1"]["rlx"]["ratio"] for k, cb in cell["batches"].items()}
             log("    rlx scaling vs B=1: " + ", ".join(f"B={k} {v:.2f}x" for k, v in s.items()))
-        cell["mem"] = {w.label: {k: v for k, v in w.call(cmd="mem").items() if k not in ("ok", "kv_bytes")}
-                       for w in workers}
+        cell["mem"] = {lab: {k: v for k, v in m.items() if k != "kv_bytes"}
+                       for lab, m in bf.mem_snapshot(workers, gguf).items()}
         cell["loadavg_end"] = os.getloadavg()
         cell["ok"] = True
     finally:
@@ -299,6 +300,7 @@ def markdown(record: dict) -> str:
         L.append("Peak RSS per worker process after every B (MiB, VmHWM): " + "; ".join(
             f"{c['model']} t{c['threads']}: " + ", ".join(f"{lab} {v['peak_rss_mib']:.0f}" for lab, v in c["mem"].items())
             for c in mem) + ".")
+        L += bf.weight_pages_lines(record["cells"])
     if record.get("stopped"):
         L.append("")
         L.append(f"**Run stopped: {record['stopped']}**")

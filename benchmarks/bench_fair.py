@@ -427,8 +427,36 @@ def start_group(model: str, wtype: str, gguf: str, kv: str, threads: int, n_ctx:
     return workers, infos
 
 
-def mem_snapshot(workers: list[Worker]) -> dict:
-    return {w.label: {k: v for k, v in w.call(cmd="mem").items() if k != "ok"} for w in workers}
+def warm_pages(gguf: str, log) -> dict:
+    """Reads the whole file once through rlx.mapping.map_file before any engine loads it, so that
+    the page cache holds it as the kernel's 2 MiB folios where it can (a file cached earlier through
+    4 KiB pages is dropped and read again: rlx.mapping's docstring) and every engine's mapping of
+    it, rlx's and llama.cpp's alike, gets the same pages; weight_pages (below) records what each
+    engine's process then has."""
+    from rlx.mapping import map_file, mapped_pages
+
+    t0 = time.perf_counter()
+    data = map_file(gguf)
+    int(data[::4096].sum())  # one byte per page faults the file in
+    rss, huge = mapped_pages(gguf) or (0, 0)
+    del data
+    out = {"resident_mib": rss / 2**20, "huge_mib": huge / 2**20, "s": time.perf_counter() - t0}
+    log(f"    page cache: {out['huge_mib']:.0f} of {out['resident_mib']:.0f} MiB of {os.path.basename(gguf)} "
+        f"through 2 MiB pages ({out['s']:.1f} s)")
+    return out
+
+
+def weight_pages(w: Worker, gguf: str) -> dict:
+    """How worker w's process maps the model file: resident MiB, and MiB through 2 MiB pages."""
+    from rlx.mapping import mapped_pages
+
+    rss, huge = mapped_pages(gguf, w.pid) or (0, 0)
+    return {"resident_mib": rss / 2**20, "huge_mib": huge / 2**20}
+
+
+def mem_snapshot(workers: list[Worker], gguf: str) -> dict:
+    return {w.label: {**{k: v for k, v in w.call(cmd="mem").items() if k != "ok"},
+                      "weight_pages": weight_pages(w, gguf)} for w in workers}
 
 
 def short_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp, log) -> None:
@@ -436,6 +464,7 @@ def short_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp,
     cell.update({"suite": "short", "model": model, "weights": wtype, "gguf": gguf, "kv": kv, "threads": threads,
                  "facts": facts})
     cell.setdefault("loadavg_start", os.getloadavg())
+    cell["page_cache"] = warm_pages(gguf, log)
     workers, infos = start_group(model, wtype, gguf, kv, threads, 2048, args.fa, logdir, log,
                                  args.llama_extra_bufts == "on")
     cell["engines"] = infos
@@ -470,7 +499,7 @@ def short_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp,
             if args.profile:
                 cell.setdefault("rlx_profile", {})[f"decode@{ctx}"] = workers[0].call(
                     cmd="profile", n=ctx, tok=tok)["profile_s"]
-        cell["mem"] = mem_snapshot(workers)
+        cell["mem"] = mem_snapshot(workers, gguf)
         if args.profile:
             for n in args.pp:
                 cell.setdefault("rlx_profile", {})[f"prefill@{n}"] = workers[0].call(
@@ -489,6 +518,7 @@ def long_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp, 
                  "facts": facts, "contexts": ctxs})
     cell.setdefault("loadavg_start", os.getloadavg())
     n_ctx = max(ctxs + list(args.ttft)) + 256
+    cell["page_cache"] = warm_pages(gguf, log)
     workers, infos = start_group(model, wtype, gguf, kv, threads, n_ctx, args.fa, logdir, log,
                                  args.llama_extra_bufts == "on")
     cell["engines"] = infos
@@ -505,7 +535,7 @@ def long_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp, 
             w.call(cmd="first", ids=prompt_ids(vocab, 512, salt=99))
             w.call(cmd="decode", n=512, tok=1000, steps=2)
         cell["metrics"] = m = {}
-        cell["mem"] = {"loaded": mem_snapshot(workers)}
+        cell["mem"] = {"loaded": mem_snapshot(workers, gguf)}
         for n in args.ttft:
             ids = prompt_ids(vocab, n, salt=1)
             m[f"ttft@{n}"] = r = rounds(workers, args.long_rounds, lambda w: w.call(cmd="first", ids=ids)["s"],
@@ -547,7 +577,7 @@ def long_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp, 
                                         lambda w: w.call(cmd="decode", n=ctx, tok=tok, steps=args.steps)["s"],
                                         args.settle, log, f"decode@{ctx} ({args.steps} tokens per block)")
             r["tokens"] = args.steps
-            cell["mem"][f"ctx{ctx}"] = mem_snapshot(workers)
+            cell["mem"][f"ctx{ctx}"] = mem_snapshot(workers, gguf)
             if args.profile:
                 cell.setdefault("rlx_profile", {})[f"decode@{ctx}"] = workers[0].call(cmd="profile", n=ctx,
                                                                                      tok=tok)["profile_s"]
@@ -631,6 +661,26 @@ def bytes_per_token_lines(record: dict) -> list[str]:
                      f"| {implied('llama.cpp fa=on')} |")
             rows += 1
     return L if rows else []
+
+
+def weight_pages_lines(cells: list) -> list[str]:
+    """The model file's pages as each engine's process mapped them (MiB through 2 MiB pages of MiB
+    resident), after the file was read once through rlx.mapping (warm_pages)."""
+    L = []
+    for c in cells:
+        snap = c.get("mem", {})
+        snap = snap.get(f"ctx{c['contexts'][-1]}", {}) if c.get("suite") == "long" else snap
+        if c.get("page_cache") and snap and all("weight_pages" in v for v in snap.values()):
+            pc = c["page_cache"]
+            L.append(f"- {c['model']} {c['weights']} t{c['threads']}: page cache {pc['huge_mib']:.0f} of "
+                     f"{pc['resident_mib']:.0f} MiB in 2 MiB pages before loading; " + ", ".join(
+                         f"{lab} {v['weight_pages']['huge_mib']:.0f} of {v['weight_pages']['resident_mib']:.0f}"
+                         for lab, v in snap.items()))
+    if not L:
+        return []
+    return ["", "The model file's pages in each engine's process at the end (MiB mapped through 2 MiB pages, of "
+            "MiB resident; the file was read once through rlx.mapping before any engine loaded it, so the page "
+            "cache holds 2 MiB folios where the kernel can, and every engine's mapping gets them):", ""] + L
 
 
 def markdown(record: dict) -> str:
@@ -719,6 +769,7 @@ def markdown(record: dict) -> str:
         if snap:
             L.append(f"- {c['model']} {c['weights']} KV {c['kv']} t{c['threads']} ({c['suite']}): " + ", ".join(
                 f"{lab} {v['peak_rss_mib']:.0f}" for lab, v in snap.items()))
+    L += weight_pages_lines(record["cells"])
     profs = [c for c in record["cells"] if c.get("rlx_profile")]
     if profs:
         L.append("")

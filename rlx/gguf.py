@@ -63,7 +63,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from rlx import dtypes as _dtypes
 from rlx.config import ModelConfig, config_from_dict
 from rlx.errors import ConfigError, WeightsError
-from rlx.weights import map_file
+from rlx.mapping import map_file
 
 __all__ = ["ARCHITECTURES", "TENSOR_NAMES", "GGUFFile", "GGUFStrings", "GGUFTensor", "config_from_gguf", "gguf_arch",
            "gguf_name", "llama3_rope_factors", "permute_qk", "unpermute_qk"]

@@ -52,6 +52,7 @@ import numpy as np
 from rlx import _C
 from rlx import dtypes as _dtypes
 from rlx.errors import WeightsError
+from rlx.mapping import map_file
 
 __all__ = ["load_weights", "expected_weights", "check_weights", "block_params", "expert_parts", "dtype_summary",
            "Packed"]
@@ -211,14 +212,6 @@ def _read_index(index: str) -> dict[str, str]:
                                "not a file name)")
         out[tensor] = os.path.normpath(shard) if shard else shard
     return out
-
-
-def map_file(path: str) -> np.memmap:
-    """The file mapped read-only (uint8), remembering the file as it was (`rlx_source`: path and
-    os.stat) so that a model reading views of it can tell when it is modified in place."""
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    data.rlx_source = (os.path.abspath(path), os.stat(path))
-    return data
 
 
 def watch_sources(model, weights: dict) -> None:

@@ -211,3 +211,20 @@ def test_run_groups_records_the_load_the_wait_let_go(tmp_path, monkeypatch):
     assert bench_fair.run_groups(record, [1], run_one, out=str(tmp_path / "r.json"), t_start=0.0, args=args,
                                  log=lambda m: None, markdown_fn=lambda r: "", title="t", readme_section="s") == 0
     assert record["cells"][0]["loadavg_start"] == [0.49, 0.4, 0.3] and record["not_a_measurement"] == []
+
+
+def test_weight_pages_lines():
+    """Each engine's pages of the model file, beside the page cache's, per cell; nothing for cells
+    recorded before weight_pages existed."""
+    pages = {"rlx": {"peak_rss_mib": 1.0, "weight_pages": {"resident_mib": 380.0, "huge_mib": 376.0}},
+             "llama.cpp fa=on": {"peak_rss_mib": 1.0, "weight_pages": {"resident_mib": 376.0, "huge_mib": 374.0}}}
+    cell = {"suite": "short", "model": "Qwen3-0.6B", "weights": "q4_k_m", "threads": 2,
+            "page_cache": {"resident_mib": 376.0, "huge_mib": 374.0, "s": 0.5}, "mem": pages}
+    lines = bench_fair.weight_pages_lines([cell])
+    assert lines[-1] == ("- Qwen3-0.6B q4_k_m t2: page cache 374 of 376 MiB in 2 MiB pages before loading; "
+                         "rlx 376 of 380, llama.cpp fa=on 374 of 376")
+    long_cell = {**cell, "suite": "long", "contexts": [1024], "mem": {"loaded": {}, "ctx1024": pages}}
+    assert bench_fair.weight_pages_lines([long_cell])[-1].startswith("- Qwen3-0.6B q4_k_m t2: page cache 374")
+    assert bench_fair.weight_pages_lines([{**cell, "page_cache": None}]) == []
+    old = {**cell, "mem": {"rlx": {"peak_rss_mib": 1.0}}}
+    assert bench_fair.weight_pages_lines([old]) == []
