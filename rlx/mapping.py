@@ -38,7 +38,7 @@ import numpy as np
 
 _PMD = 2 << 20        # one 2 MiB page
 _SAMPLE_MIN = 64 << 20  # files smaller than this are mapped without sampling
-_SAMPLES = 32
+_SAMPLES = 64
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
@@ -110,7 +110,10 @@ def _refresh_small_pages(path: str) -> bool:
             del anchor  # the mapping must not be exported when it closes
             first = -(-base // _PMD) * _PMD - base  # the first offset at a 2 MiB boundary of the address
             runs = (size - first) // _PMD
-            places = sorted({first + (i * runs // _SAMPLES) * _PMD for i in range(_SAMPLES)}) if runs > 0 else []
+            # golden-ratio steps through the 2 MiB runs: an evenly spaced sample missed every 4 KiB run of
+            # a file whose small runs recurred at the sample's own period (one per layer)
+            places = sorted({first + int((i * 0.6180339887498949) % 1.0 * runs) * _PMD for i in range(_SAMPLES)}
+                            if runs > 0 else ())
             vec = (ctypes.c_ubyte * 1)()
             warm, cold = [], []
             for o in places:
