@@ -95,12 +95,13 @@ def _advise(m: mmap.mmap) -> None:
     where it met folios already cached it went on in smaller ones (measured: after a sample, a
     file read in order through an advised mapping came in with 105 of 627 runs of 2 MiB as 4 KiB
     folios, in runs between the sampled places); with it every fault reads one 2 MiB folio."""
-    for advice in (_MADV_HUGEPAGE, getattr(mmap, "MADV_RANDOM", None)):
-        if advice is not None:
-            try:
-                m.madvise(advice)
-            except OSError:  # a kernel without THP: a plain mapping
-                pass
+    if _MADV_HUGEPAGE is None:  # not Linux: a plain mapping, with the system's readahead
+        return
+    for advice in (_MADV_HUGEPAGE, mmap.MADV_RANDOM):
+        try:
+            m.madvise(advice)
+        except OSError:  # a kernel without THP: a plain mapping
+            pass
 
 
 def _refresh_small_pages(path: str) -> bool:
