@@ -60,23 +60,30 @@ def mapped_pages(path: str, pid: int | str = "self") -> tuple[int, int] | None:
     """(resident bytes, bytes mapped through 2 MiB pages) over process pid's mappings of the file
     at path (/proc/<pid>/smaps); None where there is no such file to read (not Linux)."""
     real = os.path.realpath(path)
+    maps = _smaps(pid)
+    if maps is None:
+        return None
+    ours = [f for start, name, f in maps if name == real]
+    return sum(f.get("Rss", 0) for f in ours), sum(f.get("FilePmdMapped", 0) for f in ours)
+
+
+def _smaps(pid: int | str) -> list[tuple[int, str, dict[str, int]]] | None:
+    """Process pid's mappings from /proc/<pid>/smaps: (start address, path or "", {field: bytes
+    for the fields counted in kB}); None where that cannot be read."""
     try:
         with open(f"/proc/{pid}/smaps") as f:
             lines = f.read().splitlines()
     except OSError:
         return None
-    rss = pmd = 0
-    ours = False
+    maps = []
     for line in lines:
         head, _, rest = line.partition(" ")
         if "-" in head and not head.endswith(":"):  # a mapping's first line: range perms offset dev inode path
             parts = line.split(None, 5)
-            ours = len(parts) == 6 and parts[5] == real
-        elif ours and head == "Rss:":
-            rss += int(rest.split()[0]) << 10
-        elif ours and head == "FilePmdMapped:":
-            pmd += int(rest.split()[0]) << 10
-    return rss, pmd
+            maps.append((int(head.split("-")[0], 16), parts[5] if len(parts) == 6 else "", {}))
+        elif maps and rest.endswith(" kB"):
+            maps[-1][2][head.rstrip(":")] = int(rest.split()[0]) << 10
+    return maps
 
 
 def _linux_thp() -> bool:
@@ -104,9 +111,9 @@ def _advise(m: mmap.mmap) -> None:
             pass
 
 
-def _refresh_small_pages(path: str) -> bool:
+def _refresh_small_pages(path: str) -> None:
     """Samples the file's page cache (module docstring) and drops it where it holds 4 KiB folios
-    that 2 MiB ones could replace. Returns whether it dropped."""
+    that 2 MiB ones could replace."""
     libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -138,24 +145,10 @@ def _refresh_small_pages(path: str) -> bool:
             cold_huge = _vma_pmd(base) // _PMD - warm_huge
         if (cold_huge > 0 or warm_huge > 0) and warm_huge < len(warm):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            return True
-        return False
     finally:
         os.close(fd)
 
 
 def _vma_pmd(base: int) -> int:
     """FilePmdMapped bytes of this process's mapping that starts at base (0 if unreadable)."""
-    try:
-        with open("/proc/self/smaps") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return 0
-    ours = False
-    for line in lines:
-        head, _, rest = line.partition(" ")
-        if "-" in head and not head.endswith(":"):
-            ours = int(head.split("-")[0], 16) == base
-        elif ours and head == "FilePmdMapped:":
-            return int(rest.split()[0]) << 10
-    return 0
+    return next((f.get("FilePmdMapped", 0) for start, _, f in _smaps("self") or () if start == base), 0)

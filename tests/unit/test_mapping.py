@@ -80,15 +80,20 @@ def test_mapped_pages_counts_this_files_resident_bytes(tmp_path):
     del data
 
 
+def mapped_whole(path) -> tuple[int, int]:
+    """mapped_pages of the file mapped by map_file and read in whole (one byte per page)."""
+    data = mapping.map_file(str(path))
+    int(data[::4096].sum())
+    pages = mapping.mapped_pages(str(path))
+    del data
+    return pages
+
+
 def huge_pages_here(tmp_path) -> bool:
     """Whether a cold file read through an advised mapping comes in as 2 MiB pages here."""
     p = tmp_path / "probe.bin"
     write_file(p, 8 * MIB)
-    data = mapping.map_file(str(p))
-    int(data[::4096].sum())
-    rss, huge = mapping.mapped_pages(str(p))
-    del data
-    return huge > 0
+    return mapped_whole(p)[1] > 0
 
 
 @linux_thp
@@ -97,9 +102,7 @@ def test_a_cold_file_comes_in_through_2mib_pages(tmp_path):
         pytest.skip("this kernel / file system gives no 2 MiB file pages")
     p = tmp_path / "w.bin"
     write_file(p, 80 * MIB)
-    data = mapping.map_file(str(p))
-    int(data[::4096].sum())
-    rss, huge = mapping.mapped_pages(str(p))
+    rss, huge = mapped_whole(p)
     assert rss == 80 * MIB and huge >= 76 * MIB  # all but the runs not 2 MiB-aligned in the address
 
 
@@ -114,16 +117,11 @@ def test_small_folios_of_a_partly_cached_file_are_replaced(tmp_path):
     p = tmp_path / "w.bin"
     write_file(p, 80 * MIB)
     cache_small(p, 0, 40 * MIB)
-    data = mapping.map_file(str(p))
-    int(data[::4096].sum())
-    rss, huge = mapping.mapped_pages(str(p))
+    rss, huge = mapped_whole(p)
     assert rss == 80 * MIB and huge >= 76 * MIB
-    del data
 
     q = tmp_path / "small.bin"
     write_file(q, 80 * MIB)
     cache_small(q, 0, 80 * MIB)
-    data = mapping.map_file(str(q))
-    int(data[::4096].sum())
-    rss, huge = mapping.mapped_pages(str(q))
+    rss, huge = mapped_whole(q)
     assert rss == 80 * MIB and huge == 0
