@@ -24,8 +24,9 @@ struct attn_pf {
 
 /* One ISA's vector kernels (attention_simd.inc). */
 struct attn_simd {
-    /* decode: a chunk of n keys from c0, while the next nn rows are prefetched */
-    void (*scores)(const struct rlx_attn_args *a, float *sc, int64_t c0, int64_t n, int64_t nn);
+    /* decode: a chunk of n keys from c0, while the next nn rows are prefetched (scores: the key rows,
+     * and with `first` the chunk's own value rows; values: the value rows) */
+    void (*scores)(const struct rlx_attn_args *a, float *sc, int64_t c0, int64_t n, int64_t nn, int first);
     void (*values)(const struct rlx_attn_args *a, float *o, const float *p, int64_t c0, int64_t n, int64_t nn,
                    int skip_zero);
     void (*widen_rows)(const struct rlx_attn_args *a, const void *base, int64_t k0, int64_t n, int64_t np, int64_t g,
