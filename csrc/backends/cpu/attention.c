@@ -68,10 +68,10 @@
  * per step. Measured (one thread, thread CPU time, f16 cache, T = 4096-32768, machine shared):
  * Qwen3 shape 10 -> 23 GB/s of K + V (the probe reads 28-33 GB/s), Llama 3.2 shape (twice the
  * multiply-adds per byte: G = 4, D = 64; compute-bound) 5 -> 13 GB/s; in the model, Qwen3-0.6B bf16
- * at 2048 positions: the step's attention 36 -> 12 ms. A task's first chunk, which
- * nothing prefetched, has its value rows prefetched while its scores are computed (Zen 5, Qwen3
- * shape, f16, cold cache: 128 keys 33-34 -> 27-29 us a call at one thread, 25-31 -> 19-22 at two;
- * 1024 keys within the noise). Tried and left out: the value rows weighed per kv head with the
+ * at 2048 positions: the step's attention 36 -> 12 ms. A task's first chunk, which nothing
+ * prefetched, has its value rows prefetched while its scores are computed (Zen 5, Qwen3 shape,
+ * f16, cold cache: 128 keys 33-34 -> 27-29 us a call at one thread, 25-31 -> 19-22 at two; 1024
+ * keys within the noise). Tried and left out: the value rows weighed per kv head with the
  * group's outputs held in registers across the chunk (each output vector loaded and stored once a
  * chunk): 13-15 % faster cache-resident, no faster from DRAM at 128 keys, 10 % slower at 1024
  * keys on one thread (its walk down a head's column of rows defeats the prefetchers).
