@@ -20,8 +20,8 @@
  * sum over blocks of A_block * (1 + 2^-14) / 254 * sum |W_block|, plus f32 rounding (kernels.h).
  * Beside q and d each row keeps: per 16 elements the sum of q (bsums, the K types' minimum and
  * offset terms), and per 32-element block s = d * sum q (the Q4_1 / Q5_1 minimum term) and
- * -off * sum q (bias, the weights' offset the vector kernels add to one int32 lane of the block:
- * Q4_0 8, Q5_0 16). Per
+ * -off * sum q (bias, the weights' offset: Q4_0 8, Q5_0 16; the AVX-512 kernels add it to one
+ * int32 lane of the block, the AVX2 ones convert it and add it times the block's scale in f32). Per
  * element that is 1.4 bytes: the decode kernels stream the weights from DRAM, and every byte of
  * activations that falls out of L1 (per-lane arrays of 2 bytes per element did, at K = 8192)
  * takes a line fill from the weights' stream.
@@ -31,7 +31,9 @@
  *   K types:          sum over blocks of (d * da) * (sum over groups sc_g * sum qw qa)
  *                                      [- (dmin * da) * (sum over groups m_g * bsum_g)]
  * with each type's group scales sc_g / minimums m_g (quants.c). The vector paths (quant_avx2.c,
- * quant_avx512.c) compute the same integers and differ only in the order of the f32 sums.
+ * quant_avx512.c) compute the same integers and differ only in the order of the f32 sums, except
+ * the AVX2 Q4_0 / Q5_0 offset: (dw * da) * (-off * sum qa) is its own f32 term there, not part of
+ * the block's integer sum (one more f32 rounding per block, inside the bound of kernels.h).
  *
  * Paths (rlx_cpu_matmul_quant): which kernels run is chosen per call from rlx_cpu_isa() and
  * rlx_cpu_avx512_vnni(), never from -march:

@@ -10,10 +10,10 @@
  * weights go through the sign trick (|w| <= 128 against sign(a, w): 2 * 128 * 127 < 2^15).
  *   32-element types: per block, 8 lanes of sum q a; per 8 blocks, their scales (F16C on 8
  *     gathered halves) times the activations' d as one vector dd; acc += cvt(lanes) * dd with the
- *     block's lane broadcast; Q4_0 / Q5_0's offsets per 8 blocks in one FMA, acc += cvt(-off *
- *     sum a per block) * dd (it was an int32 add per block: Q4_0 1024 x 1024 cache-resident, one
- *     thread, 32.5 -> 31.0-31.8 us a call, measured under RLX_CPU_ISA=avx2 on a Zen 5);
- *     [+ mw * s: 8 blocks per FMA]. Q4_K / Q5_K's d and dmin come from one F16C conversion (Q4_K
+ *     block's lane broadcast [+ mw * s: 8 blocks per FMA]; Q4_0 / Q5_0's offsets per 8 blocks in
+ *     one FMA, acc += cvt(-off * sum a per block) * dd (it was an int32 add per block: Q4_0 1024 x
+ *     1024 cache-resident, one thread, 32.5 -> 31.0-31.8 us a call, measured under
+ *     RLX_CPU_ISA=avx2 on a Zen 5). Q4_K / Q5_K's d and dmin come from one F16C conversion (Q4_K
  *     22.5 -> 21.7-22.0 us there). Gathering the six-bit scales with vector shuffles (as the
  *     AVX-512 kernels do) cost 7 % here: these kernels are bound by the vector ports, which the
  *     scalar loads and shifts leave alone; the same for the eight f16 scales gathered in scalar
