@@ -207,8 +207,11 @@ mv_rows_512(float *out, const float *a, const void *b, int wt, int64_t M, int64_
  * line RLX_QMV_PF bytes ahead in the stream, as the block-type kernels do (cpu.h): on the Intel
  * Xeon (2 threads, 512 MiB of weights from DRAM) 0.84x the read probe without, 0.98-1.0x with
  * (12 KiB ahead 0.92-0.99x); Qwen3-0.6B bf16 decode @128, old / new builds alternately, 12.4 ->
- * 14.2-15.7 tok/s, Llama-3.2-1B 7.7 -> 7.9. Not yet measured on the Zen 4 (where a prefetch a
- * row ahead in the earlier widen + FMA kernel had cost 10-20 %). out[m * ldo + r] for m < M (M <= 4):
+ * 14.2-15.7 tok/s, Llama-3.2-1B 7.7 -> 7.9. On the Zen 4 (2 threads, 1 GiB, bench_matvec, builds
+ * alternated) 0.96-0.98x the probe with it, 0.99-1.01x without; whole Qwen3-0.6B bf16 decode steps
+ * there 26.5-26.7 tok/s median with it, 25.0-25.7 without (3 alternated runs): kept, as the steps
+ * decide (a prefetch a row ahead in the earlier widen + FMA kernel had cost 10-20 % there).
+ * out[m * ldo + r] for m < M (M <= 4):
  * four accumulators per m (32-weight slices k % 128 / 32), masked tail into the first, summed
  * (acc0 + acc1) + (acc2 + acc3), then across lanes. */
 #define DP_FN __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"), always_inline)) static inline
