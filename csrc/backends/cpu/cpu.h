@@ -90,6 +90,8 @@ int rlx_cpu_isa_cap(int cap);
 /* Whether the AVX-512 VNNI integer dot products (VPDPBUSD) may be used: cpuid has AVX512_VNNI and
  * rlx_cpu_isa() allows AVX-512 (lowp.c). */
 int rlx_cpu_avx512_vnni(void);
+/* Bytes ahead of its loads that the bf16 VDPBF16PS matvec prefetches on this machine (lowp.c). */
+int64_t rlx_cpu_bf16_prefetch(void);
 /* dst (n) f32 = src (n) of dtype RLX_BF16 / RLX_F16, widened exactly */
 void rlx_cpu_widen(float *dst, const uint16_t *src, int dtype, int64_t n);
 

@@ -84,6 +84,30 @@ int rlx_cpu_avx512_vnni(void)
     return v && rlx_cpu_isa() >= RLX_CPU_ISA_AVX512;
 }
 
+/* How far ahead (bytes) the bf16 VDPBF16PS matvec (matmul.c) asks for weights, by the CPU's
+ * vendor (cpuid leaf 0), asked once: each machine's measured best. AMD ("AuthenticAMD", the Zen 4;
+ * the Zen 5 not measured): 2 KiB. Others (the Intel Xeon): RLX_QMV_PF, 6 KiB. Measured on the
+ * Zen 4, decode steps with the distance switched block by block in one process (the machine's
+ * bandwidth drifted between processes by up to 1.6x), tok/s at 1 thread, 6 KiB / none / 1 / 2 / 3 /
+ * 4 KiB: Qwen3-0.6B bf16 17.1 / 20.3 / 21.8 / 20.1 / 18.6 / -, Llama-3.2-1B bf16 10.4 / 8.8 / 12.4 /
+ * 12.6 / 12.4 / 12.1 (paired, 2 KiB against 6 KiB: 1.22x and 1.20x); at 2 threads 1.02x and 1.04x.
+ * On the Xeon 6 KiB took one 512 MiB matvec from 0.84x the read probe (none) to 0.98-1.0x, 12 KiB
+ * 0.92-0.99x (2 KiB not measured there). The block-type kernels keep 6 KiB everywhere: on the
+ * Zen 4 at 1 thread 2 KiB made Qwen3-0.6B Q4_K_M and Q8_0 steps 0.65x and 0.69x as fast. */
+int64_t rlx_cpu_bf16_prefetch(void)
+{
+    static atomic_int dist = -1;
+    int v = atomic_load_explicit(&dist, memory_order_relaxed);
+    if (v < 0) {
+        unsigned a, b, c, d;
+        const int amd = __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u &&
+                        c == 0x444d4163u; /* "Auth" "enti" "cAMD" */
+        v = amd ? 2048 : RLX_QMV_PF;
+        atomic_store_explicit(&dist, v, memory_order_relaxed);
+    }
+    return v;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Rounding to bf16: dst (n) = src (n) rounded to the nearest bf16 (ties to even, NaN quieted),
  * as f32 (rlx_cpu_round_bf16) or as bf16 halves (rlx_cpu_pack_bf16); the same bits as

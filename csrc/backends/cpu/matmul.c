@@ -204,13 +204,10 @@ mv_rows_512(float *out, const float *a, const void *b, int wt, int64_t M, int64_
 /* bf16 weights with AVX512_BF16: `a` packed to bf16 (M x K halves) and VDPBF16PS over pairs of
  * k, 32 weights per instruction: half the instructions of widen + FMA per byte of weights, which
  * is what lets one core keep its share of DRAM bandwidth busy. Each 64-byte load also asks for the
- * line RLX_QMV_PF bytes ahead in the stream, as the block-type kernels do (cpu.h): on the Intel
- * Xeon (2 threads, 512 MiB of weights from DRAM) 0.84x the read probe without, 0.98-1.0x with
- * (12 KiB ahead 0.92-0.99x); Qwen3-0.6B bf16 decode @128, old / new builds alternately, 12.4 ->
- * 14.2-15.7 tok/s, Llama-3.2-1B 7.7 -> 7.9. On the Zen 4 (2 threads, 1 GiB, bench_matvec, builds
- * alternated) 0.96-0.98x the probe with it, 0.99-1.01x without; whole Qwen3-0.6B bf16 decode steps
- * there 26.5-26.7 tok/s median with it, 25.0-25.7 without (3 alternated runs): kept, as the steps
- * decide (a prefetch a row ahead in the earlier widen + FMA kernel had cost 10-20 % there).
+ * line rlx_cpu_bf16_prefetch() bytes ahead in the stream (lowp.c has the distances measured per
+ * machine: 6 KiB on the Intel Xeon, where it took a 512 MiB matvec from 0.84x the read probe to
+ * 0.98-1.0x and Qwen3-0.6B bf16 decode @128 from 12.4 to 14.2-15.7 tok/s; 2 KiB on the Zen 4,
+ * where 6 KiB had made 1-thread steps 1.2x slower than 2 KiB).
  * out[m * ldo + r] for m < M (M <= 4):
  * four accumulators per m (32-weight slices k % 128 / 32), masked tail into the first, summed
  * (acc0 + acc1) + (acc2 + acc3), then across lanes. */
@@ -218,7 +215,8 @@ mv_rows_512(float *out, const float *a, const void *b, int wt, int64_t M, int64_
 
 DP_FN __m512 dp(__m512 acc, __m512i a, __m512i w) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)w); }
 
-DP_FN void mv_row_dp(float *out, int64_t ldo, const uint16_t *a, const uint16_t *b, int64_t K, int64_t r, const int M)
+DP_FN void mv_row_dp(float *out, int64_t ldo, const uint16_t *a, const uint16_t *b, int64_t K, int64_t r, int64_t pf,
+                     const int M)
 {
     const uint16_t *row = b + r * K;
     __m512 acc[4][4];
@@ -227,7 +225,7 @@ DP_FN void mv_row_dp(float *out, int64_t ldo, const uint16_t *a, const uint16_t 
     int64_t k = 0;
     for (; k + 128 <= K; k += 128) _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
         {
-            _mm_prefetch((const char *)(row + k + 32 * u) + RLX_QMV_PF, _MM_HINT_T1);
+            _mm_prefetch((const char *)(row + k + 32 * u) + pf, _MM_HINT_T1);
             const __m512i w = _mm512_loadu_si512(row + k + 32 * u);
             _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[u][m] =
                 dp(acc[u][m], _mm512_loadu_si512(a + m * K + k + 32 * u), w);
@@ -248,19 +246,21 @@ DP_FN void mv_row_dp(float *out, int64_t ldo, const uint16_t *a, const uint16_t 
 }
 
 DP_FN void mv_range_dp(float *out, const uint16_t *a, const uint16_t *b, int64_t K, int64_t N, int64_t r0, int64_t r1,
-                       const int M)
+                       int64_t pf, const int M)
 {
-    for (int64_t r = r0; r < r1; r++) mv_row_dp(out, N, a, b, K, r, M);
+    for (int64_t r = r0; r < r1; r++) mv_row_dp(out, N, a, b, K, r, pf, M);
 }
 
-__attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"))) static void
-mv_rows_dp(float *out, const uint16_t *a, const uint16_t *b, int64_t M, int64_t K, int64_t N, int64_t r0, int64_t r1)
+__attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"))) static void mv_rows_dp(float *out, const uint16_t *a,
+                                                                                       const uint16_t *b, int64_t M,
+                                                                                       int64_t K, int64_t N, int64_t r0,
+                                                                                       int64_t r1, int64_t pf)
 {
     switch ((int)M) {
-    case 1: mv_range_dp(out, a, b, K, N, r0, r1, 1); break;
-    case 2: mv_range_dp(out, a, b, K, N, r0, r1, 2); break;
-    case 3: mv_range_dp(out, a, b, K, N, r0, r1, 3); break;
-    case 4: mv_range_dp(out, a, b, K, N, r0, r1, 4); break;
+    case 1: mv_range_dp(out, a, b, K, N, r0, r1, pf, 1); break;
+    case 2: mv_range_dp(out, a, b, K, N, r0, r1, pf, 2); break;
+    case 3: mv_range_dp(out, a, b, K, N, r0, r1, pf, 3); break;
+    case 4: mv_range_dp(out, a, b, K, N, r0, r1, pf, 4); break;
     default: break;
     }
 }
@@ -367,6 +367,7 @@ struct mv_ctx {
     const void *b;
     int wt, isa;
     int64_t M, K, N;
+    int64_t pf; /* bytes ahead the VDPBF16PS rows prefetch (rlx_cpu_bf16_prefetch) */
 };
 
 /* One piece of rows [p0, p1) (rlx_parallel_pieces) */
@@ -384,7 +385,7 @@ static void mv_piece(void *p, int64_t p0, int64_t p1)
             const int64_t mm = c->M - m0 < RLX_MV_MAX_M ? c->M - m0 : RLX_MV_MAX_M;
             float *out = c->out + m0 * c->N;
             if (c->a16)
-                mv_rows_dp(out, c->a16 + m0 * c->K, c->b, mm, c->K, c->N, r0, r1);
+                mv_rows_dp(out, c->a16 + m0 * c->K, c->b, mm, c->K, c->N, r0, r1, c->pf);
             else if (c->isa >= RLX_CPU_ISA_AVX512)
                 mv_rows_512(out, c->a + m0 * c->K, c->b, c->wt, mm, c->K, c->N, r0, r1);
             else
@@ -403,6 +404,7 @@ static void matvec(float *out, const float *a, const uint16_t *a16, const void *
     const int64_t block_bytes = RLX_MV_BLOCK * K * (wt == RLX_F32 ? 4 : 2);
     const int64_t piece = (RLX_MV_GRAIN_BYTES + block_bytes - 1) / block_bytes * RLX_MV_BLOCK;
     struct mv_ctx c = {.out = out, .a = a, .a16 = a16, .b = b, .wt = wt, .isa = isa, .M = M, .K = K, .N = N};
+    c.pf = a16 ? rlx_cpu_bf16_prefetch() : 0;
     rlx_parallel_pieces(N, piece, mv_piece, &c);
 }
 
