@@ -148,6 +148,13 @@ void rlx_cpu_pack_bf16(uint16_t *dst, const float *src, int64_t n);
 size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N);
 void rlx_cpu_gemm_bf16(float *out, const float *a, const uint16_t *b, int64_t M, int64_t K, int64_t N, float *scratch);
 
+/* The AVX2 GEMM of 16-bit weights (gemm16_avx2.c): out (M, N) = a (M, K) @ widen(b)^T, b (N, K) of
+ * dtype wt, on the pool; for bf16 `a` as rlx_cpu_gemm16_prep wrote it (rounded to bf16, each whole
+ * group of 16 values of k as its 8 even then 8 odd ones), for f16 `a` as it is. Only when
+ * rlx_cpu_isa() >= RLX_CPU_ISA_AVX2. */
+void rlx_cpu_gemm16_prep(float *dst, const float *a, int64_t M, int64_t K);
+void rlx_cpu_gemm16_avx2(float *out, const float *a, const uint16_t *b, int wt, int64_t M, int64_t K, int64_t N);
+
 /* Block-type (GGUF) weights (quant.c: activation quantisation, dispatch, threads; quant_avx2.c and
  * quant_avx512.c: the per-ISA row kernels; quant_gemm.c: the VNNI GEMM). Rows of `a` quantised
  * once per call as quant.c describes; row m of each array below starts at m times its row length.
