@@ -110,6 +110,9 @@ def build_hf_tokenizer(gf: GGUFFile):
     from tokenizers import Tokenizer as HFTok
 
     model = gf.get("tokenizer.ggml.model", str)
+    if model in ("no_vocab", "none"):
+        raise ConfigError(f"{gf.path}: the file has no vocabulary (tokenizer.ggml.model = {model!r}): text needs "
+                          "one; Generator.from_pretrained runs its token ids")
     tokens, types, scores = _token_arrays(gf)
     vocab = {t: i for i, t in enumerate(tokens)}
     facts = {"model": model, "pre": None}

@@ -59,8 +59,9 @@ single *.model) is written as tokenizer.ggml.model "llama" (pieces, scores, toke
 byte-level BPE tokenizer.json as "gpt2" with pre "llama-bpe" (Llama 3) or "qwen2" (Qwen2 / Qwen3),
 told apart by the pre-tokenizer's regex; special ids, add_bos / add_eos and the chat template
 through gguf-py's SpecialVocab (what llama.cpp's converter uses); the vocabulary padded with
-[PADi] tokens to vocab_size. A directory without a tokenizer gives a file without one (the bos /
-eos ids of config.json are still written).
+[PADi] tokens to vocab_size. A directory without a tokenizer gives a file without a vocabulary,
+tokenizer.ggml.model "no_vocab" (llama.cpp then loads it and runs token ids; without the key it
+refused the file), the bos / eos ids of config.json still written.
 
 Memory: tensor by tensor, in chunks of rows; never an f32 copy of the whole model (the largest
 single tensor's output is held while it is written). The file is written as dst + ".part" and
@@ -592,6 +593,8 @@ def _write_hf_tokenizer(w, path: str, cfg) -> None:
                 special.special_token_ids.setdefault(kind, tid)
     elif bpe:
         _write_bpe(w, tj_path, n_vocab)
+    else:
+        w.add_tokenizer_model("no_vocab")
     for kind, tid in (("bos", cfg.bos_token_id), ("eos", cfg.eos_token_ids[0] if cfg.eos_token_ids else None)):
         if tid is not None and 0 <= tid < n_vocab:
             special.special_token_ids.setdefault(kind, tid)

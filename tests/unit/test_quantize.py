@@ -450,6 +450,25 @@ def test_llama_file_contents(models, tmp_path):
     assert back.rope_interleaved and {**back.to_dict(), "rope_interleaved": False} == cfg.to_dict()
 
 
+def test_directory_without_a_tokenizer_gives_a_file_llama_cpp_runs(models, tmp_path):
+    """No tokenizer in the directory: the file says it has no vocabulary ("no_vocab"), which llama.cpp
+    loads and runs on token ids (without the key it refused the file: "key not found in model:
+    tokenizer.ggml.model"); rlx runs its ids, and rlx.load, which needs text, names the reason."""
+    rlx.quantize(models["qwen3"], tmp_path / "q.gguf", type="q8_0")
+    assert GGUFFile(tmp_path / "q.gguf").metadata["tokenizer.ggml.model"] == "no_vocab"
+    with pytest.raises(rlx.ConfigError, match="no vocabulary"):
+        rlx.load(tmp_path / "q.gguf")
+    ours = rlx.Generator.from_pretrained(tmp_path / "q.gguf").prefill_get_last_logits([1, 2, 3])
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (make bench installs it) is not here")
+    llm = llama_cpp.Llama(model_path=str(tmp_path / "q.gguf"), n_ctx=64, logits_all=True, verbose=False)
+    llm.eval([1, 2, 3])
+    theirs = np.asarray(llm.scores[2], dtype=np.float32)
+    assert theirs.shape == ours.shape
+    # the same next token, unless llama.cpp's top two are closer than the engines differ (a near tie)
+    top2 = np.sort(theirs)[-2:]
+    assert int(np.argmax(theirs)) == int(np.argmax(ours)) or top2[1] - top2[0] < 2 * np.abs(theirs - ours).max()
+
+
 def test_tied_qwen3_file_has_no_output(models, tmp_path):
     types = rlx.quantize(models["qwen3"], tmp_path / "q.gguf", type="q6_k")
     assert "output.weight" not in types and types["token_embd.weight"] == "q6_k"
