@@ -228,3 +228,32 @@ def test_weight_pages_lines():
     assert bench_fair.weight_pages_lines([{**cell, "page_cache": None}]) == []
     old = {**cell, "mem": {"rlx": {"peak_rss_mib": 1.0}}}
     assert bench_fair.weight_pages_lines([old]) == []
+
+
+def test_fair_table_marks_wins_ties_and_losses():
+    fair_table = pytest.importorskip("fair_table")
+
+    def ratios(*pairs):  # (ratio, lo, hi) against flash attention off, then on
+        return {"ratios": {k: {"ratio": r, "ci95": [lo, hi]} for k, (r, lo, hi) in zip(fair_table.PEERS, pairs)}}
+
+    rec = {
+        "date": "2026-12-03T19:00:00",
+        "rlx": {"commit": "abc123"},
+        "machine": {"cpu": "AMD EPYC", "nproc": 2, "rlx_isa": "avx2", "env": {"RLX_CPU_ISA": "avx2"}},
+        "not_a_measurement": [],
+        "cells": [
+            {"model": "Qwen3-0.6B-q4_k_m", "weights": "q4_k_m", "threads": 2,
+             "metrics": {"pp128": ratios((1.5, 1.4, 1.6), (0.9, 0.85, 0.95)),
+                         "tg@128": ratios((1.0, 0.97, 1.04), (1.2, 1.1, 1.3))}},
+            {"model": "Qwen3-0.6B-q6_k", "weights": "q6_k", "threads": 2, "metrics": {}},  # not run: no row
+        ],
+    }  # fmt: skip
+    out = fair_table.table("results/x.json", rec).splitlines()
+    head = "- `x.json`: 2026-12-03, rlx abc123, AMD EPYC, 2 cores, rlx kernels avx2 (RLX_CPU_ISA=avx2)"
+    assert out[0].startswith(head)
+    assert out[0].endswith("graded")
+    assert out[2] == "| model | weights | threads | pp128 | decode @128 |"
+    assert out[4] == "| Qwen3-0.6B | q4_k_m | 2 | 1.50x / **0.90x [0.85, 0.95]** | 1.00x (tie [0.97, 1.04]) / 1.20x |"
+    assert len(out) == 5
+    rec["not_a_measurement"] = ["the run stopped before its end"]
+    assert fair_table.table("x.json", rec).splitlines()[0].endswith("NOT graded: the run stopped before its end")
