@@ -40,8 +40,13 @@ Design (what a skeptic asks, and what this does about it):
       worker, the oracle, runs the same file with every matrix dequantised to f32 (by the gguf
       package's gguf.quants.dequantize, not rlx), f32 activations and an f32 KV cache, then
       exits before anything is timed; per row KL(oracle || rlx) and KL(oracle || llama.cpp), their
-      difference averaged per prompt, and the mean over the 8 prompts must be <= 2 standard errors
-      of that mean (rlx not measurably further from the oracle than llama.cpp). The prompts are
+      difference averaged per prompt, and the mean over the 8 prompts (--gate-prompts: more, the
+      8 among them) must be <= 2 standard errors of that mean (rlx not measurably further from
+      the oracle than llama.cpp). The prompts are fixed, and rlx's logits are the same bits on
+      every AVX-512 machine, so a chance excursion of the 8 repeats on every run of that file:
+      Qwen3-0.6B q6_k failed on the Zen 5 (+4.0e-06 at 1.1e-06 against FA on; the Zen 4's 8
+      gate prompts give the same +4.0e-06), where 32 other prompts (salts 101 + 2 i) gave
+      -2.6e-08 at 8.7e-07 on the Zen 4. The prompts are
       the independent samples: the rows of one prompt share its KV cache, so its rounding, and a
       standard error taken over rows would understate the uncertainty (a first version did so, on
       one prompt with 31 fed tokens, and called 3 % between the engines on Qwen3-0.6B q4_k_m
@@ -95,7 +100,7 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 
 WORKER = os.path.join(HERE, "fair_worker.py")
-GATE_PROMPTS, GATE_PROMPT, GATE_STEPS = 8, 160, 3  # 8 independent prompts x (1 + 3) rows
+GATE_PROMPTS, GATE_PROMPT, GATE_STEPS = 8, 160, 3  # 8 independent prompts x (1 + 3) rows (--gate-prompts: more)
 LONG_CONTEXTS = (1024, 4096, 16384, 32768)
 LONG_TTFT = (2048, 8192)
 EXTEND_CHUNK = 4096  # tokens per extension call (both engines, the same chunks)
@@ -265,10 +270,11 @@ def compare_logits(rl: np.ndarray, ref: np.ndarray, tol: float, oracle: np.ndarr
     return out
 
 
-def gate_inputs(vocab: int) -> list[tuple[list[int], list[int]]]:
-    """The gate's GATE_PROMPTS (prompt, fed tokens) pairs, fixed per vocabulary size."""
+def gate_inputs(vocab: int, n: int = GATE_PROMPTS) -> list[tuple[list[int], list[int]]]:
+    """The gate's n (prompt, fed tokens) pairs, fixed per vocabulary size; the first GATE_PROMPTS of
+    any n are the default gate's, so a larger gate holds the default one's prompts and more."""
     return [(prompt_ids(vocab, GATE_PROMPT, salt=5 + 2 * i), prompt_ids(vocab, GATE_STEPS, salt=6 + 2 * i))
-            for i in range(GATE_PROMPTS)]
+            for i in range(n)]
 
 
 def gate_logits(w: "Worker", inputs: list, tmp: str) -> np.ndarray:
@@ -298,15 +304,15 @@ def oracle_logits(args_load: dict, inputs: list, tmp: str, logdir: str, log) -> 
 
 
 def run_gate(workers: list[Worker], vocab: int, wtype: str, kv: str, layers: int, tmp: str, log,
-             oracle_load: dict | None = None, logdir: str | None = None) -> dict:
-    inputs = gate_inputs(vocab)
+             oracle_load: dict | None = None, logdir: str | None = None, prompts: int = GATE_PROMPTS) -> dict:
+    inputs = gate_inputs(vocab, prompts)
     logits = {w.label: gate_logits(w, inputs, tmp) for w in workers}
-    units = np.repeat(np.arange(GATE_PROMPTS), 1 + GATE_STEPS)  # the prompt of each row
+    units = np.repeat(np.arange(prompts), 1 + GATE_STEPS)  # the prompt of each row
     oracle = None
     if wtype not in PRECISION_BITS and oracle_load is not None:
         oracle = oracle_logits(oracle_load, inputs, tmp, logdir, log)
     tol, bits = gate_tolerance(wtype, kv, layers)
-    out = {"prompts": GATE_PROMPTS, "prompt": GATE_PROMPT, "decode_steps": GATE_STEPS, "precision_bits": bits,
+    out = {"prompts": prompts, "prompt": GATE_PROMPT, "decode_steps": GATE_STEPS, "precision_bits": bits,
            "tol_rel": tol,
            "kl_rule": "relative to the f32 oracle" if oracle is not None else "KL(peer || rlx) <= 1e-3", "peers": {}}
     rl = logits[workers[0].label]
@@ -474,7 +480,7 @@ def short_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp,
             cell["readback_errors"] = bad
             raise StopRun("; ".join(bad))
         cell["gate"] = g = run_gate(workers, vocab, wtype, kv, facts["layers"], tmp, log,
-                                    {"gguf": gguf, "threads": threads, "n_ctx": 2048}, logdir)
+                                    {"gguf": gguf, "threads": threads, "n_ctx": 2048}, logdir, args.gate_prompts)
         if not g["pass"]:
             raise StopRun(f"gate failed: {model} {wtype} KV {kv} t{threads}")
         for w in workers:  # warm-up: pages in, plans compiled, thread pools started
@@ -528,7 +534,7 @@ def long_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp, 
             cell["readback_errors"] = bad
             raise StopRun("; ".join(bad))
         cell["gate"] = g = run_gate(workers, vocab, wtype, kv, facts["layers"], tmp, log,
-                                    {"gguf": gguf, "threads": threads, "n_ctx": 2048}, logdir)
+                                    {"gguf": gguf, "threads": threads, "n_ctx": 2048}, logdir, args.gate_prompts)
         if not g["pass"]:
             raise StopRun(f"gate failed: {model} {wtype} KV {kv} t{threads}")
         for w in workers:
@@ -909,6 +915,9 @@ def main() -> int:
                     help="llama.cpp's extra weight buffer types (AMX, CPU_REPACK), its default on; off is "
                          "llama-cli's --no-repack, for a machine where they fail (recorded)")
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--gate-prompts", type=int, default=GATE_PROMPTS,
+                    help=f"independent prompts of the logits gate (default {GATE_PROMPTS}; at least that many: the "
+                         "first of them are the default gate's, so more prompts only narrow its interval)")
     ap.add_argument("--long-rounds", type=int, default=10)
     ap.add_argument("--steps", type=int, default=8, help="decode tokens per block")
     ap.add_argument("--settle", type=float, default=0.25, help="seconds between runs")
@@ -936,6 +945,8 @@ def main() -> int:
         args.steps = min(args.steps, 4)
         args.pp, args.tg_ctx = [128], [128]
         args.ttft, args.max_context = [512], 1024
+    if args.gate_prompts < GATE_PROMPTS:
+        ap.error(f"--gate-prompts takes at least {GATE_PROMPTS} (the default gate's prompts and more)")
     if args.readme and (args.smoke or args.quick or args.allow_dirty or args.rounds < MIN_ROUNDS
                         or (args.suite == "long" and args.long_rounds < MIN_ROUNDS)):
         ap.error(f"--readme takes measurements only: >= {MIN_ROUNDS} rounds, a clean tree, no --smoke / --quick")
@@ -962,7 +973,7 @@ def main() -> int:
               "llama_cpp": llama_cpp_info(), "machine": machine_info(),
               "settings": {"smoke": args.smoke, "quick": args.quick, "rounds": args.rounds, "long_rounds": args.long_rounds, "steps": args.steps,
                            "settle_s": args.settle, "fa": args.fa, "llama_extra_bufts": args.llama_extra_bufts, "pp": args.pp, "tg_ctx": args.tg_ctx,
-                           "ttft": args.ttft, "gate_prompts": GATE_PROMPTS, "gate_prompt": GATE_PROMPT,
+                           "ttft": args.ttft, "gate_prompts": args.gate_prompts, "gate_prompt": GATE_PROMPT,
                            "gate_steps": GATE_STEPS,
                            "extend_chunk": EXTEND_CHUNK, "bootstrap_resamples": BOOT,
                            "worker_env": {k: thread_env(1)[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",

@@ -113,6 +113,8 @@ def test_compare_logits_oracle_units():
     assert len(bench_fair.gate_inputs(1000)) == bench_fair.GATE_PROMPTS  # distinct prompts, fixed
     assert len({tuple(p) for p, _ in bench_fair.gate_inputs(1000)}) == bench_fair.GATE_PROMPTS
     assert bench_fair.gate_inputs(1000) == bench_fair.gate_inputs(1000)
+    assert bench_fair.gate_inputs(1000, 12)[: bench_fair.GATE_PROMPTS] == bench_fair.gate_inputs(1000)  # and 4 more
+    assert len({tuple(p) for p, _ in bench_fair.gate_inputs(1000, 12)}) == 12
 
 
 def test_kl_rows():
