@@ -450,7 +450,7 @@ def test_llama_file_contents(models, tmp_path):
     assert back.rope_interleaved and {**back.to_dict(), "rope_interleaved": False} == cfg.to_dict()
 
 
-def test_directory_without_a_tokenizer_gives_a_file_llama_cpp_runs(models, tmp_path):
+def test_directory_without_a_tokenizer_gives_a_file_llama_cpp_runs(models, tmp_path, monkeypatch):
     """No tokenizer in the directory: the file says it has no vocabulary ("no_vocab"), which llama.cpp
     loads and runs on token ids (without the key it refused the file: "key not found in model:
     tokenizer.ggml.model"); rlx runs its ids, and rlx.load, which needs text, names the reason."""
@@ -460,7 +460,19 @@ def test_directory_without_a_tokenizer_gives_a_file_llama_cpp_runs(models, tmp_p
         rlx.load(tmp_path / "q.gguf")
     ours = rlx.Generator.from_pretrained(tmp_path / "q.gguf").prefill_get_last_logits([1, 2, 3])
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (make bench installs it) is not here")
+    # llama.cpp's extra weight buffers off (its plain CPU buffers, as bench_fair's --llama-extra-bufts
+    # off): with its AMX buffers it segfaults in the first eval of a quantized file on a CPU with AMX
+    # (llama.cpp issue 20824; it took the whole pytest process down on the Intel Xeon)
+    defaults = llama_cpp.llama_cpp.llama_model_default_params
+
+    def plain_buffers():
+        p = defaults()
+        p.use_extra_bufts = False
+        return p
+
+    monkeypatch.setattr(llama_cpp.llama_cpp, "llama_model_default_params", plain_buffers)
     llm = llama_cpp.Llama(model_path=str(tmp_path / "q.gguf"), n_ctx=64, logits_all=True, verbose=False)
+    assert not llm.model_params.use_extra_bufts
     llm.eval([1, 2, 3])
     theirs = np.asarray(llm.scores[2], dtype=np.float32)
     assert theirs.shape == ours.shape
