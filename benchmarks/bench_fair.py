@@ -808,7 +808,7 @@ def git_state(allow_dirty: bool) -> dict:
 
 def machine_info() -> dict:
     flags = common.cpu_flags()
-    isa = "avx512 (" + ", ".join(f for f in flags if f.startswith("avx512")) + ")" if "avx512f" in flags else \
+    isa = "avx512 (" + ", ".join(f for f in flags if f.startswith(("avx512", "amx"))) + ")" if "avx512f" in flags else \
         ("avx2" if "avx2" in flags else "baseline")
     out = {"cpu": common.cpu_model(), "nproc": os.cpu_count(), "flags": flags, "isa": isa,
            "mem_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,

@@ -340,7 +340,7 @@ int main(void)
         test_bucket_bitwise(vg);
         if (vg) break; /* one path (valgrind hides AVX-512); scalar is test_kernels' */
     }
-    rlx_cpu_isa_cap(RLX_CPU_ISA_AVX512_BF16);
+    rlx_cpu_isa_cap(RLX_CPU_ISA_TOP);
     rlx_set_num_threads(1); /* joins the workers: no thread left for valgrind */
     return check_summary();
 }

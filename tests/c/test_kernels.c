@@ -209,10 +209,11 @@ static void test_matmul_lowp(void)
 
 static const char *isa_name(int isa)
 {
-    return isa == RLX_CPU_ISA_AVX512_BF16 ? "avx512bf16"
-           : isa == RLX_CPU_ISA_AVX512    ? "avx512"
-           : isa == RLX_CPU_ISA_AVX2      ? "avx2"
-                                          : "scalar";
+    return isa == RLX_CPU_ISA_AMX           ? "amx"
+           : isa == RLX_CPU_ISA_AVX512_BF16 ? "avx512bf16"
+           : isa == RLX_CPU_ISA_AVX512      ? "avx512"
+           : isa == RLX_CPU_ISA_AVX2        ? "avx2"
+                                            : "scalar";
 }
 
 /* Normalized error of got vs want where want may hold NaN / inf: NaN exactly where want has
@@ -274,7 +275,7 @@ static void lowp_rounding_case(void)
         CPU->matmul_lowp(got, a + i, &one, RLX_BF16, 1, 1, 1, sc);
         w3[i] = got[0];
     }
-    const int daz = rlx_cpu_isa() == RLX_CPU_ISA_AVX512_BF16;
+    const int daz = rlx_cpu_isa() >= RLX_CPU_ISA_AVX512_BF16;
     for (int i = 0; i < 20; i++) {
         const float want = ref[i];
         const float g[3] = {w1[i], i < 6 ? w2[i] : want, w3[i]};
@@ -341,7 +342,9 @@ static void pack_bf16_case(void)
 
 /* Every vector path this machine has (RLX_CPU_ISA caps lowered one by one, via rlx_cpu_isa_cap):
  * sizes that cross the GEMM's blocks (8-row microkernel, 32-column panels, 128-column blocks,
- * k blocks of 512, odd K) and the matvec-passes / GEMM boundary (M = 6 / 7). Under valgrind (no AVX-512:
+ * k blocks of 512, odd K; AMX: pairs of 16-row tiles, blocks of 32 weight rows with the last one
+ * moved back to end at N, tiles of 32 values of k and a tail) and the matvec-passes / GEMM boundary
+ * (M = 16 / 17). Under valgrind (no AVX-512:
  * AVX2 and scalar) a smaller set. */
 static void test_matmul_lowp_isas(void)
 {
@@ -365,9 +368,14 @@ static void test_matmul_lowp_isas(void)
         if (!vg) {
             lowp_special_case(130, 1000, 300);
             lowp_case(RLX_BF16, 130, 8191, 33); /* packed A in two chunks; rounded a in two chunks */
+            /* the AMX GEMM's edges: the least it takes (K = N = 32: one tile of k, one block of
+             * weight rows), whole tiles everywhere, one whole tile of k and an odd tail */
+            lowp_case(RLX_BF16, 32, 32, 32);
+            lowp_case(RLX_BF16, 48, 1024, 64);
+            lowp_case(RLX_BF16, 17, 33, 32);
         }
     }
-    rlx_cpu_isa_cap(RLX_CPU_ISA_AVX512_BF16);
+    rlx_cpu_isa_cap(RLX_CPU_ISA_TOP);
 }
 
 /* The f32 matvec path (trans_b, M <= 4): each output is its row's dot product, the same whatever
@@ -439,7 +447,7 @@ static void test_matvec_threads_bitwise(void)
     }
     free(a), free(bf), free(bl), free(got), free(scratch);
     for (int w = 0; w < 3; w++) free(want[w]);
-    if (rlx_cpu_isa() != RLX_CPU_ISA_AVX512_BF16) return;
+    if (rlx_cpu_isa() < RLX_CPU_ISA_AVX512_BF16) return;
     /* the AVX-512 BF16 GEMM: each out element one fixed sequence whatever the thread count */
     const int64_t GM = 37, GK = 1001, GN = 700;
     float *ga = rand_buf(GM * GK, -1, 1), *g1 = buf(GM * GN), *g2 = buf(GM * GN);
@@ -801,7 +809,7 @@ static void test_attention_vector_paths(void)
             }
         }
     }
-    rlx_cpu_isa_cap(RLX_CPU_ISA_AVX512_BF16);
+    rlx_cpu_isa_cap(RLX_CPU_ISA_TOP);
 }
 
 /* convert_f32: the cpu table's narrowing (vcvtps2ph / the bf16 pack, scalar tails) gives the ref

@@ -241,10 +241,11 @@ static void rand_act(float *a, int64_t M, int64_t K, int64_t bs, int edges, int 
 
 static const char *isa_name(int isa)
 {
-    return isa == RLX_CPU_ISA_AVX512_BF16 ? "avx512bf16"
-           : isa == RLX_CPU_ISA_AVX512    ? "avx512"
-           : isa == RLX_CPU_ISA_AVX2      ? "avx2"
-                                          : "scalar";
+    return isa == RLX_CPU_ISA_AMX           ? "amx"
+           : isa == RLX_CPU_ISA_AVX512_BF16 ? "avx512bf16"
+           : isa == RLX_CPU_ISA_AVX512      ? "avx512"
+           : isa == RLX_CPU_ISA_AVX2        ? "avx2"
+                                            : "scalar";
 }
 
 static const char *path_name(void) { return rlx_cpu_avx512_vnni() ? "vnni" : isa_name(rlx_cpu_isa()); }
@@ -486,12 +487,12 @@ int main(void)
 {
     const int native = rlx_cpu_isa();
     for (int isa = native; isa >= RLX_CPU_ISA_SCALAR; isa--) {
-        if (isa == RLX_CPU_ISA_AVX512_BF16 && native == RLX_CPU_ISA_AVX512_BF16)
+        if (isa >= RLX_CPU_ISA_AVX512_BF16 && native >= RLX_CPU_ISA_AVX512_BF16)
             continue; /* the same quant paths as AVX512 */
         rlx_cpu_isa_cap(isa);
         test_matmul_quant();
     }
-    rlx_cpu_isa_cap(RLX_CPU_ISA_AVX512_BF16);
+    rlx_cpu_isa_cap(RLX_CPU_ISA_TOP);
     for (int t = 1; t <= 2; t++) {
         rlx_set_num_threads(t);
         test_embedding_quant();

@@ -2,6 +2,7 @@
  * backend.c (cpu) - the CPU backend: host memory, zero-copy for weights and inputs, the fast
  * kernel table (OpenBLAS GEMM, threaded kernels, per-ISA vector loops).
  */
+#include <assert.h>
 #include <cblas.h>
 #include <stdio.h>
 
@@ -19,11 +20,11 @@ static rlx_status cpu_plan_compile(void *ctx, const struct rlx_graph *g, void **
 }
 
 static const char *const isa_names[] = {
-    [RLX_CPU_ISA_SCALAR] = "x86-64",
-    [RLX_CPU_ISA_AVX2] = "avx2",
-    [RLX_CPU_ISA_AVX512] = "avx512f",
-    [RLX_CPU_ISA_AVX512_BF16] = "avx512f+bf16",
+    [RLX_CPU_ISA_SCALAR] = "x86-64",        [RLX_CPU_ISA_AVX2] = "avx2",
+    [RLX_CPU_ISA_AVX512] = "avx512f",       [RLX_CPU_ISA_AVX512_BF16] = "avx512f+bf16",
+    [RLX_CPU_ISA_AMX] = "avx512f+bf16+amx",
 };
+static_assert(sizeof isa_names / sizeof *isa_names == RLX_CPU_ISA_TOP + 1, "a name per ISA level");
 
 /* The BLAS, its configuration and threads, the vector ISA the kernels dispatch to, and the integer
  * dot products the block-type (GGUF) kernels use (quant.c). */

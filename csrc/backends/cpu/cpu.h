@@ -80,9 +80,19 @@ static inline int64_t rlx_cpu_row_grain(int64_t grain, int64_t row)
 
 /* Vector ISA the hand-written intrinsics paths (lowp.c, matmul.c, gemm_bf16.c) may use on this
  * machine, from cpuid (AVX-512 needs F, BW, VL and F16C; AVX2 needs FMA and F16C; AVX512_BF16 is
- * AVX-512 plus the BF16 dot products). The environment variable RLX_CPU_ISA ("scalar", "avx2",
- * "avx512") caps it; so does rlx_cpu_isa_cap. Each kernel reads it once per call. */
-enum { RLX_CPU_ISA_SCALAR = 0, RLX_CPU_ISA_AVX2 = 1, RLX_CPU_ISA_AVX512 = 2, RLX_CPU_ISA_AVX512_BF16 = 3 };
+ * AVX-512 plus the BF16 dot products; AMX is AVX512_BF16 plus the AMX-TILE and AMX-BF16 tile
+ * multiplies, their state enabled by the OS and this process allowed to use it (Linux:
+ * arch_prctl ARCH_REQ_XCOMP_PERM, asked once)). The environment variable RLX_CPU_ISA ("scalar",
+ * "avx2", "avx512", "avx512bf16") caps it; so does rlx_cpu_isa_cap. Each kernel reads it once per
+ * call. RLX_CPU_ISA_TOP is the highest level (the cap that caps nothing). */
+enum {
+    RLX_CPU_ISA_SCALAR = 0,
+    RLX_CPU_ISA_AVX2 = 1,
+    RLX_CPU_ISA_AVX512 = 2,
+    RLX_CPU_ISA_AVX512_BF16 = 3,
+    RLX_CPU_ISA_AMX = 4,
+    RLX_CPU_ISA_TOP = RLX_CPU_ISA_AMX
+};
 int rlx_cpu_isa(void);
 /* For tests: caps rlx_cpu_isa() at `cap` from now on (it never rises above what cpuid and
  * RLX_CPU_ISA allow); returns the previous cap. Not for use while kernels run on other threads. */
@@ -128,7 +138,8 @@ void rlx_cpu_round_bf16(float *dst, const float *src, int64_t n);
 void rlx_cpu_pack_bf16(uint16_t *dst, const float *src, int64_t n);
 
 /* The AVX-512 BF16 GEMM (gemm_bf16.c): out (M, N) = bf16(a) (M, K) @ b^T, b (N, K) bf16; only
- * when rlx_cpu_isa() == RLX_CPU_ISA_AVX512_BF16. Blocking: RLX_GB_MR rows x 32 columns per
+ * when rlx_cpu_isa() >= RLX_CPU_ISA_AVX512_BF16 (with AMX tiles where rlx_cpu_isa() is
+ * RLX_CPU_ISA_AMX, N >= 32 and K >= 32). VDPBF16PS blocking: RLX_GB_MR rows x 32 columns per
  * microkernel, column blocks of RLX_GB_NC per thread, k blocks of RLX_GB_KC (even), sub-chunks
  * of RLX_GB_MC rows (a multiple of RLX_GB_MR), packed A chunks of at most RLX_GB_A_UNITS 32-bit
  * units (whole row blocks). The #ifndef lets a tuning build override them with -D. */

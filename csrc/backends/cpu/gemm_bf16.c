@@ -1,14 +1,16 @@
 /*
- * gemm_bf16.c - out (M, N) = bf16(a) (M, K) @ b^T, b (N, K) bf16, with AVX-512 BF16 dot products
- * (VDPBF16PS: 32 bf16 products per zmm instruction, twice the multiply-adds of an f32 FMA), for
- * the prefill products of bf16 weights on machines whose cpuid reports AVX512_BF16
- * (rlx_cpu_isa() == RLX_CPU_ISA_AVX512_BF16; matmul.c decides when to call it).
+ * gemm_bf16.c - out (M, N) = bf16(a) (M, K) @ b^T, b (N, K) bf16, for the prefill products of bf16
+ * weights on machines whose cpuid reports AVX512_BF16 (rlx_cpu_isa() >= RLX_CPU_ISA_AVX512_BF16;
+ * matmul.c decides when to call it): with AMX tiles where the machine has them (RLX_CPU_ISA_AMX,
+ * N >= 32, K >= 32; the section "AMX" below), else with AVX-512 BF16 dot products (VDPBF16PS: 32
+ * bf16 products per zmm instruction, twice the multiply-adds of an f32 FMA).
  *
  * Semantics (the matmul_lowp contract for bf16 weights): each element of `a` is rounded to bf16
  * (round to nearest even; NaN stays NaN, quieted; a finite value past the largest bf16 becomes
- * inf), the products of two bf16 values are exact in f32 and are summed in f32. VDPBF16PS itself
- * treats bf16 subnormals (inputs) as zero and flushes subnormal f32 sums to zero, so values below
- * 2^-126 may count as 0 here: far below anything a product of LLM weights and activations sums to.
+ * inf), the products of two bf16 values are exact in f32 and are summed in f32. VDPBF16PS and
+ * TDPBF16PS treat bf16 subnormals (inputs) as zero and flush subnormal f32 sums to zero, so values
+ * below 2^-126 may count as 0 here: far below anything a product of LLM weights and activations
+ * sums to.
  *
  * Layout. The K dimension is taken in pairs (VDPBF16PS multiplies pairs): a "unit" is 32 bits
  * holding the bf16 values at k and k+1 (k even; the second is 0 past an odd K).
@@ -77,16 +79,6 @@ static int64_t gb_a_rows(int64_t K)
 /* units of one thread's B block */
 #define GB_B_UNITS ((int64_t)RLX_GB_NC * (RLX_GB_KC / 2))
 
-size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N)
-{
-    (void)N;
-    if (M <= 0 || K <= 0) return 0;
-    int64_t rows = gb_a_rows(K);
-    const int64_t mpad = (M + RLX_GB_MR - 1) / RLX_GB_MR * RLX_GB_MR;
-    rows = rows < mpad ? rows : mpad;
-    return (size_t)(rows * ((K + 1) / 2) + (int64_t)rlx_pool_threads() * GB_B_UNITS);
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Packing
  * ------------------------------------------------------------------------------------------- */
@@ -97,29 +89,27 @@ GB_FN __m256i gb_round16(__m512 v)
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rlx_cpu_round_bf16_512(_mm512_castps_si512(v)), 16));
 }
 
-struct gb_ctx {
-    float *out;
-    const float *a;
-    const uint16_t *b;
-    int64_t M, K, N, kp; /* kp = pairs of K */
-    int64_t m0, mrows;   /* the current A chunk: rows m0 .. m0 + mrows */
-    uint32_t *apack;     /* the packed chunk */
-    uint32_t *bpack;     /* GB_B_UNITS per task */
-    int64_t nblocks;
-    atomic_llong next;
+/* A chunk of rows of `a` packed for a microkernel: blocks of mr rows (rows past the chunk are
+ * zero), each block kpp pairs of mr units: unit (pair q, row r) = bf16(a[m0 + mr ib + r][2q]) |
+ * bf16(a[..][2q + 1]) << 16, zero past K and for the pairs (K + 1) / 2 .. kpp. */
+struct gb_apack {
+    const float *a;       /* (M, K) */
+    int64_t K, m0, mrows; /* the chunk: rows m0 .. m0 + mrows */
+    int64_t mr, kpp;      /* rows per block (RLX_GB_MR, or GA_MB for AMX), pairs per block */
+    uint32_t *dst;        /* (row blocks, kpp, mr) units */
 };
 
-/* Row blocks [begin, end) of the current chunk into apack. */
+/* Row blocks [begin, end) of the chunk into dst. */
 GB_TARGET static void gb_pack_a(void *p, int64_t begin, int64_t end)
 {
-    const struct gb_ctx *c = p;
-    const int64_t K = c->K, kp = c->kp;
+    const struct gb_apack *c = p;
+    const int64_t K = c->K, kp = (K + 1) / 2, mr = c->mr, kpp = c->kpp;
     for (int64_t ib = begin; ib < end; ib++) {
-        uint32_t *dst = c->apack + ib * kp * RLX_GB_MR;
-        for (int r = 0; r < RLX_GB_MR; r++) {
-            const int64_t m = c->m0 + ib * RLX_GB_MR + r;
+        uint32_t *dst = c->dst + ib * kpp * mr;
+        for (int64_t r = 0; r < mr; r++) {
+            const int64_t m = c->m0 + ib * mr + r;
             if (m >= c->m0 + c->mrows) {
-                for (int64_t q = 0; q < kp; q++) dst[q * RLX_GB_MR + r] = 0;
+                for (int64_t q = 0; q < kpp; q++) dst[q * mr + r] = 0;
                 continue;
             }
             const float *row = c->a + m * K;
@@ -128,11 +118,29 @@ GB_TARGET static void gb_pack_a(void *p, int64_t begin, int64_t end)
                 uint32_t u[8];
                 _mm256_storeu_si256((__m256i *)u, gb_round16(_mm512_maskz_loadu_ps(mk, row + k)));
                 const int64_t q0 = k / 2, nq = kp - q0 < 8 ? kp - q0 : 8;
-                for (int64_t q = 0; q < nq; q++) dst[(q0 + q) * RLX_GB_MR + r] = u[q];
+                for (int64_t q = 0; q < nq; q++) dst[(q0 + q) * mr + r] = u[q];
             }
+            for (int64_t q = kp; q < kpp; q++) dst[q * mr + r] = 0;
         }
     }
 }
+
+/* Packs the chunk on the pool (about 64K values of a per task). */
+static void gb_pack_chunk(struct gb_apack *pa)
+{
+    const int64_t nrb = (pa->mrows + pa->mr - 1) / pa->mr;
+    rlx_parallel_for(nrb, rlx_cpu_row_grain(65536, pa->mr * pa->K), gb_pack_a, pa);
+}
+
+struct gb_ctx {
+    float *out;
+    const uint16_t *b;
+    int64_t N;
+    struct gb_apack pa; /* the current chunk (mr = RLX_GB_MR, kpp = (K + 1) / 2) */
+    uint32_t *bpack;    /* GB_B_UNITS per task */
+    int64_t nblocks;
+    atomic_llong next;
+};
 
 /* 16 x 16 transpose of 32-bit elements: r[i] lane j -> r[j] lane i */
 GB_FN void gb_transpose16(__m512i r[16])
@@ -233,7 +241,7 @@ GB_TARGET static void gb_task(void *p, int64_t begin, int64_t end)
     struct gb_ctx *c = p;
     (void)end;
     uint32_t *bpack = c->bpack + begin * GB_B_UNITS;
-    const int64_t K = c->K, N = c->N, nrb = (c->mrows + RLX_GB_MR - 1) / RLX_GB_MR;
+    const int64_t K = c->pa.K, N = c->N, nrb = (c->pa.mrows + RLX_GB_MR - 1) / RLX_GB_MR;
     for (;;) {
         const int64_t nb = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
         if (nb >= c->nblocks) return;
@@ -255,44 +263,227 @@ GB_TARGET static void gb_task(void *p, int64_t begin, int64_t end)
                     const int64_t i1 = i0 + RLX_GB_MC / RLX_GB_MR < nrb ? i0 + RLX_GB_MC / RLX_GB_MR : nrb;
                     for (int64_t ib = i0; ib < i1; ib++) {
                         const int64_t r0 = ib * RLX_GB_MR;
-                        const int rows = (int)(c->mrows - r0 < RLX_GB_MR ? c->mrows - r0 : RLX_GB_MR);
+                        const int rows = (int)(c->pa.mrows - r0 < RLX_GB_MR ? c->pa.mrows - r0 : RLX_GB_MR);
                         for (int64_t e = next_line + per_call; next_line < e && next_line < lines; next_line++)
                             _mm_prefetch((const char *)(c->b + (n0 + next_line / lines_per_row) * K + k0 + kc) +
                                              64 * (next_line % lines_per_row),
                                          _MM_HINT_T1);
-                        gb_micro(c->out + (c->m0 + r0) * N + n0 + j * 32, N,
-                                 c->apack + (ib * c->kp + k0 / 2) * RLX_GB_MR, bp, kpb, rows, cols, k0 > 0);
+                        gb_micro(c->out + (c->pa.m0 + r0) * N + n0 + j * 32, N,
+                                 c->pa.dst + (ib * c->pa.kpp + k0 / 2) * RLX_GB_MR, bp, kpb, rows, cols, k0 > 0);
                     }
                 }
         }
     }
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * AMX
+ * ------------------------------------------------------------------------------------------- */
+
+/* TDPBF16PS multiplies a tile of 16 rows x 32 bf16 values by a tile of 16 pairs x 16 columns into
+ * 16 x 16 f32 sums: 8192 multiply-adds an instruction (VDPBF16PS: 32). The weights are the first
+ * operand as they lie in memory (16 rows of W x 32 values of k, the rows K * 2 bytes apart: nothing
+ * to pack), the packed rows of `a` the second (16 pairs of k x 16 rows of a per tile: gb_apack with
+ * mr = GA_MB, kpp a multiple of 16), so a tile of sums is out^T (16 weight rows x 16 rows of a),
+ * transposed on the way out. Tiles: 0-3 sums (weight rows 0-15 / 16-31 x rows of a 0-15 / 16-31),
+ * 4-5 weights, 6-7 activations; all 16 rows x 64 bytes. A block of 32 weight rows runs over every
+ * pair of row blocks of the chunk, the whole K at a time (the sums never leave the tiles until
+ * stored: each out element one fixed sequence, the same bits at any thread count); the last K % 32
+ * values of k come from a zero-padded copy (a tile load of the rows would read past K, into the
+ * next row or past the array), and a last block that would pass N is moved back to end at N, its
+ * rows of the block before computed again and not stored. The pool's threads take the blocks as
+ * the matrix-vector products take their pieces (rlx_parallel_pieces: a contiguous range each,
+ * then the others'), and a block prefetches the next block's rows into L2 while it computes.
+ * Each task loads the tile configuration and releases the tiles when done (the tile state is
+ * per thread; released, a context switch does not save its 8 KiB).
+ *
+ * Measured on the Intel Xeon (2 vCPUs, AMX-BF16; /tmp/gemm.py through rlx.compile: bf16 weights
+ * in cache between repetitions, best of 5), GFLOP/s at 1 / 2 threads, AMX against VDPBF16PS:
+ *   M = 128, K 1024 -> N 2048: 444 / 750 against 89 / 90;  1024 -> 3072: 738 / 1086 against 88 / 115
+ *   M = 128, 3072 -> 1024: 763 / 1162 against 91 / 113;  2048 -> 8192: 472 / 853 against 89 / 174
+ *   M = 512, 1024 -> 3072: 558 / 817 against 93 / 174;  3072 -> 1024: 618 / 1084 against 93 / 183
+ * Whole prefills, Qwen3-0.6B bf16 GGUF, KV f16, 2 threads, best of 5: pp128 172 -> 683 tok/s (matmul
+ * 682 -> 124 ms of the step), pp512 187 -> 676 tok/s (2440 -> 419 ms; attention is now 30 % of it);
+ * the next block's prefetch then took pp128 684-686 -> 712-723, pp512 644-652 -> 683-700 (builds
+ * alternated twice). The machine is a shared VM: 10-20 % run to run. */
+#define GA_MB 16 /* rows of a per tile */
+#define GA_NB 32 /* weight rows per block: two tiles */
+
+#define GA_FN                                                                                                          \
+    __attribute__((target("amx-tile,amx-bf16,avx512bf16,avx512f,avx512bw,avx512vl"), always_inline)) static inline
+#define GA_TARGET __attribute__((target("amx-tile,amx-bf16,avx512bf16,avx512f,avx512bw,avx512vl")))
+
+/* pairs per packed row block: whole tiles of 16 pairs */
+static int64_t ga_kpp(int64_t K) { return ((K + 1) / 2 + 15) / 16 * 16; }
+
+/* rows per packed chunk: RLX_GB_A_UNITS units, whole pairs of row blocks, at least one pair */
+static int64_t ga_a_rows(int64_t K)
+{
+    const int64_t rows = RLX_GB_A_UNITS / ga_kpp(K) / (2 * GA_MB) * (2 * GA_MB);
+    return rows < 2 * GA_MB ? 2 * GA_MB : rows;
+}
+
+struct ga_ctx {
+    float *out;
+    const uint16_t *b;
+    int64_t N;
+    struct gb_apack pa; /* the current chunk (mr = GA_MB, kpp = ga_kpp(K)), its row blocks padded to an even count */
+};
+
+/* The 64-byte tile configuration (palette 1): tiles 0-7 of 16 rows x 64 bytes. */
+struct ga_tilecfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* A tile of sums t (16 weight rows x 16 rows of a, f32) into out^T: out[m][n] for the rows of a
+ * m0 .. m0 + 16 below mend and the weight rows n0 + i for i in [ifrom, 16). */
+GA_FN void ga_store(float *out, int64_t ldo, const float t[256], int64_t m0, int64_t mend, int64_t n0, int ifrom)
+{
+    __m512i r[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(t + 16 * i);
+    gb_transpose16(r); /* r[j] lane i = t[i][j] */
+    const __mmask16 mask = (__mmask16)(0xffffu << ifrom);
+    for (int j = 0; j < 16 && m0 + j < mend; j++)
+        _mm512_mask_storeu_ps(out + (m0 + j) * ldo + n0, mask, _mm512_castsi512_ps(r[j]));
+}
+
+/* Weight blocks [begin, end) (GA_NB rows each; the last one moved back to end at N, its rows of
+ * earlier blocks computed but not stored) times every row pair of blocks of the chunk. */
+GA_TARGET static void ga_blocks(void *p, int64_t begin, int64_t end)
+{
+    const struct ga_ctx *c = p;
+    const int64_t K = c->pa.K, N = c->N, kpp = c->pa.kpp, ksteps = K / 32, tail = K % 32;
+    const int64_t stride = K * (int64_t)sizeof(uint16_t), mpairs = (c->pa.mrows + 2 * GA_MB - 1) / (2 * GA_MB);
+    struct ga_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    _tile_loadconfig(&cfg);
+    _Alignas(64) uint16_t wtail[GA_NB * 32]; /* the block's last K % 32 values of k, zero past K */
+    _Alignas(64) float sums[256];
+    for (int64_t nb = begin; nb < end; nb++) {
+        const int64_t n0 = nb * GA_NB + GA_NB <= N ? nb * GA_NB : N - GA_NB; /* N >= GA_NB */
+        const int skip = (int)(nb * GA_NB - n0);                             /* rows already stored */
+        const uint16_t *w0 = c->b + n0 * K, *w1 = w0 + 16 * K;
+        if (tail) {
+            memset(wtail, 0, sizeof wtail);
+            for (int r = 0; r < GA_NB; r++) memcpy(wtail + 32 * r, w0 + r * K + 32 * ksteps, (size_t)tail * 2);
+        }
+        /* the next block's weight rows (the next of this task's range, as a rule), fetched into L2
+         * a slice per step while this block computes */
+        const int64_t nn = (nb + 1) * GA_NB + GA_NB <= N ? (nb + 1) * GA_NB : N - GA_NB;
+        const char *next = nb + 1 < (N + GA_NB - 1) / GA_NB ? (const char *)(c->b + nn * K) : NULL;
+        const int64_t lpr = (stride + 63) / 64, lines = next ? GA_NB * lpr : 0, steps = mpairs * (ksteps + 1);
+        const int64_t per_step = (lines + steps - 1) / steps;
+        int64_t line = 0;
+        for (int64_t mp = 0; mp < mpairs; mp++) {
+            const uint32_t *a0 = c->pa.dst + 2 * mp * kpp * GA_MB, *a1 = a0 + kpp * GA_MB;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t s = 0; s < ksteps; s++) {
+                for (int64_t e = line + per_step; line < e && line < lines; line++)
+                    _mm_prefetch(next + line / lpr * stride + 64 * (line % lpr), _MM_HINT_T1);
+                _tile_loadd(4, w0 + 32 * s, stride);
+                _tile_loadd(5, w1 + 32 * s, stride);
+                _tile_loadd(6, a0 + 16 * GA_MB * s, 64);
+                _tile_loadd(7, a1 + 16 * GA_MB * s, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            if (tail) {
+                _tile_loadd(4, wtail, 64);
+                _tile_loadd(5, wtail + 16 * 32, 64);
+                _tile_loadd(6, a0 + 16 * GA_MB * ksteps, 64);
+                _tile_loadd(7, a1 + 16 * GA_MB * ksteps, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            const int64_t m0 = c->pa.m0 + 2 * mp * GA_MB, mend = c->pa.m0 + c->pa.mrows;
+            _tile_stored(0, sums, 64);
+            ga_store(c->out, N, sums, m0, mend, n0, skip);
+            _tile_stored(1, sums, 64);
+            ga_store(c->out, N, sums, m0 + GA_MB, mend, n0, skip);
+            _tile_stored(2, sums, 64);
+            ga_store(c->out, N, sums, m0, mend, n0 + 16, skip > 16 ? skip - 16 : 0);
+            _tile_stored(3, sums, 64);
+            ga_store(c->out, N, sums, m0 + GA_MB, mend, n0 + 16, skip > 16 ? skip - 16 : 0);
+        }
+    }
+    _tile_release();
+}
+
+static void gemm_amx(float *out, const float *a, const uint16_t *b, int64_t M, int64_t K, int64_t N, float *scratch)
+{
+    const int64_t chunk = ga_a_rows(K);
+    struct ga_ctx c = {
+        .out = out, .b = b, .N = N, .pa = {.a = a, .K = K, .mr = GA_MB, .kpp = ga_kpp(K), .dst = (uint32_t *)scratch}};
+    for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+        c.pa.m0 = m0;
+        c.pa.mrows = M - m0 < chunk ? M - m0 : chunk;
+        gb_pack_chunk(&c.pa);
+        /* an even count of row blocks: a zero block after an odd count */
+        const int64_t blocks = (c.pa.mrows + GA_MB - 1) / GA_MB;
+        if (blocks % 2) memset(c.pa.dst + blocks * c.pa.kpp * GA_MB, 0, (size_t)(c.pa.kpp * GA_MB) * sizeof(uint32_t));
+        rlx_parallel_pieces((N + GA_NB - 1) / GA_NB, 1, ga_blocks, &c);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Entry
+ * ------------------------------------------------------------------------------------------- */
+
+/* The AMX path: where the machine has it and the product holds at least one block of weight rows
+ * and one tile of k. */
+static int use_amx(int64_t K, int64_t N) { return rlx_cpu_isa() >= RLX_CPU_ISA_AMX && N >= GA_NB && K >= 32; }
+
+size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N)
+{
+    (void)N;
+    if (M <= 0 || K <= 0) return 0;
+    /* VDPBF16PS: the packed chunk and a B block per thread */
+    int64_t rows = gb_a_rows(K);
+    const int64_t mpad = (M + RLX_GB_MR - 1) / RLX_GB_MR * RLX_GB_MR;
+    rows = rows < mpad ? rows : mpad;
+    const size_t vdp = (size_t)(rows * ((K + 1) / 2) + (int64_t)rlx_pool_threads() * GB_B_UNITS);
+    /* AMX: the packed chunk, whole pairs of row blocks */
+    int64_t arows = ga_a_rows(K);
+    const int64_t apad = (M + 2 * GA_MB - 1) / (2 * GA_MB) * (2 * GA_MB);
+    arows = arows < apad ? arows : apad;
+    const size_t amx = (size_t)(arows * ga_kpp(K));
+    return vdp > amx ? vdp : amx;
+}
+
 /* out (M, N) = bf16(a) (M, K) @ b^T, b (N, K) bf16; M, K, N >= 1; scratch:
  * rlx_cpu_gemm_bf16_scratch(M, K, N) floats. */
 void rlx_cpu_gemm_bf16(float *out, const float *a, const uint16_t *b, int64_t M, int64_t K, int64_t N, float *scratch)
 {
+    if (use_amx(K, N)) {
+        gemm_amx(out, a, b, M, K, N, scratch);
+        return;
+    }
     const int64_t chunk = gb_a_rows(K), kp = (K + 1) / 2;
     const int64_t mpad = (M + RLX_GB_MR - 1) / RLX_GB_MR * RLX_GB_MR;
     const int64_t arows = chunk < mpad ? chunk : mpad;
     struct gb_ctx c = {.out = out,
-                       .a = a,
                        .b = b,
-                       .M = M,
-                       .K = K,
                        .N = N,
-                       .kp = kp,
-                       .apack = (uint32_t *)scratch,
+                       .pa = {.a = a, .K = K, .mr = RLX_GB_MR, .kpp = kp, .dst = (uint32_t *)scratch},
                        .bpack = (uint32_t *)scratch + arows * kp,
                        .nblocks = (N + RLX_GB_NC - 1) / RLX_GB_NC};
     const int64_t threads = rlx_pool_threads();
     const int64_t ntasks = c.nblocks < threads ? c.nblocks : threads;
     for (int64_t m0 = 0; m0 < M; m0 += chunk) {
-        c.m0 = m0;
-        c.mrows = M - m0 < chunk ? M - m0 : chunk;
-        const int64_t nrb = (c.mrows + RLX_GB_MR - 1) / RLX_GB_MR;
-        /* about 64K values of a per packing chunk */
-        rlx_parallel_for(nrb, rlx_cpu_row_grain(65536, RLX_GB_MR * K), gb_pack_a, &c);
+        c.pa.m0 = m0;
+        c.pa.mrows = M - m0 < chunk ? M - m0 : chunk;
+        gb_pack_chunk(&c.pa);
         atomic_init(&c.next, 0);
         rlx_parallel_for(ntasks, 1, gb_task, &c);
     }

@@ -19,15 +19,41 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------------------------------------
  * ISA
  * ------------------------------------------------------------------------------------------- */
 
-/* From cpuid, capped by the environment variable RLX_CPU_ISA ("scalar", "avx2" or "avx512", the
- * last meaning AVX-512 without its BF16 dot products; it can only lower the choice), which lets
- * tests run the paths this machine would not pick. AVX512_BF16 is cpuid leaf 7 subleaf 1, EAX
- * bit 5 (asked directly: older compilers' __builtin_cpu_supports lacks the name). */
+/* AMX tiles with bf16 multiplies, usable by this process: cpuid leaf 7 subleaf 0 EDX bits 22
+ * (AMX-BF16) and 24 (AMX-TILE); the OS saves the tile state (XCR0 bits 17 XTILECFG and 18
+ * XTILEDATA, read with xgetbv where cpuid reports OSXSAVE); and Linux grants this process the
+ * tile data (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: the permission is the
+ * process's, every thread's; without it the first tile instruction raises SIGILL). Elsewhere than
+ * Linux: not used. */
+static int amx_usable(void)
+{
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    if ((lo & (3u << 17)) != (3u << 17)) return 0;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+    return 0;
+#endif
+}
+
+/* From cpuid, capped by the environment variable RLX_CPU_ISA ("scalar", "avx2", "avx512": AVX-512
+ * without its BF16 dot products, or "avx512bf16": without AMX; it can only lower the choice),
+ * which lets tests run the paths this machine would not pick. AVX512_BF16 is cpuid leaf 7
+ * subleaf 1, EAX bit 5 (asked directly: older compilers' __builtin_cpu_supports lacks the name).
+ * AMX is asked only where AVX512_BF16 is there and allowed (so RLX_CPU_ISA below it, or valgrind,
+ * which hides AVX-512, never asks the kernel for the tile permission). */
 static int detect_isa(void)
 {
     unsigned a, b, c, d;
@@ -42,17 +68,20 @@ static int detect_isa(void)
         isa = RLX_CPU_ISA_AVX2;
     }
     const char *cap = getenv("RLX_CPU_ISA");
-    int limit = RLX_CPU_ISA_AVX512_BF16;
+    int limit = RLX_CPU_ISA_TOP;
     if (cap && strcmp(cap, "scalar") == 0)
         limit = RLX_CPU_ISA_SCALAR;
     else if (cap && strcmp(cap, "avx2") == 0)
         limit = RLX_CPU_ISA_AVX2;
     else if (cap && strcmp(cap, "avx512") == 0)
         limit = RLX_CPU_ISA_AVX512;
+    else if (cap && strcmp(cap, "avx512bf16") == 0)
+        limit = RLX_CPU_ISA_AVX512_BF16;
+    if (isa == RLX_CPU_ISA_AVX512_BF16 && limit > isa && amx_usable()) isa = RLX_CPU_ISA_AMX;
     return isa < limit ? isa : limit;
 }
 
-static atomic_int isa_cap = RLX_CPU_ISA_AVX512_BF16;
+static atomic_int isa_cap = RLX_CPU_ISA_TOP;
 
 /* The vector paths this machine may take (cached; a racing first call computes the same value),
  * capped by rlx_cpu_isa_cap. */
@@ -233,6 +262,7 @@ static void widen_scalar(float *dst, const uint16_t *src, int dtype, int64_t n)
 void rlx_cpu_widen(float *dst, const uint16_t *src, int dtype, int64_t n)
 {
     switch (rlx_cpu_isa()) {
+    case RLX_CPU_ISA_AMX:
     case RLX_CPU_ISA_AVX512_BF16:
     case RLX_CPU_ISA_AVX512: widen_avx512(dst, src, dtype, n); break;
     case RLX_CPU_ISA_AVX2: widen_avx2(dst, src, dtype, n); break;

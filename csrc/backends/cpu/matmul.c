@@ -27,7 +27,8 @@
  * bits it gets alone.
  *
  * Prefill (more rows), bf16 weights on a machine with AVX512_BF16: gemm_bf16.c (`a` rounded to
- * bf16 and packed, weights packed per block, VDPBF16PS microkernel, our pool's threads).
+ * bf16 and packed, weights packed per block, VDPBF16PS microkernel, our pool's threads; on a
+ * machine with AMX, tiles multiply the weights where they lie: 4-8x the VDPBF16PS kernel there).
  * 16-bit weights where AVX2 is the best ISA: gemm16_avx2.c on our pool (`a` rounded to bf16 and
  * arranged in chunks of rows for bf16 weights; weights widened in registers, not packed). Measured
  * on the Zen 4 under RLX_CPU_ISA=avx2 with OPENBLAS_CORETYPE=Haswell (what a Zen 3 runs), against
@@ -492,7 +493,7 @@ void rlx_cpu_matmul_lowp(float *out, const float *a, const void *bv, int b_dtype
         /* the matvec (groups of up to RLX_MV_MAX_M rows per block of weights); bf16: a rounded once
          * (packed to bf16 halves for VDPBF16PS where the machine has it) */
         uint16_t *a16 = NULL;
-        if (bf16 && isa == RLX_CPU_ISA_AVX512_BF16) {
+        if (bf16 && isa >= RLX_CPU_ISA_AVX512_BF16) {
             a16 = (uint16_t *)scratch;
             rlx_cpu_pack_bf16(a16, a, M * K);
         } else if (bf16) {
@@ -502,7 +503,7 @@ void rlx_cpu_matmul_lowp(float *out, const float *a, const void *bv, int b_dtype
         matvec(out, a, a16, b, b_dtype, isa, M, K, N);
         return;
     }
-    if (bf16 && isa == RLX_CPU_ISA_AVX512_BF16) {
+    if (bf16 && isa >= RLX_CPU_ISA_AVX512_BF16) {
         rlx_cpu_gemm_bf16(out, a, b, M, K, N, scratch);
         return;
     }
