@@ -134,12 +134,12 @@ def rank_hop(args, transport) -> dict:
 def rank_decode(args, transport) -> dict:
     import rlx
     from rlx.config import config_from_dict
-    from rlx.distributed import BlockSpec, PipelineCoordinator, ProcessGroup, block_role, pipeline_layer_range
+    from rlx.distributed import BlockSpec, PipelineCoordinator, ProcessGroup
 
     rank, world = transport.rank, transport.world
     rss_start = current_rss_mb()
     cfg = config_from_dict(QWEN3_06B)
-    spec = BlockSpec.for_role(block_role(rank, world), pipeline_layer_range(cfg.num_hidden_layers, rank, world))
+    spec = BlockSpec.for_rank(cfg, rank, world)
     t0 = time.perf_counter()
     weights = block_weights(cfg, spec)
     t_weights = time.perf_counter() - t0
@@ -209,9 +209,9 @@ def rank_many(args, transport) -> dict:
 
 
 def _spec(cfg, rank, world):
-    from rlx.distributed import BlockSpec, block_role, pipeline_layer_range
+    from rlx.distributed import BlockSpec
 
-    return BlockSpec.for_role(block_role(rank, world), pipeline_layer_range(cfg.num_hidden_layers, rank, world))
+    return BlockSpec.for_rank(cfg, rank, world)
 
 
 def rank_main(args) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 
 from rlx import _C
 from rlx.config import ModelConfig
-from rlx.distributed.partition import BlockSpec, block_role, pipeline_layer_range
+from rlx.distributed.partition import BlockSpec, block_role
 from rlx.generator import _kv_dtype, soft_memory_budget
 from rlx.weights import _c_config, check_weights, dtype_summary, watch_sources
 
@@ -35,7 +35,7 @@ class PipelineStage:
                  dtype: str | None = None, kv_dtype: str | None = None):
         self.config, self.device, self.rank, self.world = config, device, rank, world
         self.role = block_role(rank, world)
-        self.spec = BlockSpec.for_role(self.role, pipeline_layer_range(config.num_hidden_layers, rank, world))
+        self.spec = BlockSpec.for_rank(config, rank, world)
         arrays = check_weights(config, weights, block=self.spec, dtype=dtype)
         self.weight_dtypes = dtype_summary(config, arrays, self.spec)
         self._weight_count = len(arrays)

@@ -2,7 +2,14 @@
 coordinator. Stages live in rlx.stages (exported as rlx.PipelineStage / rlx.PipelineDecodeStage)."""
 
 from rlx.distributed.coordinator import PipelineCoordinator, ProcessGroup
-from rlx.distributed.partition import BlockSpec, Role, block_role, block_weight_filter, pipeline_layer_range
+from rlx.distributed.partition import (
+                                      BlockSpec,
+                                      Role,
+                                      block_role,
+                                      block_weight_filter,
+                                      head_layers,
+                                      pipeline_layer_range,
+)
 from rlx.distributed.transport import MpiTransport, TcpTransport, Transport, free_loopback_addrs
 
 __all__ = [
@@ -10,6 +17,7 @@ __all__ = [
     "Role",
     "block_role",
     "block_weight_filter",
+    "head_layers",
     "pipeline_layer_range",
     "ProcessGroup",
     "PipelineCoordinator",

@@ -1,8 +1,10 @@
 """Partitioning a model into a pipeline (rlx.distributed.partition) and what a stage holds:
 pipeline_layer_range (contiguous, balanced, every layer exactly once, the highest rank holds layer
-0), block_role (First = highest rank, Last = rank 0, Middle, Single for world 1), BlockSpec and
-block_weight_filter (tied and untied embeddings), and a stage's weight_count() / layers() on tiny
-random models. Pure CPU, no transport.
+0; with the LM head's cost, no other count of layers in the last block makes the costliest block
+cheaper), head_layers on the real Qwen3-0.6B / Llama-3.2-1B / Qwen3-MoE shapes, block_role (First =
+highest rank, Last = rank 0, Middle, Single for world 1), BlockSpec (for_rank: what a stage holds)
+and block_weight_filter (tied and untied embeddings), and a stage's weight_count() / layers() on
+tiny random models. Pure CPU, no transport.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import pytest
 
 import rlx
 from rlx.config import config_from_dict
-from rlx.distributed import BlockSpec, Role, block_role, block_weight_filter, pipeline_layer_range
+from rlx.distributed import BlockSpec, Role, block_role, block_weight_filter, head_layers, pipeline_layer_range
 from rlx.weights import expected_weights
 
 
@@ -68,6 +70,70 @@ def test_layer_range_examples():
     # 5 layers over 2 ranks: the extra layer goes to the first (embedding) block.
     assert [pipeline_layer_range(5, r, 2) for r in range(2)] == [range(3, 5), range(0, 3)]
     assert [pipeline_layer_range(5, r, 3) for r in range(3)] == [range(4, 5), range(2, 4), range(0, 2)]
+
+
+@pytest.mark.parametrize("h", [0.17, 1.5, 4.32, 9.89, 40.0])
+@pytest.mark.parametrize("world", range(2, 9))
+@pytest.mark.parametrize("n_layers", [2, 3, 5, 8, 16, 28, 36, 81])
+def test_head_cost_balances_the_last_block(n_layers, world, h):
+    """With the head's cost: every layer once, contiguous, at least one per block; the blocks other
+    than the last differ by at most one; and no other count of layers in the last block (the rest
+    split evenly) makes the costliest block cheaper."""
+    if n_layers < world:
+        return
+    ranges = [pipeline_layer_range(n_layers, r, world, head_layers=h) for r in range(world)]
+    ordered = ranges[::-1]
+    assert [i for r in ordered for i in r] == list(range(n_layers))
+    assert all(len(r) >= 1 for r in ranges)
+    others = [len(r) for r in ranges[1:]]
+    assert max(others) - min(others) <= 1, ranges
+
+    def slowest(last):
+        return max(last + h, -(-(n_layers - last) // (world - 1)))
+
+    chosen = slowest(len(ranges[0]))
+    assert all(chosen <= slowest(last) for last in range(1, n_layers - world + 2)), (ranges, h)
+
+
+def shape_config(**d):
+    base = {"max_position_embeddings": 1024, "rms_norm_eps": 1e-6, "rope_theta": 1e6, "bos_token_id": 1,
+            "eos_token_id": 2}
+    return config_from_dict({**base, **d})
+
+
+QWEN3_06B = dict(model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                 num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                 tie_word_embeddings=True)
+LLAMA_32_1B = dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                   num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True)
+
+
+def test_head_layers_of_real_shapes_and_their_splits():
+    """The head in layers of what decode reads: Qwen3-0.6B 151936 x 1024 against (2 * 2048 + 2 * 1024)
+    x 1024 attention + 3 x 3072 x 1024 MLP; Llama-3.2-1B 128256 x 2048 against 10485760 + 50331648.
+    Two ranks then give rank 0 9 (Qwen) / 6 (Llama) layers and the head; four ranks give Qwen's
+    rank 0 one layer (its head is 9.9 layers, more than a quarter of 37.9)."""
+    qwen, llama = shape_config(**QWEN3_06B), shape_config(**LLAMA_32_1B)
+    assert head_layers(qwen) == pytest.approx(151936 * 1024 / (6291456 + 9437184))
+    assert head_layers(llama) == pytest.approx(128256 * 2048 / (10485760 + 50331648))
+    assert [BlockSpec.for_rank(qwen, r, 2).layers for r in range(2)] == [range(19, 28), range(0, 19)]
+    assert [BlockSpec.for_rank(qwen, r, 4).layers for r in range(4)] == \
+        [range(27, 28), range(18, 27), range(9, 18), range(0, 9)]
+    assert [BlockSpec.for_rank(llama, r, 2).layers for r in range(2)] == [range(10, 16), range(0, 10)]
+    assert BlockSpec.for_rank(qwen, 0, 1) == BlockSpec(0, 28, embed=True, head=True)
+    # a mixture of experts counts the experts a token uses: Qwen3-30B-A3B's shape, every layer sparse
+    moe = shape_config(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                       num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                       num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                       tie_word_embeddings=False)
+    per_layer = (2 * 32 * 128 + 2 * 4 * 128) * 2048 + 128 * 2048 + 8 * 3 * 768 * 2048
+    assert head_layers(moe) == pytest.approx(151936 * 2048 / per_layer)
+
+
+@pytest.mark.parametrize("h", [-1.0, float("nan"), float("inf"), "1", True, None])
+def test_bad_head_layers_is_a_value_error(h):
+    with pytest.raises(ValueError, match="head_layers"):
+        pipeline_layer_range(8, 0, 2, head_layers=h)
 
 
 @pytest.mark.parametrize("rank, world", [(-1, 2), (2, 2), (5, 3), (0, 0), (0, -1), (1.0, 2), (0, 2.0), ("0", 2),
@@ -186,7 +252,7 @@ def test_stage_weight_count_and_layers(stage_cls, model_type, tied):
         counts = []
         for rank in range(world):
             st = stage_cls(cfg, "cpu", rank, world, weights)
-            layers = pipeline_layer_range(4, rank, world)
+            layers = BlockSpec.for_rank(cfg, rank, world).layers
             assert st.layers() == layers
             assert st.role is block_role(rank, world)
             extra = 0
@@ -211,11 +277,12 @@ def test_stage_needs_only_its_block_of_weights():
     cfg = tiny_config("qwen3", tied=True, layers=4)
     weights = random_weights(cfg)
     for rank in range(3):
-        spec = spec_of(4, rank, 3)
+        spec = BlockSpec.for_rank(cfg, rank, 3)
         mine = {k: v for k, v in weights.items() if block_weight_filter(k, cfg, spec)}
         st = rlx.PipelineDecodeStage(cfg, "cpu", rank, 3, mine)
         assert st.weight_count() == len(mine)
-    spec = spec_of(4, 1, 3)
+    spec = BlockSpec.for_rank(cfg, 1, 3)
+    assert spec.layers == range(2, 3)
     mine = {k: v for k, v in weights.items() if block_weight_filter(k, cfg, spec)}
     mine.pop("model.layers.2.mlp.up_proj.weight")
     with pytest.raises(rlx.WeightsError, match="model.layers.2.mlp.up_proj.weight"):

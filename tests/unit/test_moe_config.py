@@ -341,15 +341,15 @@ def test_pipeline_blocks_take_stacked_or_parts():
     """A pipeline block's weights, a GGUF file's stacked experts or a Hugging Face file's parts:
     block_weight_filter keeps exactly its layers' (both namings), and two blocks chained give the
     whole model's logits."""
-    from rlx.distributed import BlockSpec, Role, block_role, block_weight_filter, pipeline_layer_range
+    from rlx.distributed import BlockSpec, Role, block_role, block_weight_filter
 
     cfg = config_from_dict(dict(BASE, mlp_only_layers=[1]))
     w = _weights(cfg, np.random.default_rng(7))
     stacked = dict(w)
     for name, names in expert_parts(cfg).items():
         stacked[name] = np.stack([stacked.pop(p) for p in names])
-    layers = pipeline_layer_range(cfg.num_hidden_layers, 1, 2)
-    spec = BlockSpec.for_role(block_role(1, 2), layers)
+    spec = BlockSpec.for_rank(cfg, 1, 2)
+    layers = spec.layers
     assert spec.embed and block_role(1, 2) == Role.FIRST
     for weights in (w, stacked):
         kept = {n for n in weights if block_weight_filter(n, cfg, spec)}
@@ -360,7 +360,7 @@ def test_pipeline_blocks_take_stacked_or_parts():
     for weights in (w, stacked):
         first = rlx.PipelineStage(cfg, "cpu", 1, 2, {n: v for n, v in weights.items() if block_weight_filter(
             n, cfg, spec)}, kv_dtype="f32")
-        last_spec = BlockSpec.for_role(block_role(0, 2), pipeline_layer_range(cfg.num_hidden_layers, 0, 2))
+        last_spec = BlockSpec.for_rank(cfg, 0, 2)
         last = rlx.PipelineStage(cfg, "cpu", 0, 2, {n: v for n, v in weights.items() if block_weight_filter(
             n, cfg, last_spec)}, kv_dtype="f32")
         np.testing.assert_allclose(last.forward(hidden=first.forward(tokens=ids)), want, rtol=0, atol=1e-5)
