@@ -1,7 +1,8 @@
 /*
  * test_quant_kernels.c - the cpu table's block-type kernels (matmul_quant, embedding_quant) against
  * the ref table, on every vector path this machine has (rlx_cpu_isa_cap lowered one by one: the
- * VNNI path where cpuid has AVX512_VNNI, AVX2, scalar), at 1 and 2 pool threads.
+ * AMX-INT8 GEMM where cpuid has it, the VNNI path where cpuid has AVX512_VNNI, AVX2, scalar), at 1
+ * and 2 pool threads.
  *
  * The bound. The cpu table quantises each block of `a` (32 elements for Q8_0 .. Q5_1, 256 for the
  * K types) to q = RNE(x * RN(127 / A)) with d = RN(A / 127), A = max |x| of the block (quant.c), and
@@ -22,7 +23,7 @@
  * must be non-finite too, and finite where ref is.
  *
  * Also: the documented quantisation bit for bit (identity weights: out = RN(q * d) exactly) on
- * every path and M; results bitwise identical at 1 and 2 threads (but for the scalar path's
+ * every path and M; the AMX GEMM bitwise the VNNI GEMM; results bitwise identical at 1 and 2 threads (but for the scalar path's
  * prefill, which is OpenBLAS's sgemm) and, on the blocked passes, each row of M bitwise its product
  * alone (M = 1); weights and `a` placed against
  * an unreadable page (an over-read faults); out and scratch guarded (no write past them); M = 0 /
@@ -248,7 +249,10 @@ static const char *isa_name(int isa)
                                             : "scalar";
 }
 
-static const char *path_name(void) { return rlx_cpu_avx512_vnni() ? "vnni" : isa_name(rlx_cpu_isa()); }
+static const char *path_name(void)
+{
+    return rlx_cpu_amx_int8() ? "amx" : rlx_cpu_avx512_vnni() ? "vnni" : isa_name(rlx_cpu_isa());
+}
 
 /* cpu (M, N) at the current thread count into o (guarded), scratch guarded; returns 0 if the
  * scratch guard broke */
@@ -292,6 +296,18 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
         result(memcmp(o1, o2, (size_t)(M * N) * sizeof(float)) == 0,
                "matmul_quant %s M=%lld K=%lld N=%lld [%s]: 2 threads differ from 1", tn, (long long)M, (long long)K,
                (long long)N, path_name());
+    /* the AMX GEMM (prefill, M > 16) computes the VNNI GEMM's integers with its f32 steps (quant_gemm.c):
+     * the same bits */
+    if (rlx_cpu_amx_int8() && M > 16) {
+        float *o3 = buf(M * N);
+        const int prev = rlx_cpu_isa_cap(RLX_CPU_ISA_AVX512_BF16);
+        run_cpu(o3, a, w, wt, M, K, N);
+        rlx_cpu_isa_cap(prev);
+        result(memcmp(o3, o1, (size_t)(M * N) * sizeof(float)) == 0,
+               "matmul_quant %s M=%lld K=%lld N=%lld: the AMX GEMM differs from the VNNI GEMM", tn, (long long)M,
+               (long long)K, (long long)N);
+        free(o3);
+    }
     /* on the blocked passes (every decode step, batched ones included) each row of `a` gets the bits it
      * gets alone, whatever group of rows it runs in (quant.c) */
     const int64_t passes = rlx_cpu_avx512_vnni() ? 16 : rlx_cpu_isa() >= RLX_CPU_ISA_AVX2 ? 12 : 4;
@@ -487,8 +503,8 @@ int main(void)
 {
     const int native = rlx_cpu_isa();
     for (int isa = native; isa >= RLX_CPU_ISA_SCALAR; isa--) {
-        if (isa >= RLX_CPU_ISA_AVX512_BF16 && native >= RLX_CPU_ISA_AVX512_BF16)
-            continue; /* the same quant paths as AVX512 */
+        if (isa == RLX_CPU_ISA_AVX512_BF16)
+            continue; /* the same quant paths as AVX512 (AMX has its own GEMM: AMX-INT8) */
         rlx_cpu_isa_cap(isa);
         test_matmul_quant();
     }

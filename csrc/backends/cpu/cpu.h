@@ -100,6 +100,16 @@ int rlx_cpu_isa_cap(int cap);
 /* Whether the AVX-512 VNNI integer dot products (VPDPBUSD) may be used: cpuid has AVX512_VNNI and
  * rlx_cpu_isa() allows AVX-512 (lowp.c). */
 int rlx_cpu_avx512_vnni(void);
+/* Whether the AMX-INT8 tile products (TDPBSSD) may be used: rlx_cpu_isa() is RLX_CPU_ISA_AMX and
+ * cpuid has AMX-INT8 (leaf 7 subleaf 0, EDX bit 25) (lowp.c). */
+int rlx_cpu_amx_int8(void);
+/* The 64-byte AMX tile configuration (palette 1) that _tile_loadconfig reads: per tile its rows
+ * and bytes per row. Each thread loads its own before its first tile instruction. */
+struct rlx_cpu_tilecfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
 /* Bytes ahead of its loads that the bf16 VDPBF16PS matvec prefetches on this machine (lowp.c). */
 int64_t rlx_cpu_bf16_prefetch(void);
 /* dst (n) f32 = src (n) of dtype RLX_BF16 / RLX_F16, widened exactly */

@@ -330,13 +330,6 @@ struct ga_ctx {
     struct gb_apack pa; /* the current chunk (mr = GA_MB, kpp = ga_kpp(K)), its row blocks padded to an even count */
 };
 
-/* The 64-byte tile configuration (palette 1): tiles 0-7 of 16 rows x 64 bytes. */
-struct ga_tilecfg {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
 /* A tile of sums t (16 weight rows x 16 rows of a, f32) into out^T: out[m][n] for the rows of a
  * m0 .. m0 + 16 below mend and the weight rows n0 + i for i in [ifrom, 16). */
 GA_FN void ga_store(float *out, int64_t ldo, const float t[256], int64_t m0, int64_t mend, int64_t n0, int ifrom)
@@ -356,9 +349,7 @@ GA_TARGET static void ga_blocks(void *p, int64_t begin, int64_t end)
     const struct ga_ctx *c = p;
     const int64_t K = c->pa.K, N = c->N, kpp = c->pa.kpp, ksteps = K / 32, tail = K % 32;
     const int64_t stride = K * (int64_t)sizeof(uint16_t), mpairs = (c->pa.mrows + 2 * GA_MB - 1) / (2 * GA_MB);
-    struct ga_tilecfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
+    struct rlx_cpu_tilecfg cfg = {.palette = 1}; /* tiles 0-7: 16 rows x 64 bytes */
     for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
     _tile_loadconfig(&cfg);
     _Alignas(64) uint16_t wtail[GA_NB * 32]; /* the block's last K % 32 values of k, zero past K */

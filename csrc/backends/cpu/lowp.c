@@ -113,6 +113,20 @@ int rlx_cpu_avx512_vnni(void)
     return v && rlx_cpu_isa() >= RLX_CPU_ISA_AVX512;
 }
 
+/* AMX-INT8 (cpuid leaf 7 subleaf 0, EDX bit 25), asked once; usable only while rlx_cpu_isa() is
+ * AMX (the tile state granted, and not capped below). */
+int rlx_cpu_amx_int8(void)
+{
+    static atomic_int int8 = -1;
+    int v = atomic_load_explicit(&int8, memory_order_relaxed);
+    if (v < 0) {
+        unsigned a, b, c, d;
+        v = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25)) ? 1 : 0;
+        atomic_store_explicit(&int8, v, memory_order_relaxed);
+    }
+    return v && rlx_cpu_isa() >= RLX_CPU_ISA_AMX;
+}
+
 /* How far ahead (bytes) the bf16 VDPBF16PS matvec (matmul.c) asks for weights, by the CPU's
  * vendor (cpuid leaf 0), asked once: each machine's measured best. AMD ("AuthenticAMD", the Zen 4;
  * the Zen 5 not measured): 2 KiB. Others (the Intel Xeon): RLX_QMV_PF, 6 KiB. Measured on the

@@ -38,7 +38,8 @@
  * Paths (rlx_cpu_matmul_quant): which kernels run is chosen per call from rlx_cpu_isa() and
  * rlx_cpu_avx512_vnni(), never from -march:
  *   VNNI (AVX-512 with VPDPBUSD): M <= 16 the blocked passes with quant_avx512.c's row kernels,
- *     above the GEMM of quant_gemm.c (a batched decode step of up to 16 sequences, RLX_MAX_BATCH,
+ *     above the GEMM of quant_gemm.c (on AMX-INT8 tiles where the machine has them: 1.45-1.6x the
+ *     VNNI GEMM's prefill on the Intel Xeon) (a batched decode step of up to 16 sequences, RLX_MAX_BATCH,
  *     stays on the passes: Qwen3-0.6B Q4_K_M, 16 sequences, 2 threads, 124-146 ms per step against
  *     146 through the GEMM, whose panel unpacking is not paid back at 16 rows (Zen 4, with the rows
  *     in groups of 4; one group of 16 since: Intel Xeon 150 -> 122 ms); and each sequence then
