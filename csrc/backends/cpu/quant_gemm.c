@@ -466,12 +466,12 @@ static void qg_task8(void *p, int64_t begin, int64_t end)
         _tile_dpbssd(C, W, A);                                                                                         \
     } while (0)
 
-/* Group g's sums into the accumulators, one zmm per weight row n over the 16 rows of a.
- * 32-element types: acc[n] += cvt(sum[n]) * (da * dw[n]) [+ s * mw[n]], da the rows' scale of the
- * group's block. K types, as the VNNI kernel: fsb[n] += cvt(sum[n]) * dw[n] [+ bsum * mw[n]] over
- * the super-block's groups, then acc[n] += fsb[n] * da at its end; acc lives in memory there (fsb
- * and acc would take all 32 registers), touched once a super-block. */
-QA_FN void qa_scale(__m512 fsb[QA_NR], float accm[QA_NR][QG_MB], const int32_t sums[QA_NR][QG_MB], const float *as,
+/* Group g's sums into the accumulators, one zmm per weight row n over the 16 rows of a (regs).
+ * 32-element types: regs[n] += cvt(sum[n]) * (da * dw[n]) [+ s * mw[n]], da the rows' scale of the
+ * group's block. K types, as the VNNI kernel: regs[n] += cvt(sum[n]) * dw[n] [+ bsum * mw[n]] over
+ * the super-block's groups, then accm[n] += regs[n] * da at its end; those sums live in memory
+ * (both sets would take all 32 registers), touched once a super-block. */
+QA_FN void qa_scale(__m512 regs[QA_NR], float accm[QA_NR][QG_MB], const int32_t sums[QA_NR][QG_MB], const float *as,
                     const float *am, const float *dw, const float *mw, int64_t g, const int64_t gpsb, const int ktype,
                     const int mins)
 {
@@ -479,16 +479,16 @@ QA_FN void qa_scale(__m512 fsb[QA_NR], float accm[QA_NR][QG_MB], const int32_t s
         const __m512 bsum = mins ? _mm512_load_ps(am + g * QG_MB) : _mm512_setzero_ps();
         _Pragma("GCC unroll 16") for (int n = 0; n < QA_NR; n++)
         {
-            fsb[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[n])), _mm512_set1_ps(dw[g * QA_NR + n]),
-                                     fsb[n]);
-            if (mins) fsb[n] = _mm512_fmadd_ps(bsum, _mm512_set1_ps(mw[g * QA_NR + n]), fsb[n]);
+            regs[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[n])), _mm512_set1_ps(dw[g * QA_NR + n]),
+                                      regs[n]);
+            if (mins) regs[n] = _mm512_fmadd_ps(bsum, _mm512_set1_ps(mw[g * QA_NR + n]), regs[n]);
         }
         if (g % gpsb == gpsb - 1) {
             const __m512 da = _mm512_load_ps(as + (g / gpsb) * QG_MB);
             _Pragma("GCC unroll 16") for (int n = 0; n < QA_NR; n++)
             {
-                _mm512_store_ps(accm[n], _mm512_fmadd_ps(fsb[n], da, _mm512_load_ps(accm[n])));
-                fsb[n] = _mm512_setzero_ps();
+                _mm512_store_ps(accm[n], _mm512_fmadd_ps(regs[n], da, _mm512_load_ps(accm[n])));
+                regs[n] = _mm512_setzero_ps();
             }
         }
         return;
@@ -496,9 +496,9 @@ QA_FN void qa_scale(__m512 fsb[QA_NR], float accm[QA_NR][QG_MB], const int32_t s
     const __m512 da = _mm512_load_ps(as + g * QG_MB), s = mins ? _mm512_load_ps(am + g * QG_MB) : _mm512_setzero_ps();
     _Pragma("GCC unroll 16") for (int n = 0; n < QA_NR; n++)
     {
-        fsb[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[n])),
-                                 _mm512_mul_ps(da, _mm512_set1_ps(dw[g * QA_NR + n])), fsb[n]);
-        if (mins) fsb[n] = _mm512_fmadd_ps(s, _mm512_set1_ps(mw[g * QA_NR + n]), fsb[n]);
+        regs[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[n])),
+                                  _mm512_mul_ps(da, _mm512_set1_ps(dw[g * QA_NR + n])), regs[n]);
+        if (mins) regs[n] = _mm512_fmadd_ps(s, _mm512_set1_ps(mw[g * QA_NR + n]), regs[n]);
     }
 }
 
@@ -564,12 +564,13 @@ QA_TARGET static void qa_task(void *p, int64_t begin, int64_t end)
                             : wt == RLX_Q3_K || wt == RLX_Q6_K ? qak16
                             : wt == RLX_Q2_K                   ? qak16m
                                                                : qa32;
+    /* two sets (0-2, 3-5) of: sums, 16 weight rows x 16 int32; weights, 16 rows x G bytes;
+     * activations, G / 4 steps x 16 rows x 4 bytes */
     struct rlx_cpu_tilecfg cfg = {.palette = 1};
     for (int t = 0; t < 6; t += 3) {
-        cfg.rows[t] = QA_NR, cfg.colsb[t] = QG_MB * 4;           /* sums: 16 weight rows x 16 int32 */
-        cfg.rows[t + 1] = QA_NR, cfg.colsb[t + 1] = (uint16_t)G; /* weights: 16 rows x G bytes */
-        cfg.rows[t + 2] = (uint8_t)(G / 4),
-                     cfg.colsb[t + 2] = QG_MB * 4; /* activations: G / 4 steps x 16 rows x 4 bytes */
+        cfg.rows[t] = QA_NR, cfg.colsb[t] = QG_MB * 4;
+        cfg.rows[t + 1] = QA_NR, cfg.colsb[t + 1] = (uint16_t)G;
+        cfg.rows[t + 2] = (uint8_t)(G / 4), cfg.colsb[t + 2] = QG_MB * 4;
     }
     _tile_loadconfig(&cfg);
     const int64_t K = c->K, mblocks = (c->mc + QG_MB - 1) / QG_MB;
