@@ -20,6 +20,8 @@ RuntimeError). Logging goes to the standard logging module under "rlx", quiet by
 (rlx.logs).
 """
 
+import os
+
 from rlx import _C, dtypes, logs  # noqa: F401 (rlx.logs: the logging set-up, imported for its effect)
 from rlx._C import Device, Error, build_info, get_num_threads, set_num_threads
 from rlx.api import Model, load
@@ -35,6 +37,21 @@ from rlx.tokenizer import Tokenizer
 from rlx.weights import Packed, load_weights
 
 __version__ = "0.1.0"
+
+_CPU_ISA_CAPS = ("scalar", "avx2", "avx512", "avx512bf16")
+
+
+def _check_environment() -> None:
+    """RLX_CPU_ISA caps the vector ISA the C core's CPU kernels dispatch to (it can only lower what
+    cpuid offers; rlx.build_info()["isa"] says what they use). The core reads it when its kernels
+    first run and would ignore a value it does not know, so such a value is refused at import."""
+    cap = os.environ.get("RLX_CPU_ISA")
+    if cap not in (None, "") and cap not in _CPU_ISA_CAPS:
+        raise ValueError(f"RLX_CPU_ISA={cap!r} is not one of {', '.join(_CPU_ISA_CAPS)} (unset it for the best "
+                         "this CPU has)")
+
+
+_check_environment()
 
 backends = _C.backends
 

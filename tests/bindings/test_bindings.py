@@ -12,6 +12,8 @@
 
 import gc
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -588,6 +590,35 @@ def test_build_info():
     assert "openblas" in info["blas"].lower()
     assert set(rlx._C.backends()) >= {"cpu", "ref"}
     assert rlx.__version__ == "0.1.0"
+
+
+ISA_ORDER = ["x86-64", "avx2", "avx512f", "avx512f+bf16", "avx512f+bf16+amx"]  # build_info()["isa"], lowest first
+
+
+def isa_in_child(cap):
+    env = {k: v for k, v in os.environ.items() if k != "RLX_CPU_ISA"}
+    if cap is not None:
+        env["RLX_CPU_ISA"] = cap
+    return subprocess.run([sys.executable, "-c", "import rlx; print(rlx.build_info()['isa'])"], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("cap", ["scalar", "avx2", "avx512", "avx512bf16"])
+def test_cpu_isa_cap_from_the_environment_lowers_the_choice(cap):
+    """RLX_CPU_ISA gives min(what cpuid offers, the cap): avx512 is AVX-512 without its BF16 dot
+    products, avx512bf16 without AMX."""
+    native = isa_in_child(None)
+    capped = isa_in_child(cap)
+    assert native.returncode == 0 and capped.returncode == 0, native.stderr + capped.stderr
+    want = min(ISA_ORDER.index(native.stdout.strip()), ["scalar", "avx2", "avx512", "avx512bf16"].index(cap))
+    assert capped.stdout.strip() == ISA_ORDER[want]
+
+
+def test_unknown_cpu_isa_cap_is_refused_at_import():
+    """The core would ignore a value it does not know (a typo that silently caps nothing)."""
+    r = isa_in_child("avx512_bf16")
+    assert r.returncode != 0
+    assert "RLX_CPU_ISA='avx512_bf16' is not one of scalar, avx2, avx512, avx512bf16" in r.stderr
 
 
 def test_set_num_threads_round_trip():
