@@ -25,10 +25,19 @@ Design: bench_fair's, reused (its functions are imported, not copied):
 - Prompts: per B, B distinct prompts (fixed random ids) of lengths spread evenly over
   [--prompt-min, --prompt-max] (32..96: ragged; the mean, 64, is the same at every B, so the
   ratio B = k / B = 1 compares the same mean context). The same prompts for every engine.
-- The gate, per B, before B is timed: every worker runs the B prompts in one batched pass and
-  then 3 batched steps feeding fixed tokens (batch_logits), and rlx's (B * 4) rows of logits are
-  compared with each llama.cpp variant's by bench_fair.compare_logits with bench_fair's
-  tolerance (gate_tolerance). A failure stops the run (exit code 2) before B is timed.
+- The gate, per B, before B is timed: every worker runs batches of B prompts, each in one
+  batched pass and then 3 batched steps feeding fixed tokens (batch_logits): the timed batch and
+  as many more of B (other ids, the same lengths) as make at least 8 sequences (gate_reps: 8
+  batches of 1, 4 of 2, ..., 1 of 8 or 16). rlx's (sequences * 4) rows of logits are compared with
+  each llama.cpp variant's by bench_fair.compare_logits with bench_fair's tolerance
+  (gate_tolerance) and its KL rule: 16/32-bit weights, KL(llama.cpp || rlx) <= 1e-3 on every row;
+  quantized weights, rlx's mean KL from the f32 oracle (bench_fair.oracle_worker: the same file
+  dequantised to f32, f32 KV, run on the same batches before the group's first B is timed and
+  closed) no larger than llama.cpp's beyond two standard errors of the paired difference over
+  the sequences. Why relative: both engines quantise activations and round K/V, so they sit
+  about twice as far from each other as each from the oracle (Llama-3.2-1B q4_k_m: KL 2.5e-3
+  between them, ~2.2e-3 each from the oracle). A failure stops the run (exit code 2) before B is
+  timed.
 - Timing: one untimed block per worker (plans compiled, pages in), then --rounds rounds (10); in
   round i every worker runs one block, in an order rotated by i, one at a time, --settle seconds
   after each (bench_fair.rounds, which also records the CPU seconds the other workers used during
@@ -68,6 +77,7 @@ import common  # noqa: E402
 
 MODEL = "Qwen3-0.6B"
 GATE_STEPS = 3
+GATE_SEQUENCES = 8  # the gate's independent sequences per B, at least (gate_reps)
 BATCHES = (1, 2, 4, 8, 16)
 LOAD_N_CTX = 512  # the Llama object's own context (idle in this benchmark; the batch contexts are separate)
 
@@ -82,14 +92,21 @@ def prompt_lengths(b: int, lo: int, hi: int) -> list[int]:
     return [int(round(lo + (hi - lo) * i / (b - 1))) for i in range(b)]
 
 
-def batch_inputs(vocab: int, b: int, lo: int, hi: int) -> dict:
+def batch_inputs(vocab: int, b: int, lo: int, hi: int, rep: int = 0) -> dict:
     """The prompts, the gate's feed tokens and the timed blocks' first tokens of b sequences,
-    fixed per (b, sequence)."""
+    fixed per (b, sequence); rep > 0: another batch of b like it (other ids, the same lengths),
+    for the gate's extra sequences."""
     lens = prompt_lengths(b, lo, hi)
+    r = 100_000 * rep
     return {"lengths": lens,
-            "prompts": [bf.prompt_ids(vocab, n, salt=1000 * b + i) for i, n in enumerate(lens)],
-            "feed": [bf.prompt_ids(vocab, GATE_STEPS, salt=2000 * b + i) for i in range(b)],
-            "tok": [bf.prompt_ids(vocab, 1, salt=3000 * b + i)[0] for i in range(b)]}
+            "prompts": [bf.prompt_ids(vocab, n, salt=r + 1000 * b + i) for i, n in enumerate(lens)],
+            "feed": [bf.prompt_ids(vocab, GATE_STEPS, salt=r + 2000 * b + i) for i in range(b)],
+            "tok": [bf.prompt_ids(vocab, 1, salt=r + 3000 * b + i)[0] for i in range(b)]}
+
+
+def gate_reps(b: int) -> int:
+    """Batches of b the gate runs: enough for GATE_SEQUENCES independent sequences."""
+    return -(-GATE_SEQUENCES // b)
 
 
 def n_ctx_seq_for(hi: int, steps: int) -> int:
@@ -139,22 +156,55 @@ def check_batch_readback(workers, rbs: dict, kv: str, threads: int, b: int, n_ct
     return bad
 
 
-def batch_gate(workers, inp: dict, wtype: str, kv: str, layers: int, tmp: str, log) -> dict:
-    logits = {}
-    for w in workers:
+def batch_logits(w, b: int, inputs: list[dict], tmp: str) -> np.ndarray:
+    """A worker's logits for the gate's batches of b (one batched pass each, then the fed steps),
+    stacked sequence-major: (len(inputs) * b * (1 + GATE_STEPS), vocab)."""
+    rows = []
+    for inp in inputs:
         path = os.path.join(tmp, f"bgate-{w.pid}.npy")
         w.call(cmd="batch_logits", prompts=inp["prompts"], feed=inp["feed"], out=path)
         a = np.load(path)
         os.remove(path)
-        logits[w.label] = a.reshape(-1, a.shape[-1])  # (b * (1 + feed), vocab): sequence-major rows
+        rows.append(a.reshape(-1, a.shape[-1]))
+    return np.concatenate(rows)
+
+
+def batch_oracle(gguf: str, threads: int, vocab: int, args, logdir: str, tmp: str, log) -> dict:
+    """The f32 oracle's logits for every B's gate batches (bench_fair.oracle_worker: the file's
+    matrices dequantised to f32, f32 KV), computed before anything is timed; the worker closed."""
+    w = bf.oracle_worker({"gguf": gguf, "threads": threads, "n_ctx": LOAD_N_CTX}, logdir, log)
+    try:
+        out = {}
+        for b in args.batch:
+            w.call(cmd="batch_open", b=b, n_ctx_seq=n_ctx_seq_for(args.prompt_max, args.steps))
+            inputs = [batch_inputs(vocab, b, args.prompt_min, args.prompt_max, r) for r in range(gate_reps(b))]
+            out[b] = batch_logits(w, b, inputs, tmp)
+        return out
+    finally:
+        w.close()
+
+
+def batch_gate(workers, inputs: list[dict], b: int, wtype: str, kv: str, layers: int, tmp: str, log,
+               oracle: np.ndarray | None = None) -> dict:
+    """bench_fair's gate on batches of b: rlx's logits against each llama.cpp variant's, with
+    bench_fair's tolerance; for quantized weights the KL part relative to the f32 oracle, over the
+    sequences (each sequence's rows share its KV cache: one unit)."""
+    logits = {w.label: batch_logits(w, b, inputs, tmp) for w in workers}
     tol, bits = bf.gate_tolerance(wtype, kv, layers)
-    out = {"rows_per_sequence": 1 + GATE_STEPS, "precision_bits": bits, "tol_rel": tol, "peers": {}}
+    units = np.repeat(np.arange(len(inputs) * b), 1 + GATE_STEPS)  # the sequence of each row
+    out = {"rows_per_sequence": 1 + GATE_STEPS, "sequences": len(inputs) * b, "batches": len(inputs),
+           "precision_bits": bits, "tol_rel": tol,
+           "kl_rule": "relative to the f32 oracle" if oracle is not None else "KL(peer || rlx) <= 1e-3", "peers": {}}
     rl = logits[workers[0].label]
     for w in workers[1:]:
-        out["peers"][w.label] = c = bf.compare_logits(rl, logits[w.label], tol)
+        out["peers"][w.label] = c = bf.compare_logits(rl, logits[w.label], tol, oracle, units)
+        o = c.get("oracle")
         log(f"    gate rlx vs {w.label}: max|d| {c['max_abs']:.2e} = {c['rel_max']:.1e} x scale {c['scale']:.2f} "
-            f"(tol {tol:.1e}), KL max {c['kl_max']:.1e}, top-1 {c['top1_agree']}/{c['rows']} -> "
-            f"{'pass' if c['pass'] else 'FAIL'}")
+            f"(tol {tol:.1e}), KL max {c['kl_max']:.1e}, top-1 {c['top1_agree']}/{c['rows']}"
+            + (f"; from the f32 oracle, mean KL rlx {o['kl_rlx_mean']:.2e} vs {o['kl_peer_mean']:.2e} "
+               f"(paired difference per sequence {o['diff_mean']:+.1e}, se {o['diff_se']:.1e} over {o['units']})"
+               if o else "")
+            + f" -> {'pass' if c['pass'] else 'FAIL'}")
     out["pass"] = all(c["pass"] for c in out["peers"].values())
     return out
 
@@ -176,6 +226,9 @@ def batch_group(cell, args, name, wtype, gguf, kv, threads, facts, logdir, tmp, 
         if bad:
             cell["readback_errors"] = bad
             raise bf.StopRun("; ".join(bad))
+        oracle = None
+        if wtype not in bf.PRECISION_BITS:
+            oracle = batch_oracle(gguf, threads, vocab, args, logdir, tmp, log)
         for b in args.batch:
             inp = batch_inputs(vocab, b, args.prompt_min, args.prompt_max)
             cb = cell["batches"][str(b)] = {"b": b, "prompt_lengths": inp["lengths"], "loadavg_start": os.getloadavg()}
@@ -189,7 +242,10 @@ def batch_group(cell, args, name, wtype, gguf, kv, threads, facts, logdir, tmp, 
             if bad:
                 cb["readback_errors"] = bad
                 raise bf.StopRun("; ".join(bad))
-            cb["gate"] = g = batch_gate(workers, inp, wtype, kv, facts["layers"], tmp, log)
+            gate_in = [inp] + [batch_inputs(vocab, b, args.prompt_min, args.prompt_max, r)
+                               for r in range(1, gate_reps(b))]
+            cb["gate"] = g = batch_gate(workers, gate_in, b, wtype, kv, facts["layers"], tmp, log,
+                                        oracle.get(b) if oracle else None)
             if not g["pass"]:
                 raise bf.StopRun(f"gate failed: {name} KV {kv} t{threads} B={b}")
             ns = inp["lengths"]
@@ -268,9 +324,11 @@ def markdown(record: dict) -> str:
                      f"| {tps('llama.cpp fa=on')} | {rat('llama.cpp fa=off')} | {rat('llama.cpp fa=on')} | {sc('rlx')} "
                      f"| {sc('llama.cpp fa=off')} | {sc('llama.cpp fa=on')} | {min(ld):.2f}-{max(ld):.2f} |")
     L.append("")
-    L.append("Gate per B (rlx's batched logits against each llama.cpp variant's, B sequences x (prompt + "
-             f"{GATE_STEPS} fed tokens) rows, before B is timed; max |delta| / scale, KL(llama.cpp || rlx), top-1), "
-             "and the greedy tokens of the last timed block equal to rlx's (not gated):")
+    L.append("Gate per B (rlx's batched logits against each llama.cpp variant's, batches of B making at least "
+             f"{GATE_SEQUENCES} sequences x (prompt + {GATE_STEPS} fed tokens) rows, before B is timed; max |delta| / "
+             "scale, KL(llama.cpp || rlx), top-1; quantized weights: mean KL from the f32 oracle, rlx vs llama.cpp, "
+             "paired difference per sequence and its standard error), and the greedy tokens of the last timed block "
+             "equal to rlx's (not gated):")
     L.append("")
     for c in record["cells"]:
         for k, r in c.get("batches", {}).items():
@@ -278,7 +336,10 @@ def markdown(record: dict) -> str:
             if not g:
                 continue
             parts = [f"{p}: {v['rel_max']:.1e} (tol {v['tol_rel']:.0e}), KL {v['kl_max']:.0e}, top-1 "
-                     f"{v['top1_agree']}/{v['rows']}" for p, v in g["peers"].items()]
+                     f"{v['top1_agree']}/{v['rows']}"
+                     + (f", from the oracle {v['oracle']['kl_rlx_mean']:.2e} vs {v['oracle']['kl_peer_mean']:.2e} "
+                        f"({v['oracle']['diff_mean']:+.1e}, se {v['oracle']['diff_se']:.1e})" if v.get("oracle") else "")
+                     for p, v in g["peers"].items()]
             agree = r.get("token_agreement")
             L.append(f"- {c['model']} KV {c['kv']} t{c['threads']} B={k}: {'PASS' if g['pass'] else 'FAIL'} — "
                      + "; ".join(parts) + ("; tokens equal: " + ", ".join(f"{p} {v:.0%}" for p, v in agree.items())

@@ -288,16 +288,26 @@ def gate_logits(w: "Worker", inputs: list, tmp: str) -> np.ndarray:
     return np.concatenate(rows)
 
 
-def oracle_logits(args_load: dict, inputs: list, tmp: str, logdir: str, log) -> np.ndarray:
+def oracle_worker(args_load: dict, logdir: str, log) -> Worker:
     """The gate's oracle for quantized weights: rlx in a worker of its own, the same file with every
     matrix dequantised to f32 once at load by the gguf package (gguf.quants.dequantize), f32
-    activations and an f32 KV cache; closed before anything is timed."""
+    activations and an f32 KV cache. The caller closes it before anything is timed."""
     w = Worker("oracle f32", "rlx", None, args_load["threads"], logdir)
     try:
         info = w.call(cmd="load", engine="rlx", gguf=args_load["gguf"], threads=args_load["threads"], kv="f32",
                       n_ctx=args_load["n_ctx"], dtype="f32")
-        log(f"    oracle: {args_load['gguf']} dequantised to f32, KV {info['readback']['kv_type']}, loaded in "
-            f"{info['load_s']:.1f} s")
+    except BaseException:
+        w.close()
+        raise
+    log(f"    oracle: {args_load['gguf']} dequantised to f32, KV {info['readback']['kv_type']}, loaded in "
+        f"{info['load_s']:.1f} s")
+    return w
+
+
+def oracle_logits(args_load: dict, inputs: list, tmp: str, logdir: str, log) -> np.ndarray:
+    """The oracle's logits for the gate's inputs (oracle_worker), the worker closed after."""
+    w = oracle_worker(args_load, logdir, log)
+    try:
         return gate_logits(w, inputs, tmp)
     finally:
         w.close()

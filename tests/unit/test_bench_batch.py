@@ -29,6 +29,64 @@ def test_batch_inputs_fixed_and_distinct():
     assert all(300 <= t < 999 for p in a["prompts"] for t in p)
 
 
+@pytest.mark.parametrize("b,reps", [(1, 8), (2, 4), (3, 3), (4, 2), (8, 1), (16, 1)])
+def test_gate_reps_and_extra_batches(b, reps):
+    assert bench_batch.gate_reps(b) == reps and reps * b >= bench_batch.GATE_SEQUENCES
+    base = bench_batch.batch_inputs(1000, b, 32, 96)
+    assert bench_batch.batch_inputs(1000, b, 32, 96, 0) == base  # rep 0: the timed batch itself
+    seqs = {tuple(p) for r in range(reps) for p in bench_batch.batch_inputs(1000, b, 32, 96, r)["prompts"]}
+    assert len(seqs) == reps * b  # every gate sequence differs
+    assert bench_batch.batch_inputs(1000, b, 32, 96, 1)["lengths"] == base["lengths"]
+
+
+class _FakeWorker:
+    """A worker whose batch_logits are oracle + its own noise (the same for the same prompt)."""
+
+    def __init__(self, label, noise, vocab=64):
+        self.label, self.noise, self.vocab, self.pid = label, noise, vocab, id(self)
+
+    def logits(self, prompts, feed):
+        import numpy as np
+        out = np.empty((len(prompts), 1 + len(feed[0]), self.vocab), dtype=np.float32)
+        for i, (p, f) in enumerate(zip(prompts, feed)):
+            for j in range(1 + len(f)):
+                rng = np.random.default_rng([sum(p), len(p), j])
+                base = rng.normal(size=self.vocab) * 3
+                out[i, j] = base + np.random.default_rng([sum(p), j, 7 + int(self.noise * 1000)]).normal(
+                    size=self.vocab) * self.noise
+        return out
+
+    def call(self, cmd, prompts, feed, out):
+        import numpy as np
+        assert cmd == "batch_logits"
+        np.save(out, self.logits(prompts, feed))
+
+
+@pytest.mark.parametrize("b", [1, 4, 16])
+def test_batch_gate_relative_to_the_oracle(b, tmp_path):
+    """Quantized weights: the batch gate's KL rule is bench_fair's relative one, over the gate's
+    sequences (at least 8 at every B); two engines each as far from the oracle pass though further
+    than 1e-3 from each other, rlx measurably further fails."""
+    import numpy as np
+    inputs = [bench_batch.batch_inputs(1000, b, 32, 96, r) for r in range(bench_batch.gate_reps(b))]
+    oracle = bench_batch.batch_logits(_FakeWorker("oracle", 0.0), b, inputs, str(tmp_path))
+    n_seq = bench_batch.gate_reps(b) * b
+    assert oracle.shape == (n_seq * (1 + bench_batch.GATE_STEPS), 64)
+    peer = _FakeWorker("llama.cpp fa=off", 0.2)
+    log = []
+    g = bench_batch.batch_gate([_FakeWorker("rlx", 0.201), peer], inputs, b, "q4_k_m", "f16", 28, str(tmp_path),
+                               log.append, oracle)
+    c = g["peers"]["llama.cpp fa=off"]
+    assert g["kl_rule"] == "relative to the f32 oracle" and g["sequences"] == n_seq
+    assert c["oracle"]["units"] == n_seq and c["kl_max"] > 1e-3 and g["pass"], log
+    g = bench_batch.batch_gate([_FakeWorker("rlx", 0.4), peer], inputs, b, "q4_k_m", "f16", 28, str(tmp_path),
+                               log.append, oracle)
+    assert not g["pass"] and "FAIL" in log[-1]
+    g = bench_batch.batch_gate([_FakeWorker("rlx", 0.201), peer], inputs, b, "bf16", "f16", 28, str(tmp_path),
+                               log.append)
+    assert g["kl_rule"] == "KL(peer || rlx) <= 1e-3" and not g["pass"]  # 16-bit weights: the absolute rule
+
+
 def test_n_ctx_seq_for():
     assert bench_batch.n_ctx_seq_for(96, 16) == 256
     assert bench_batch.n_ctx_seq_for(250, 16) == 512  # the longest prompt and a block must fit
