@@ -5,6 +5,7 @@ functions, no engine runs (the harness end to end: `python benchmarks/bench_batc
 import os
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
@@ -46,7 +47,6 @@ class _FakeWorker:
         self.label, self.noise, self.vocab, self.pid = label, noise, vocab, id(self)
 
     def logits(self, prompts, feed):
-        import numpy as np
         out = np.empty((len(prompts), 1 + len(feed[0]), self.vocab), dtype=np.float32)
         for i, (p, f) in enumerate(zip(prompts, feed)):
             for j in range(1 + len(f)):
@@ -57,7 +57,6 @@ class _FakeWorker:
         return out
 
     def call(self, cmd, prompts, feed, out):
-        import numpy as np
         assert cmd == "batch_logits"
         np.save(out, self.logits(prompts, feed))
 
@@ -67,7 +66,6 @@ def test_batch_gate_relative_to_the_oracle(b, tmp_path):
     """Quantized weights: the batch gate's KL rule is bench_fair's relative one, over the gate's
     sequences (at least 8 at every B); two engines each as far from the oracle pass though further
     than 1e-3 from each other, rlx measurably further fails."""
-    import numpy as np
     inputs = [bench_batch.batch_inputs(1000, b, 32, 96, r) for r in range(bench_batch.gate_reps(b))]
     oracle = bench_batch.batch_logits(_FakeWorker("oracle", 0.0), b, inputs, str(tmp_path))
     n_seq = bench_batch.gate_reps(b) * b
