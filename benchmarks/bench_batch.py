@@ -3,7 +3,7 @@
 
     python benchmarks/bench_batch.py --wait-quiet 0.5   # B = 1 2 4 8 16, Qwen3-0.6B bf16 + q4_k_m GGUF, KV f16, 2 threads
     python benchmarks/bench_batch.py --smoke            # the harness end to end (B = 1 2, 2 rounds, 4 steps): no figures
-    python benchmarks/bench_batch.py --gguf FILE.gguf --batch 1 8 --threads 1 2
+    python benchmarks/bench_batch.py --gguf FILE.gguf --batch 1 8 --threads 1 2 [--gate-sequences 32]
 
 What it measures: B sequences of one model, each with its own prompt and its own KV cache, advanced
 together one token each per step, in one engine call per step (rlx: Generator.step_batch, one plan;
@@ -28,7 +28,9 @@ Design: bench_fair's, reused (its functions are imported, not copied):
 - The gate, per B, before B is timed: every worker runs batches of B prompts, each in one
   batched pass and then 3 batched steps feeding fixed tokens (batch_logits): the timed batch and
   as many more of B (other ids, the same lengths) as make at least 8 sequences (gate_reps: 8
-  batches of 1, 4 of 2, ..., 1 of 8 or 16). rlx's (sequences * 4) rows of logits are compared with
+  batches of 1, 4 of 2, ..., 1 of 8 or 16; --gate-sequences N: at least N, the default's among
+  them, recorded: the prompts are fixed and rlx's logits the same bits on every run, so a chance
+  excursion of the default gate repeats on every run of a file, as bench_fair's --gate-prompts). rlx's (sequences * 4) rows of logits are compared with
   each llama.cpp variant's by bench_fair.compare_logits with bench_fair's tolerance
   (gate_tolerance) and its KL rule: 16/32-bit weights, KL(llama.cpp || rlx) <= 1e-3 on every row;
   quantized weights, rlx's mean KL from the f32 oracle (bench_fair.oracle_worker: the same file
@@ -104,9 +106,9 @@ def batch_inputs(vocab: int, b: int, lo: int, hi: int, rep: int = 0) -> dict:
             "tok": [bf.prompt_ids(vocab, 1, salt=r + 3000 * b + i)[0] for i in range(b)]}
 
 
-def gate_reps(b: int) -> int:
-    """Batches of b the gate runs: enough for GATE_SEQUENCES independent sequences."""
-    return -(-GATE_SEQUENCES // b)
+def gate_reps(b: int, sequences: int = GATE_SEQUENCES) -> int:
+    """Batches of b the gate runs: enough for `sequences` independent sequences (--gate-sequences)."""
+    return -(-sequences // b)
 
 
 def n_ctx_seq_for(hi: int, steps: int) -> int:
@@ -177,7 +179,8 @@ def batch_oracle(gguf: str, threads: int, vocab: int, args, logdir: str, tmp: st
         out = {}
         for b in args.batch:
             w.call(cmd="batch_open", b=b, n_ctx_seq=n_ctx_seq_for(args.prompt_max, args.steps))
-            inputs = [batch_inputs(vocab, b, args.prompt_min, args.prompt_max, r) for r in range(gate_reps(b))]
+            inputs = [batch_inputs(vocab, b, args.prompt_min, args.prompt_max, r)
+                      for r in range(gate_reps(b, args.gate_sequences))]
             out[b] = batch_logits(w, b, inputs, tmp)
         return out
     finally:
@@ -243,7 +246,7 @@ def batch_group(cell, args, name, wtype, gguf, kv, threads, facts, logdir, tmp, 
                 cb["readback_errors"] = bad
                 raise bf.StopRun("; ".join(bad))
             gate_in = [inp] + [batch_inputs(vocab, b, args.prompt_min, args.prompt_max, r)
-                               for r in range(1, gate_reps(b))]
+                               for r in range(1, gate_reps(b, args.gate_sequences))]
             cb["gate"] = g = batch_gate(workers, gate_in, b, wtype, kv, facts["layers"], tmp, log,
                                         oracle.get(b) if oracle else None)
             if not g["pass"]:
@@ -324,8 +327,9 @@ def markdown(record: dict) -> str:
                      f"| {tps('llama.cpp fa=on')} | {rat('llama.cpp fa=off')} | {rat('llama.cpp fa=on')} | {sc('rlx')} "
                      f"| {sc('llama.cpp fa=off')} | {sc('llama.cpp fa=on')} | {min(ld):.2f}-{max(ld):.2f} |")
     L.append("")
+    n_gate = record["settings"].get("gate_sequences", GATE_SEQUENCES)
     L.append("Gate per B (rlx's batched logits against each llama.cpp variant's, batches of B making at least "
-             f"{GATE_SEQUENCES} sequences x (prompt + {GATE_STEPS} fed tokens) rows, before B is timed; max |delta| / "
+             f"{n_gate} sequences x (prompt + {GATE_STEPS} fed tokens) rows, before B is timed; max |delta| / "
              "scale, KL(llama.cpp || rlx), top-1; quantized weights: mean KL from the f32 oracle, rlx vs llama.cpp, "
              "paired difference per sequence and its standard error), and the greedy tokens of the last timed block "
              "equal to rlx's (not gated):")
@@ -386,6 +390,9 @@ def main() -> int:
     ap.add_argument("--llama-extra-bufts", choices=("on", "off"), default="on",
                     help="llama.cpp's extra weight buffer types (AMX, CPU_REPACK), its default on; off is "
                          "llama-cli's --no-repack, for a machine where they fail (recorded)")
+    ap.add_argument("--gate-sequences", type=int, default=GATE_SEQUENCES,
+                    help=f"the gate's sequences per B, at least (default {GATE_SEQUENCES}; more: the timed batch and more "
+                         "batches of B, the default gate's among them; recorded)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--steps", type=int, default=16, help="batched decode steps per timed block")
     ap.add_argument("--prompt-min", type=int, default=32)
@@ -405,6 +412,8 @@ def main() -> int:
     args.batch = sorted(set(args.batch or BATCHES))
     if any(not 1 <= b <= 16 for b in args.batch):
         ap.error("--batch: sizes 1..16 (rlx batches at most 16 sequences per step)")
+    if args.gate_sequences < GATE_SEQUENCES:
+        ap.error(f"--gate-sequences takes at least {GATE_SEQUENCES} (the default gate's sequences and more)")
     if not 1 <= args.prompt_min <= args.prompt_max:
         ap.error("--prompt-min / --prompt-max: 1 <= min <= max")
     if args.readme and (args.smoke or args.allow_dirty or args.rounds < bf.MIN_ROUNDS):
@@ -423,7 +432,8 @@ def main() -> int:
                            "steps": args.steps, "batch": args.batch, "settle_s": args.settle, "fa": args.fa,
                            "llama_extra_bufts": args.llama_extra_bufts,
                            "kv": args.kv, "threads": args.threads, "prompt_min": args.prompt_min,
-                           "prompt_max": args.prompt_max, "gate_steps": GATE_STEPS, "load_n_ctx": LOAD_N_CTX,
+                           "prompt_max": args.prompt_max, "gate_steps": GATE_STEPS,
+                           "gate_sequences": args.gate_sequences, "load_n_ctx": LOAD_N_CTX,
                            "bootstrap_resamples": bf.BOOT,
                            "worker_env": {k: bf.thread_env(1)[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                                                                            "RLX_NUM_THREADS")} | {"note": "= threads"}},

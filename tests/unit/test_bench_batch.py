@@ -38,6 +38,8 @@ def test_gate_reps_and_extra_batches(b, reps):
     seqs = {tuple(p) for r in range(reps) for p in bench_batch.batch_inputs(1000, b, 32, 96, r)["prompts"]}
     assert len(seqs) == reps * b  # every gate sequence differs
     assert bench_batch.batch_inputs(1000, b, 32, 96, 1)["lengths"] == base["lengths"]
+    more = bench_batch.gate_reps(b, 32)
+    assert more * b >= 32 and (more - 1) * b < 32  # --gate-sequences 32: the fewest batches of b that hold 32
 
 
 class _FakeWorker:
