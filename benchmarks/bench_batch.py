@@ -30,16 +30,17 @@ Design: bench_fair's, reused (its functions are imported, not copied):
   as many more of B (other ids, the same lengths) as make at least 8 sequences (gate_reps: 8
   batches of 1, 4 of 2, ..., 1 of 8 or 16; --gate-sequences N: at least N, the default's among
   them, recorded: the prompts are fixed and rlx's logits the same bits on every run, so a chance
-  excursion of the default gate repeats on every run of a file, as bench_fair's --gate-prompts). rlx's (sequences * 4) rows of logits are compared with
-  each llama.cpp variant's by bench_fair.compare_logits with bench_fair's tolerance
-  (gate_tolerance) and its KL rule: 16/32-bit weights, KL(llama.cpp || rlx) <= 1e-3 on every row;
-  quantized weights, rlx's mean KL from the f32 oracle (bench_fair.oracle_worker: the same file
-  dequantised to f32, f32 KV, run on the same batches before the group's first B is timed and
-  closed) no larger than llama.cpp's beyond two standard errors of the paired difference over
-  the sequences. Why relative: both engines quantise activations and round K/V, so they sit
-  about twice as far from each other as each from the oracle (Llama-3.2-1B q4_k_m: KL 2.5e-3
-  between them, ~2.2e-3 each from the oracle). A failure stops the run (exit code 2) before B is
-  timed.
+  excursion of the default gate repeats on every run of a file, as bench_fair's --gate-prompts).
+  rlx's (sequences * 4) rows of logits are compared with each llama.cpp variant's by
+  bench_fair.compare_logits with bench_fair's tolerance (gate_tolerance) and its KL rule:
+  16/32-bit weights, KL(llama.cpp || rlx) <= 1e-3 on every row; quantized weights, rlx's mean KL
+  from the f32 oracle (bench_fair.oracle_worker: the same file dequantised to f32, f32 KV, run on
+  the same batches before the group's first B is timed and closed) no larger than llama.cpp's
+  beyond two standard errors of the paired difference over the sequences. Why relative: both
+  engines quantise activations and round K/V, so they differ from each other by about as much as
+  each from the oracle (Llama-3.2-1B q4_k_m: KL 2.5e-3 between them, ~2e-3 each from the oracle),
+  beyond any fixed bound that would still catch a real error. A failure stops the run (exit code
+  2) before B is timed.
 - Timing: one untimed block per worker (plans compiled, pages in), then --rounds rounds (10); in
   round i every worker runs one block, in an order rotated by i, one at a time, --settle seconds
   after each (bench_fair.rounds, which also records the CPU seconds the other workers used during
