@@ -112,6 +112,12 @@ def gate_reps(b: int, sequences: int = GATE_SEQUENCES) -> int:
     return -(-sequences // b)
 
 
+def gate_batches(vocab: int, b: int, args) -> list[dict]:
+    """The gate's batches of b: the timed one (rep 0) first, then the others gate_reps asks."""
+    return [batch_inputs(vocab, b, args.prompt_min, args.prompt_max, r)
+            for r in range(gate_reps(b, args.gate_sequences))]
+
+
 def n_ctx_seq_for(hi: int, steps: int) -> int:
     """Cells per sequence in llama.cpp's batch context: the longest prompt, the gate's feed or a
     timed block (one fed token and its steps), rounded up to 256."""
@@ -180,9 +186,7 @@ def batch_oracle(gguf: str, threads: int, vocab: int, args, logdir: str, tmp: st
         out = {}
         for b in args.batch:
             w.call(cmd="batch_open", b=b, n_ctx_seq=n_ctx_seq_for(args.prompt_max, args.steps))
-            inputs = [batch_inputs(vocab, b, args.prompt_min, args.prompt_max, r)
-                      for r in range(gate_reps(b, args.gate_sequences))]
-            out[b] = batch_logits(w, b, inputs, tmp)
+            out[b] = batch_logits(w, b, gate_batches(vocab, b, args), tmp)
         return out
     finally:
         w.close()
@@ -246,9 +250,7 @@ def batch_group(cell, args, name, wtype, gguf, kv, threads, facts, logdir, tmp, 
             if bad:
                 cb["readback_errors"] = bad
                 raise bf.StopRun("; ".join(bad))
-            gate_in = [inp] + [batch_inputs(vocab, b, args.prompt_min, args.prompt_max, r)
-                               for r in range(1, gate_reps(b, args.gate_sequences))]
-            cb["gate"] = g = batch_gate(workers, gate_in, b, wtype, kv, facts["layers"], tmp, log,
+            cb["gate"] = g = batch_gate(workers, gate_batches(vocab, b, args), b, wtype, kv, facts["layers"], tmp, log,
                                         oracle.get(b) if oracle else None)
             if not g["pass"]:
                 raise bf.StopRun(f"gate failed: {name} KV {kv} t{threads} B={b}")

@@ -2,6 +2,7 @@
 llama.cpp cells per sequence, the scaling statistics, and the table from a made-up record. Pure
 functions, no engine runs (the harness end to end: `python benchmarks/bench_batch.py --smoke`)."""
 
+import argparse
 import os
 import sys
 
@@ -40,6 +41,9 @@ def test_gate_reps_and_extra_batches(b, reps):
     assert bench_batch.batch_inputs(1000, b, 32, 96, 1)["lengths"] == base["lengths"]
     more = bench_batch.gate_reps(b, 32)
     assert more * b >= 32 and (more - 1) * b < 32  # --gate-sequences 32: the fewest batches of b that hold 32
+    args = argparse.Namespace(prompt_min=32, prompt_max=96, gate_sequences=32)
+    gb = bench_batch.gate_batches(1000, b, args)
+    assert len(gb) == more and gb[0] == base  # the timed batch first
 
 
 class _FakeWorker:
