@@ -36,7 +36,9 @@ Design: bench_fair's, reused (its functions are imported, not copied):
   16/32-bit weights, KL(llama.cpp || rlx) <= 1e-3 on every row; quantized weights, rlx's mean KL
   from the f32 oracle (bench_fair.oracle_worker: the same file dequantised to f32, f32 KV, run on
   the same batches before the group's first B is timed and closed) no larger than llama.cpp's
-  beyond two standard errors of the paired difference over the sequences. Why relative: both
+  beyond two standard errors of the paired difference over the sequences; a gate failing on that
+  rule alone widens once to 8 times its batches and decides there (bench_fair.gate_peers; the
+  wider batches' oracle logits from an oracle worker started for them). Why relative: both
   engines quantise activations and round K/V, so they differ from each other by about as much as
   each from the oracle (Llama-3.2-1B q4_k_m: KL 2.5e-3 between them, ~2e-3 each from the oracle),
   beyond any fixed bound that would still catch a real error. A failure stops the run (exit code
@@ -112,10 +114,11 @@ def gate_reps(b: int, sequences: int = GATE_SEQUENCES) -> int:
     return -(-sequences // b)
 
 
-def gate_batches(vocab: int, b: int, args) -> list[dict]:
-    """The gate's batches of b: the timed one (rep 0) first, then the others gate_reps asks."""
+def gate_batches(vocab: int, b: int, args, widen: int = 1) -> list[dict]:
+    """The gate's batches of b: the timed one (rep 0) first, then the others gate_reps asks;
+    widen: that many times as many (bench_fair.gate_peers' wider gate), the narrow ones first."""
     return [batch_inputs(vocab, b, args.prompt_min, args.prompt_max, r)
-            for r in range(gate_reps(b, args.gate_sequences))]
+            for r in range(widen * gate_reps(b, args.gate_sequences))]
 
 
 def n_ctx_seq_for(hi: int, steps: int) -> int:
@@ -178,41 +181,39 @@ def batch_logits(w, b: int, inputs: list[dict], tmp: str) -> np.ndarray:
     return np.concatenate(rows)
 
 
-def batch_oracle(gguf: str, threads: int, vocab: int, args, logdir: str, tmp: str, log) -> dict:
-    """The f32 oracle's logits for every B's gate batches (bench_fair.oracle_worker: the file's
-    matrices dequantised to f32, f32 KV), computed before anything is timed; the worker closed."""
+def batch_oracle(gguf: str, threads: int, batches: dict, n_ctx_seq: int, logdir: str, tmp: str, log) -> dict:
+    """The f32 oracle's logits for the batches {b: [batch of b, ...]} (bench_fair.oracle_worker: the
+    file's matrices dequantised to f32, f32 KV), before anything is timed; the worker closed."""
     w = bf.oracle_worker({"gguf": gguf, "threads": threads, "n_ctx": LOAD_N_CTX}, logdir, log)
     try:
         out = {}
-        for b in args.batch:
-            w.call(cmd="batch_open", b=b, n_ctx_seq=n_ctx_seq_for(args.prompt_max, args.steps))
-            out[b] = batch_logits(w, b, gate_batches(vocab, b, args), tmp)
+        for b, inputs in batches.items():
+            w.call(cmd="batch_open", b=b, n_ctx_seq=n_ctx_seq)
+            out[b] = batch_logits(w, b, inputs, tmp)
         return out
     finally:
         w.close()
 
 
-def batch_gate(workers, inputs: list[dict], b: int, wtype: str, kv: str, layers: int, tmp: str, log,
-               oracle: np.ndarray | None = None) -> dict:
-    """bench_fair's gate on batches of b: rlx's logits against each llama.cpp variant's, with
-    bench_fair's tolerance; for quantized weights the KL part relative to the f32 oracle, over the
-    sequences (each sequence's rows share its KV cache: one unit)."""
-    logits = {w.label: batch_logits(w, b, inputs, tmp) for w in workers}
+def batch_gate(workers, inputs: list[dict], n: int, b: int, wtype: str, kv: str, layers: int, tmp: str, log,
+               oracle=None) -> dict:
+    """bench_fair's gate (gate_peers) on batches of b: rlx's logits against each llama.cpp
+    variant's, with bench_fair's tolerance, over the first n batches of `inputs` (gate_batches),
+    widened to GATE_WIDEN * n of them where the relative KL rule alone fails. oracle(lo, hi): the
+    f32 oracle's logits for batches lo..hi-1 (quantized weights; None: the absolute rule). A
+    sequence's rows share its KV cache: the sequence is the unit."""
+    by_label = {w.label: w for w in workers}
+
+    def sample(lo: int, hi: int, labels: list[str]):
+        logits = {lab: batch_logits(by_label[lab], b, inputs[lo:hi], tmp) for lab in labels}
+        return logits, oracle(lo, hi) if oracle is not None else None
+
     tol, bits = bf.gate_tolerance(wtype, kv, layers)
-    units = np.repeat(np.arange(len(inputs) * b), 1 + GATE_STEPS)  # the sequence of each row
-    out = {"rows_per_sequence": 1 + GATE_STEPS, "sequences": len(inputs) * b, "batches": len(inputs),
+    out = {"rows_per_sequence": 1 + GATE_STEPS, "sequences": n * b, "batches": n, "widen": bf.GATE_WIDEN,
            "precision_bits": bits, "tol_rel": tol,
-           "kl_rule": "relative to the f32 oracle" if oracle is not None else "KL(peer || rlx) <= 1e-3", "peers": {}}
-    rl = logits[workers[0].label]
-    for w in workers[1:]:
-        out["peers"][w.label] = c = bf.compare_logits(rl, logits[w.label], tol, oracle, units)
-        o = c.get("oracle")
-        log(f"    gate rlx vs {w.label}: max|d| {c['max_abs']:.2e} = {c['rel_max']:.1e} x scale {c['scale']:.2f} "
-            f"(tol {tol:.1e}), KL max {c['kl_max']:.1e}, top-1 {c['top1_agree']}/{c['rows']}"
-            + (f"; from the f32 oracle, mean KL rlx {o['kl_rlx_mean']:.2e} vs {o['kl_peer_mean']:.2e} "
-               f"(paired difference per sequence {o['diff_mean']:+.1e}, se {o['diff_se']:.1e} over {o['units']})"
-               if o else "")
-            + f" -> {'pass' if c['pass'] else 'FAIL'}")
+           "kl_rule": "relative to the f32 oracle" if oracle is not None else "KL(peer || rlx) <= 1e-3"}
+    out["peers"] = bf.gate_peers([w.label for w in workers], sample, n,
+                                 lambda k: np.repeat(np.arange(k * b), 1 + GATE_STEPS), tol, log, "sequence")
     out["pass"] = all(c["pass"] for c in out["peers"].values())
     return out
 
@@ -234,9 +235,10 @@ def batch_group(cell, args, name, wtype, gguf, kv, threads, facts, logdir, tmp, 
         if bad:
             cell["readback_errors"] = bad
             raise bf.StopRun("; ".join(bad))
-        oracle = None
+        narrow = None  # the oracle's logits for every B's narrow gate, before the first B is timed
         if wtype not in bf.PRECISION_BITS:
-            oracle = batch_oracle(gguf, threads, vocab, args, logdir, tmp, log)
+            narrow = batch_oracle(gguf, threads, {b: gate_batches(vocab, b, args) for b in args.batch}, n_ctx_seq,
+                                  logdir, tmp, log)
         for b in args.batch:
             inp = batch_inputs(vocab, b, args.prompt_min, args.prompt_max)
             cb = cell["batches"][str(b)] = {"b": b, "prompt_lengths": inp["lengths"], "loadavg_start": os.getloadavg()}
@@ -250,8 +252,16 @@ def batch_group(cell, args, name, wtype, gguf, kv, threads, facts, logdir, tmp, 
             if bad:
                 cb["readback_errors"] = bad
                 raise bf.StopRun("; ".join(bad))
-            cb["gate"] = g = batch_gate(workers, gate_batches(vocab, b, args), b, wtype, kv, facts["layers"], tmp, log,
-                                        oracle.get(b) if oracle else None)
+            batches = gate_batches(vocab, b, args, bf.GATE_WIDEN)
+            n = gate_reps(b, args.gate_sequences)
+
+            def oracle(lo, hi, b=b, batches=batches, n=n):  # the narrow gate's precomputed, a wider one's run now
+                if (lo, hi) == (0, n):
+                    return narrow[b]
+                return batch_oracle(gguf, threads, {b: batches[lo:hi]}, n_ctx_seq, logdir, tmp, log)[b]
+
+            cb["gate"] = g = batch_gate(workers, batches, n, b, wtype, kv, facts["layers"], tmp, log,
+                                        oracle if narrow else None)
             if not g["pass"]:
                 raise bf.StopRun(f"gate failed: {name} KV {kv} t{threads} B={b}")
             ns = inp["lengths"]
@@ -346,7 +356,7 @@ def markdown(record: dict) -> str:
                      f"{v['top1_agree']}/{v['rows']}"
                      + (f", from the oracle {v['oracle']['kl_rlx_mean']:.2e} vs {v['oracle']['kl_peer_mean']:.2e} "
                         f"({v['oracle']['diff_mean']:+.1e}, se {v['oracle']['diff_se']:.1e})" if v.get("oracle") else "")
-                     for p, v in g["peers"].items()]
+                     + bf.widened_note(v) for p, v in g["peers"].items()]
             agree = r.get("token_agreement")
             L.append(f"- {c['model']} KV {c['kv']} t{c['threads']} B={k}: {'PASS' if g['pass'] else 'FAIL'} — "
                      + "; ".join(parts) + ("; tokens equal: " + ", ".join(f"{p} {v:.0%}" for p, v in agree.items())

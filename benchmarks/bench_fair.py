@@ -46,7 +46,12 @@ Design (what a skeptic asks, and what this does about it):
       every AVX-512 machine, so a chance excursion of the 8 repeats on every run of that file:
       Qwen3-0.6B q6_k failed on the Zen 5 (+4.0e-06 at 1.1e-06 against FA on; the Zen 4's 8
       gate prompts give the same +4.0e-06), where 32 other prompts (salts 101 + 2 i) gave
-      -2.6e-08 at 8.7e-07 on the Zen 4. The prompts are
+      -2.6e-08 at 8.7e-07 on the Zen 4. So a gate that fails on this rule alone (sizes and
+      top-1 within bounds) widens once to GATE_WIDEN = 8 times its prompts, the 8 among them,
+      and the same rule decides there (gate_peers; the record keeps the narrow figures under
+      "narrow"): a real excess grows in standard errors with the sample, a chance one does not.
+      Two engines equally far from the oracle fail the narrow rule ~2 % of the time (more with
+      heavy tails), and both about 0.3 %. The prompts are
       the independent samples: the rows of one prompt share its KV cache, so its rounding, and a
       standard error taken over rows would understate the uncertainty (a first version did so, on
       one prompt with 31 fed tokens, and called 3 % between the engines on Qwen3-0.6B q4_k_m
@@ -101,6 +106,7 @@ import common  # noqa: E402
 
 WORKER = os.path.join(HERE, "fair_worker.py")
 GATE_PROMPTS, GATE_PROMPT, GATE_STEPS = 8, 160, 3  # 8 independent prompts x (1 + 3) rows (--gate-prompts: more)
+GATE_WIDEN = 8  # a gate failing on the relative KL rule alone decides on 8x its units (gate_peers)
 LONG_CONTEXTS = (1024, 4096, 16384, 32768)
 LONG_TTFT = (2048, 8192)
 EXTEND_CHUNK = 4096  # tokens per extension call (both engines, the same chunks)
@@ -251,7 +257,7 @@ def compare_logits(rl: np.ndarray, ref: np.ndarray, tol: float, oracle: np.ndarr
     out = {"rows": int(ref.shape[0]), "max_abs": max_abs, "mean_abs": float(d.mean()), "scale": scale,
            "rel_max": rel, "rel_mean": float(d.mean()) / scale if scale else None, "tol_rel": tol,
            "kl_max": float(kl.max()), "kl_mean": float(kl.mean()), "top1_agree": int(ref.shape[0] - len(disagree)),
-           "top1_disagree_rows": disagree, "top1_margins": [float(m) for m in margin]}
+           "top1_disagree_rows": disagree, "top1_decided_rows": decided, "top1_margins": [float(m) for m in margin]}
     if oracle is None:
         kl_ok = bool(kl.max() <= 1e-3)
     else:
@@ -313,29 +319,86 @@ def oracle_logits(args_load: dict, inputs: list, tmp: str, logdir: str, log) -> 
         w.close()
 
 
+def kl_only_failure(c: dict) -> bool:
+    """A comparison (compare_logits) that fails on the relative KL rule alone: the size of the
+    differences and the top-1 tokens within their bounds."""
+    o = c.get("oracle")
+    return bool(not c["pass"] and o is not None and not o["pass"] and c["rel_max"] <= c["tol_rel"]
+                and not c["top1_decided_rows"])
+
+
+def widened_note(c: dict) -> str:
+    """For a record's table: where the gate widened (gate_peers), the narrow comparison's figures."""
+    w = c.get("narrow")
+    if not w or not w.get("oracle"):
+        return ""
+    o, n = c["oracle"], w["oracle"]
+    return (f", decided over {o['units']} units after the narrow gate's {n['units']} failed its KL rule "
+            f"({n['diff_mean']:+.1e}, se {n['diff_se']:.1e})")
+
+
+def log_comparison(log, label: str, c: dict, unit: str) -> None:
+    o = c.get("oracle")
+    log(f"    gate rlx vs {label}: max|d| {c['max_abs']:.2e} = {c['rel_max']:.1e} x scale {c['scale']:.2f} "
+        f"(tol {c['tol_rel']:.1e}), KL max {c['kl_max']:.1e}, top-1 {c['top1_agree']}/{c['rows']}"
+        + (f"; from the f32 oracle, mean KL rlx {o['kl_rlx_mean']:.2e} vs {o['kl_peer_mean']:.2e} "
+           f"(paired difference per {unit} {o['diff_mean']:+.1e}, se {o['diff_se']:.1e} over {o['units']}), "
+           f"top-1 {o['top1_rlx']} vs {o['top1_peer']}" if o else "")
+        + f" -> {'pass' if c['pass'] else 'FAIL'}")
+
+
+def gate_peers(labels: list[str], sample, n: int, units, tol: float, log, unit: str) -> dict:
+    """The gate's comparisons of rlx (labels[0]) with each peer (labels[1:]) over n draws of
+    inputs (a draw: a prompt, or a batch of sequences). sample(lo, hi, labels) -> ({label:
+    logits}, oracle logits or None) runs draws lo..hi-1 on the workers named; units(k) labels the
+    rows of k draws with their independent units (a prompt or a sequence: compare_logits).
+    A peer against which the gate fails on the relative KL rule alone (kl_only_failure) is compared
+    once more over GATE_WIDEN * n draws, the n among them, and the wider comparison decides (under
+    the same two-standard-error rule); the narrow one is kept under "narrow". Why: the prompts are
+    fixed, the per-unit differences heavy-tailed and the rule one-sided at two standard errors, so
+    two engines equally far from the oracle fail a narrow gate now and then, and then on every run
+    of that file (Qwen3-0.6B q6_k on the Zen 5: +3.6 se over 8 prompts, -0.03 se over 32 others;
+    Qwen3-0.6B q4_k_m, bench_batch B = 1: +2.3 se over 8 sequences, +0.9 se over 64 others and
+    -1.5 se over 24 of bench_fair's prompts). A real excess grows in standard errors with the
+    sample; a chance one does not. Differences of size or top-1 stop the gate at once."""
+    logits, oracle = sample(0, n, labels)
+    rl = logits[labels[0]]
+    out = {}
+    for lab in labels[1:]:
+        out[lab] = compare_logits(rl, logits[lab], tol, oracle, units(n))
+        log_comparison(log, lab, out[lab], unit)
+    widen = [lab for lab in labels[1:] if kl_only_failure(out[lab])]
+    if widen:
+        m = GATE_WIDEN * n
+        log(f"    the KL rule alone failed against {', '.join(widen)}: the gate widens to "
+            f"{len(np.unique(units(m)))} {unit}s (these {len(np.unique(units(n)))} among them) and decides there")
+        more, oracle_more = sample(n, m, [labels[0]] + widen)
+        oracle_all = np.concatenate([oracle, oracle_more])
+        rl_all = np.concatenate([rl, more[labels[0]]])
+        for lab in widen:
+            c = compare_logits(rl_all, np.concatenate([logits[lab], more[lab]]), tol, oracle_all, units(m))
+            c["narrow"] = out[lab]
+            out[lab] = c
+            log_comparison(log, lab, c, unit)
+    return out
+
+
 def run_gate(workers: list[Worker], vocab: int, wtype: str, kv: str, layers: int, tmp: str, log,
              oracle_load: dict | None = None, logdir: str | None = None, prompts: int = GATE_PROMPTS) -> dict:
-    inputs = gate_inputs(vocab, prompts)
-    logits = {w.label: gate_logits(w, inputs, tmp) for w in workers}
-    units = np.repeat(np.arange(prompts), 1 + GATE_STEPS)  # the prompt of each row
-    oracle = None
-    if wtype not in PRECISION_BITS and oracle_load is not None:
-        oracle = oracle_logits(oracle_load, inputs, tmp, logdir, log)
+    inputs = gate_inputs(vocab, GATE_WIDEN * prompts)
+    relative = wtype not in PRECISION_BITS and oracle_load is not None
+    by_label = {w.label: w for w in workers}
+
+    def sample(lo: int, hi: int, labels: list[str]):
+        logits = {lab: gate_logits(by_label[lab], inputs[lo:hi], tmp) for lab in labels}
+        return logits, oracle_logits(oracle_load, inputs[lo:hi], tmp, logdir, log) if relative else None
+
     tol, bits = gate_tolerance(wtype, kv, layers)
     out = {"prompts": prompts, "prompt": GATE_PROMPT, "decode_steps": GATE_STEPS, "precision_bits": bits,
-           "tol_rel": tol,
-           "kl_rule": "relative to the f32 oracle" if oracle is not None else "KL(peer || rlx) <= 1e-3", "peers": {}}
-    rl = logits[workers[0].label]
-    for w in workers[1:]:
-        out["peers"][w.label] = c = compare_logits(rl, logits[w.label], tol, oracle, units)
-        o = c.get("oracle")
-        log(f"    gate rlx vs {w.label}: max|d| {c['max_abs']:.2e} = {c['rel_max']:.1e} x scale {c['scale']:.2f} "
-            f"(tol {tol:.1e}), KL max {c['kl_max']:.1e}, top-1 {c['top1_agree']}/{c['rows']}"
-            + (f"; from the f32 oracle, mean KL rlx {o['kl_rlx_mean']:.2e} vs {o['kl_peer_mean']:.2e} "
-               f"(paired difference per prompt {o['diff_mean']:+.1e}, se {o['diff_se']:.1e} over {o['units']}), "
-               f"top-1 {o['top1_rlx']} vs "
-               f"{o['top1_peer']}" if o else "")
-            + f" -> {'pass' if c['pass'] else 'FAIL'}")
+           "tol_rel": tol, "kl_rule": "relative to the f32 oracle" if relative else "KL(peer || rlx) <= 1e-3",
+           "widen": GATE_WIDEN}
+    out["peers"] = gate_peers([w.label for w in workers], sample, prompts,
+                              lambda k: np.repeat(np.arange(k), 1 + GATE_STEPS), tol, log, "prompt")
     out["pass"] = all(c["pass"] for c in out["peers"].values())
     return out
 
@@ -752,7 +815,8 @@ def markdown(record: dict) -> str:
         parts = [f"{p}: {v['rel_max']:.1e} (tol {v['tol_rel']:.0e}), KL {v['kl_max']:.0e}, top-1 "
                  f"{v['top1_agree']}/{v['rows']}"
                  + (f", mean KL from the f32 oracle rlx {v['oracle']['kl_rlx_mean']:.1e} vs "
-                    f"{v['oracle']['kl_peer_mean']:.1e}" if v.get("oracle") else "") for p, v in g["peers"].items()]
+                    f"{v['oracle']['kl_peer_mean']:.1e}" if v.get("oracle") else "") + widened_note(v)
+                 for p, v in g["peers"].items()]
         L.append(f"- {c['model']} {c['weights']} KV {c['kv']} t{c['threads']}: {'PASS' if g['pass'] else 'FAIL'} — "
                  + "; ".join(parts))
     L += bytes_per_token_lines(record)

@@ -71,22 +71,32 @@ class _FakeWorker:
 def test_batch_gate_relative_to_the_oracle(b, tmp_path):
     """Quantized weights: the batch gate's KL rule is bench_fair's relative one, over the gate's
     sequences (at least 8 at every B); two engines each as far from the oracle pass though further
-    than 1e-3 from each other, rlx measurably further fails."""
-    inputs = [bench_batch.batch_inputs(1000, b, 32, 96, r) for r in range(bench_batch.gate_reps(b))]
-    oracle = bench_batch.batch_logits(_FakeWorker("oracle", 0.0), b, inputs, str(tmp_path))
-    n_seq = bench_batch.gate_reps(b) * b
-    assert oracle.shape == (n_seq * (1 + bench_batch.GATE_STEPS), 64)
+    than 1e-3 from each other, rlx measurably further fails, on the narrow gate and the wider one."""
+    args = argparse.Namespace(prompt_min=32, prompt_max=96, gate_sequences=bench_batch.GATE_SEQUENCES)
+    n = bench_batch.gate_reps(b)
+    inputs = bench_batch.gate_batches(1000, b, args, bench_batch.bf.GATE_WIDEN)
+    assert len(inputs) == bench_batch.bf.GATE_WIDEN * n and inputs[:n] == bench_batch.gate_batches(1000, b, args)
+    calls = []
+
+    def oracle(lo, hi):
+        calls.append((lo, hi))
+        return bench_batch.batch_logits(_FakeWorker("oracle", 0.0), b, inputs[lo:hi], str(tmp_path))
+
     peer = _FakeWorker("llama.cpp fa=off", 0.2)
     log = []
-    g = bench_batch.batch_gate([_FakeWorker("rlx", 0.201), peer], inputs, b, "q4_k_m", "f16", 28, str(tmp_path),
+    g = bench_batch.batch_gate([_FakeWorker("rlx", 0.201), peer], inputs, n, b, "q4_k_m", "f16", 28, str(tmp_path),
                                log.append, oracle)
     c = g["peers"]["llama.cpp fa=off"]
-    assert g["kl_rule"] == "relative to the f32 oracle" and g["sequences"] == n_seq
-    assert c["oracle"]["units"] == n_seq and c["kl_max"] > 1e-3 and g["pass"], log
-    g = bench_batch.batch_gate([_FakeWorker("rlx", 0.4), peer], inputs, b, "q4_k_m", "f16", 28, str(tmp_path),
+    assert g["kl_rule"] == "relative to the f32 oracle" and g["sequences"] == n * b
+    assert c["oracle"]["units"] == n * b and c["kl_max"] > 1e-3 and g["pass"], log
+    assert c["rows"] == n * b * (1 + bench_batch.GATE_STEPS) and calls == [(0, n)]  # passed narrow: not widened
+    calls.clear()
+    g = bench_batch.batch_gate([_FakeWorker("rlx", 0.4), peer], inputs, n, b, "q4_k_m", "f16", 28, str(tmp_path),
                                log.append, oracle)
-    assert not g["pass"] and "FAIL" in log[-1]
-    g = bench_batch.batch_gate([_FakeWorker("rlx", 0.201), peer], inputs, b, "bf16", "f16", 28, str(tmp_path),
+    c = g["peers"]["llama.cpp fa=off"]
+    assert not g["pass"] and "FAIL" in log[-1] and calls == [(0, n), (n, len(inputs))]  # widened, failed again
+    assert c["oracle"]["units"] == len(inputs) * b and not c["narrow"]["pass"]
+    g = bench_batch.batch_gate([_FakeWorker("rlx", 0.201), peer], inputs, n, b, "bf16", "f16", 28, str(tmp_path),
                                log.append)
     assert g["kl_rule"] == "KL(peer || rlx) <= 1e-3" and not g["pass"]  # 16-bit weights: the absolute rule
 

@@ -117,6 +117,57 @@ def test_compare_logits_oracle_units():
     assert len({tuple(p) for p, _ in bench_fair.gate_inputs(1000, 12)}) == 12
 
 
+def _gate_sample(rng_seed: int, noise_rl, noise_peer: float = 0.05, rows: int = 4, vocab: int = 200):
+    """A gate_peers sample function over fake draws: draw i's oracle logits and each engine's noise
+    fixed per (draw, engine); noise_rl(i) rlx's noise on draw i. Records the calls."""
+    calls = []
+
+    def draw(i, who, noise):
+        base = np.random.default_rng([rng_seed, i]).normal(size=(rows, vocab)) * 3
+        return base + np.random.default_rng([rng_seed, i, who]).normal(size=base.shape) * noise
+
+    def sample(lo, hi, labels):
+        calls.append((lo, hi, tuple(labels)))
+        lg = {lab: np.concatenate([draw(i, k + 1, noise_rl(i) if k == 0 else noise_peer) for i in range(lo, hi)])
+              for k, lab in enumerate(labels)}
+        return lg, np.concatenate([draw(i, 0, 0.0) for i in range(lo, hi)])
+
+    return sample, calls
+
+
+def _units(k, rows=4):
+    return np.repeat(np.arange(k), rows)
+
+
+def test_gate_peers_widens_a_kl_only_failure():
+    """A narrow gate that fails on the relative KL rule alone is decided on GATE_WIDEN times the
+    draws, the narrow ones among them: a chance excess on the first draws (rlx noisier there
+    only) passes there, and the narrow comparison is kept."""
+    n, m = 8, 8 * bench_fair.GATE_WIDEN
+    sample, calls = _gate_sample(11, lambda i: 0.062 if i < n else 0.05)  # narrow +2.6 se, wide +1.0
+    log = []
+    out = bench_fair.gate_peers(["rlx", "peer"], sample, n, _units, 1.0, log.append, "prompt")
+    c = out["peer"]
+    assert not c["narrow"]["pass"] and bench_fair.kl_only_failure(c["narrow"]), log
+    assert c["pass"] and c["oracle"]["units"] == m and c["rows"] == 4 * m
+    assert calls == [(0, n, ("rlx", "peer")), (n, m, ("rlx", "peer"))] and "widens to 64 prompts" in log[1]
+
+
+def test_gate_peers_real_excess_and_size_failures_stop():
+    """rlx further from the oracle on every draw fails the wider gate too; a difference of size
+    (beyond tol) stops the narrow gate without widening."""
+    n = 8
+    sample, calls = _gate_sample(12, lambda i: 0.07)
+    out = bench_fair.gate_peers(["rlx", "peer"], sample, n, _units, 1.0, lambda _: None, "prompt")
+    assert not out["peer"]["pass"] and not out["peer"]["narrow"]["pass"] and len(calls) == 2
+    sample, calls = _gate_sample(12, lambda i: 0.07)
+    out = bench_fair.gate_peers(["rlx", "peer"], sample, n, _units, 1e-4, lambda _: None, "prompt")
+    assert not out["peer"]["pass"] and "narrow" not in out["peer"] and len(calls) == 1
+    sample, calls = _gate_sample(12, lambda i: 0.05)  # equal: passes narrow, never widens
+    out = bench_fair.gate_peers(["rlx", "peer"], sample, n, _units, 1.0, lambda _: None, "prompt")
+    assert out["peer"]["pass"] and len(calls) == 1
+
+
 def test_kl_rows():
     p = np.log(np.array([[0.5, 0.5], [0.9, 0.1]]))
     q = np.log(np.array([[0.5, 0.5], [0.5, 0.5]]))
