@@ -36,7 +36,9 @@ Commands ({"cmd": ..., args}; the answer always has "ok", and "error" when it is
 The engines:
 - rlx: rlx.gguf reads the GGUF file in place (the same file llama.cpp reads); rlx.Generator with
   kv_dtype and the plan policies rlx.load uses (dynamic prefill and decode plans); greedy
-  tokens from generate_cached (the argmax in C).
+  tokens from generate_cached (the argmax in C). rlx.build_info() for the record is asked in a
+  child process (rlx_build_info): describing the Vulkan backend loads the Vulkan driver, 47 MiB
+  resident with lavapipe, that a CPU run never loads; until 12-05 it counted in rlx's peak RSS.
 - llama.cpp: llama_cpp.Llama(model_path=gguf, n_ctx, n_batch=2048, n_ubatch=512 (llama-bench's
   defaults), n_threads = n_threads_batch = threads, flash_attn, type_k = type_v = kv; with
   extra_bufts false, llama_model_params.use_extra_bufts = false, llama-cli's --no-repack: no AMX or
@@ -63,6 +65,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 import traceback
@@ -86,6 +89,18 @@ def peak_rss_mib() -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024.0
     raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def rlx_build_info(threads: int) -> dict:
+    """rlx.build_info() after rlx.set_num_threads(threads), from a child process: it describes every
+    backend, and describing the Vulkan one loads the Vulkan loader and its driver (lavapipe on these
+    machines: +47 MiB resident, measured), which a CPU run never touches; asked here it counted in
+    this worker's peak RSS (rlx's, never llama.cpp's)."""
+    code = f"import json, rlx; rlx.set_num_threads({int(threads)}); print(json.dumps(rlx.build_info()))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"rlx.build_info() in a child process failed: {r.stderr.strip()[-2000:]}")
+    return json.loads(r.stdout)
 
 
 def dequantised(weights: dict, rows: int = 4096) -> dict:
@@ -123,7 +138,7 @@ class RlxEngine:
             weights = dequantised(weights)
         self.gen = (rlx.Generator(cfg, weights, device="cpu", dtype=dtype, kv_dtype=kv)
                     .with_dynamic_prefill_cache().with_dynamic_decode_cache())
-        bi = rlx.build_info()
+        bi = rlx_build_info(threads)
         return {"kv_type": self.gen.kv_dtype, "weight_dtypes": {k: str(v) for k, v in self.gen.weight_dtypes.items()}
                 if isinstance(self.gen.weight_dtypes, dict) else str(self.gen.weight_dtypes),
                 "threads": rlx.get_num_threads(), "blas_threads": bi.get("blas_threads"), "isa": bi.get("isa"),

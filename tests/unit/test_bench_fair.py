@@ -310,3 +310,19 @@ def test_fair_table_marks_wins_ties_and_losses():
     assert len(out) == 5
     rec["not_a_measurement"] = ["the run stopped before its end"]
     assert fair_table.table("x.json", rec).splitlines()[0].endswith("NOT graded: the run stopped before its end")
+
+
+def test_worker_build_info_leaves_vulkan_out_of_the_worker():
+    """fair_worker asks rlx.build_info() in a child process: describing the Vulkan backend loads the
+    Vulkan loader and its driver, which would count in the rlx worker's peak RSS. The worker's own
+    process maps no libvulkan after it, and the child's answer is this build's, with the threads asked."""
+    pytest.importorskip("rlx")
+    import subprocess
+
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import fair_worker as fw; bi = fw.rlx_build_info(1); "
+            "maps = open('/proc/self/maps').read(); import rlx; "
+            "print(bi['isa'] == rlx.build_info()['isa'], bi['blas_threads'], 'libvulkan' in maps)")
+    r = subprocess.run([sys.executable, "-c", code, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "1", "False"]
