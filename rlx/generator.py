@@ -361,7 +361,8 @@ class Generator(Sequence):
 
     def compile_stats(self) -> dict:
         """prefill_compiles, decode_compiles, plan_hits, compile_seconds, plans_cached and
-        planned_bytes (the intermediates' arenas of the plans held now)."""
+        planned_bytes (the bytes of intermediates held now: the cached plans run one at a time
+        and share one arena, of the largest run's size)."""
         return self._model.stats()
 
     def release_decode_graphs(self) -> None:

@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 
 #include "rlx/model.h"
+#include "runtime/plan.h"
 
 /* FULL: every position, no cache (the naive recompute); PREFILL / DECODE: positions over the cache
  * from position 0 / after a cached past (the prefill / decode policy decides how they are kept). */
@@ -50,7 +51,9 @@ struct rlx_model {
     char budget_hint[256];
     struct plan_slot *slots; /* (n_slots) compiled plans */
     int n_slots, cap_slots;
-    uint64_t clock; /* use counter for LRU */
+    struct rlx_shared_arena arena; /* the plans' intermediates: they run one at a time, so they share
+                                      one arena of the largest run's size (released with any plan) */
+    uint64_t clock;                /* use counter for LRU */
     struct rlx_model_stats stats;
     bool profiling;
     int32_t *batch_ids;  /* scratch of batch runs: (2, rows) ids and positions */

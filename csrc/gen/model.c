@@ -38,10 +38,18 @@ static void slot_clear(struct plan_slot *s)
     memset(s, 0, sizeof *s);
 }
 
+/* Frees slot i (the last one takes its place) and the shared arena, which may have been sized for
+ * it: the next run allocates what it needs. Lock held, no run in flight. */
+static void drop_slot(struct rlx_model *m, int i)
+{
+    slot_clear(&m->slots[i]);
+    m->slots[i] = m->slots[--m->n_slots];
+    rlx_shared_arena_release(m->dev, &m->arena);
+}
+
 static void release_plans_locked(struct rlx_model *m)
 {
-    for (int i = 0; i < m->n_slots; i++) slot_clear(&m->slots[i]);
-    m->n_slots = 0;
+    while (m->n_slots) drop_slot(m, m->n_slots - 1);
 }
 
 /* RLX_ERR_UNSUPPORTED, before any weight is stored, when the device has no kernel for an op of the
@@ -297,8 +305,7 @@ void rlx_model_stats(struct rlx_model *m, struct rlx_model_stats *out)
     rlx_model_lock(m);
     *out = m->stats;
     out->plans_cached = m->n_slots;
-    out->planned_bytes = 0;
-    for (int i = 0; i < m->n_slots; i++) out->planned_bytes += rlx_plan_planned_bytes(m->slots[i].plan);
+    out->planned_bytes = m->arena.cap;
     rlx_model_unlock(m);
 }
 
@@ -306,10 +313,7 @@ void rlx_model_release_decode_plans(struct rlx_model *m)
 {
     rlx_model_lock(m);
     for (int i = m->n_slots - 1; i >= 0; i--)
-        if (m->slots[i].kind == KIND_DECODE || m->slots[i].kind == KIND_BATCH) {
-            slot_clear(&m->slots[i]);
-            m->slots[i] = m->slots[--m->n_slots];
-        }
+        if (m->slots[i].kind == KIND_DECODE || m->slots[i].kind == KIND_BATCH) drop_slot(m, i);
     rlx_model_unlock(m);
 }
 
@@ -378,8 +382,7 @@ static void evict_for(struct rlx_model *m, enum plan_kind kind)
             if (victim < 0 || m->slots[i].last_used < m->slots[victim].last_used) victim = i;
         }
         if (count < (batch ? BATCH_PLANS : pol == RLX_POLICY_LRU ? m->prefill_capacity : 1)) return;
-        slot_clear(&m->slots[victim]);
-        m->slots[victim] = m->slots[--m->n_slots];
+        drop_slot(m, victim);
     }
 }
 
@@ -431,6 +434,7 @@ static rlx_status compile_slot(struct rlx_model *m, enum plan_kind kind, const s
         opts.sym_cap[RLX_SYM_SEQ] = opts.sym_cap[RLX_SYM_PAST] = m->seq_cap;
     rlx_status st = rlx_compile(graph, m->dev, &opts, &s->plan);
     rlx_graph_free(graph);
+    if (st == RLX_OK) rlx_plan_share_arena(s->plan, &m->arena);
     if (st == RLX_OK) st = rlx_plan_bind_weights(s->plan, m->weights);
     if (st == RLX_OK) st = index_slot(m, s, &io);
     if (st == RLX_OK && m->profiling) st = rlx_plan_set_profiling(s->plan, true);

@@ -114,6 +114,7 @@ void rlx_plan_free(struct rlx_plan *p)
         if (p->param[i].owned) rlx_dev_free(d, p->param[i].buf);
     for (int i = 0; p->out_buf && i < p->g->n_outputs; i++) rlx_dev_free(d, p->out_buf[i]);
     rlx_dev_free(d, p->arena);
+    if (p->shared && p->shared->holder == p) p->shared->holder = NULL;
     rlx_liveness_free(&p->lv);
     free(p->inputs);
     free(p->params);

@@ -10,6 +10,18 @@
 #include "backends/backend.h"
 #include "passes/passes.h"
 
+/* An arena that plans which never run at the same time share: a model's plans, which run one at a
+ * time under its lock (gen/model.c). Each run places its intermediates at the start of buf, grown
+ * to the largest need a run has had, so N cached plans hold the largest one's bytes instead of
+ * all of theirs. A plan's results there can be read until another plan sharing the arena runs
+ * (rlx_plan_read_output refuses after that). Its owner frees it (rlx_shared_arena_release) when no
+ * plan is between a run and the reading of its outputs; the next run allocates it again. */
+struct rlx_shared_arena {
+    struct rlx_buffer *buf;        /* NULL until a run needs it */
+    size_t cap;                    /* bytes of buf */
+    const struct rlx_plan *holder; /* the plan whose last run's values buf holds, or NULL */
+};
+
 /* Where a param or a state lives: a region of a device buffer. */
 struct rlx_binding {
     struct rlx_buffer *buf;
@@ -48,9 +60,10 @@ struct rlx_plan {
 
     bool planned; /* offsets valid for every binding <= planned_sym */
     int64_t planned_sym[RLX_MAX_SYMS];
-    size_t *sizes, *offsets; /* (n_nodes) bytes / arena offset of each root */
-    int *scratch;            /* (2 * n_nodes) for rlx_memory_plan */
-    struct rlx_buffer *arena;
+    size_t *sizes, *offsets;         /* (n_nodes) bytes / arena offset of each root */
+    int *scratch;                    /* (2 * n_nodes) for rlx_memory_plan */
+    struct rlx_buffer *arena;        /* the plan's own, or NULL when it uses `shared` */
+    struct rlx_shared_arena *shared; /* borrowed (rlx_plan_share_arena), or NULL */
     size_t arena_cap, planned_bytes, unshared_bytes;
 
     struct rlx_tensor *values; /* (n_nodes) placed values of the last run */
@@ -79,5 +92,10 @@ rlx_status rlx_plan_state_of_node(const struct rlx_plan *p, int id, int *index);
  * run's symbols must fit in buf from offset on (checked at run). buf must belong to the plan's
  * device and outlive the run. */
 rlx_status rlx_plan_bind_state(struct rlx_plan *p, int index, struct rlx_buffer *buf, size_t offset);
+
+/* From the next run on, p places its intermediates in `a` (outliving p) instead of an arena of its
+ * own, which is freed. The plans sharing `a` must be on one device and never run concurrently. */
+void rlx_plan_share_arena(struct rlx_plan *p, struct rlx_shared_arena *a);
+void rlx_shared_arena_release(struct rlx_device *dev, struct rlx_shared_arena *a);
 
 #endif

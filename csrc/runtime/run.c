@@ -253,6 +253,21 @@ static int64_t round_up_pow2(int64_t v)
     return r < v ? v : r;
 }
 
+/* The arena the plan's runs use (its own or the shared one) holds at least `bytes`. */
+static rlx_status ensure_arena(struct rlx_plan *p, size_t bytes)
+{
+    struct rlx_buffer **buf = p->shared ? &p->shared->buf : &p->arena;
+    size_t *cap = p->shared ? &p->shared->cap : &p->arena_cap;
+    if (*buf && *cap >= bytes) return RLX_OK;
+    struct rlx_buffer *b;
+    RLX_TRY(rlx_dev_alloc(p->dev, bytes, &b));
+    rlx_dev_free(p->dev, *buf);
+    *buf = b;
+    *cap = bytes;
+    if (p->shared) p->shared->holder = NULL; /* whatever another plan's run left there is gone */
+    return RLX_OK;
+}
+
 /* Makes sure the memory plan covers the current binding. Without caps the binding is rounded up
  * to powers of two, so a growing sequence replans O(log n) times. */
 static rlx_status ensure_memory(struct rlx_plan *p)
@@ -261,7 +276,7 @@ static rlx_status ensure_memory(struct rlx_plan *p)
         p->planned && memcmp(p->external, p->planned_external, sizeof *p->external * (size_t)p->g->n_nodes) == 0;
     for (int s = 0; covered && s < p->g->n_syms; s++)
         if (p->sym_bound[s] && p->sym[s] > p->planned_sym[s]) covered = false;
-    if (covered) return RLX_OK;
+    if (covered) return ensure_arena(p, p->planned_bytes); /* a shared arena may have been released */
     int64_t target[RLX_MAX_SYMS] = {0};
     for (int s = 0; s < p->g->n_syms; s++) {
         if (!p->sym_bound[s]) continue;
@@ -278,13 +293,7 @@ static rlx_status ensure_memory(struct rlx_plan *p)
                              arena, (double)arena / 1048576.0, p->opts.memory_budget,
                              (double)p->opts.memory_budget / 1048576.0, p->opts.budget_hint[0] ? "; " : "",
                              p->opts.budget_hint);
-    if (!p->arena || p->arena_cap < arena) {
-        struct rlx_buffer *b;
-        RLX_TRY(rlx_dev_alloc(p->dev, arena, &b));
-        rlx_dev_free(p->dev, p->arena);
-        p->arena = b;
-        p->arena_cap = arena;
-    }
+    RLX_TRY(ensure_arena(p, arena));
     memcpy(p->planned_sym, target, sizeof target);
     memcpy(p->planned_external, p->external, sizeof *p->external * (size_t)p->g->n_nodes);
     rlx_log(RLX_LOG_DEBUG, "memory plan: arena of %zu bytes (%zu without reuse)", arena, unshared);
@@ -337,7 +346,7 @@ static rlx_status place_values(struct rlx_plan *p)
                 }
             v->offset = 0;
         } else if (r == id) {
-            v->buf = p->arena;
+            v->buf = p->shared ? p->shared->buf : p->arena;
             v->offset = p->offsets[id];
         } else {
             v->buf = p->values[r].buf;
@@ -443,6 +452,7 @@ rlx_status rlx_plan_run(struct rlx_plan *p)
 {
     for (int s = 0; s < RLX_MAX_SYMS; s++) p->sym_bound[s] = p->sym_explicit[s];
     p->ran = false;
+    if (p->shared) p->shared->holder = NULL; /* this run overwrites the shared arena */
     rlx_status s = run_checked(p);
     /* the binding is for one run only: caller memory is not kept past the return */
     for (int i = 0; i < p->n_inputs; i++) p->in_set[i] = false;
@@ -450,14 +460,39 @@ rlx_status rlx_plan_run(struct rlx_plan *p)
     for (int i = 0; i < p->g->n_outputs; i++) p->out_dst[i] = NULL;
     for (int k = 0; k < RLX_MAX_SYMS; k++) p->sym_explicit[k] = false;
     p->ran = s == RLX_OK;
+    if (p->shared && p->ran) p->shared->holder = p;
     return s;
+}
+
+void rlx_plan_share_arena(struct rlx_plan *p, struct rlx_shared_arena *a)
+{
+    rlx_dev_free(p->dev, p->arena);
+    p->arena = NULL;
+    p->arena_cap = 0;
+    p->shared = a;
+    p->ran = false;
+}
+
+void rlx_shared_arena_release(struct rlx_device *dev, struct rlx_shared_arena *a)
+{
+    rlx_dev_free(dev, a->buf);
+    *a = (struct rlx_shared_arena){0};
+}
+
+/* A plan's results are readable: it ran, and no plan sharing its arena ran since. */
+static rlx_status check_results(const struct rlx_plan *p)
+{
+    if (!p->ran) return rlx_set_error(RLX_ERR_STATE, "the plan has no results: run it first");
+    if (p->shared && p->shared->holder != p)
+        return rlx_set_error(RLX_ERR_STATE, "the plan's results are gone: a plan sharing its arena ran since");
+    return RLX_OK;
 }
 
 rlx_status rlx_plan_output_shape(const struct rlx_plan *p, int i, enum rlx_dtype *dt, int *ndim,
                                  int64_t shape[RLX_MAX_DIMS])
 {
     if (i < 0 || i >= p->g->n_outputs) return rlx_set_error(RLX_ERR_INVALID, "output index %d out of range", i);
-    if (!p->ran) return rlx_set_error(RLX_ERR_STATE, "the plan has no results: run it first");
+    RLX_TRY(check_results(p));
     const struct rlx_tensor *v = &p->values[p->g->outputs[i]];
     *dt = v->dtype;
     *ndim = v->ndim;
@@ -468,7 +503,7 @@ rlx_status rlx_plan_output_shape(const struct rlx_plan *p, int i, enum rlx_dtype
 rlx_status rlx_plan_read_output(const struct rlx_plan *p, int i, void *dst, size_t bytes)
 {
     if (i < 0 || i >= p->g->n_outputs) return rlx_set_error(RLX_ERR_INVALID, "output index %d out of range", i);
-    if (!p->ran) return rlx_set_error(RLX_ERR_STATE, "the plan has no results: run it first");
+    RLX_TRY(check_results(p));
     const struct rlx_tensor *v = &p->values[p->g->outputs[i]];
     size_t need;
     RLX_TRY(rlx_shape_bytes(v->dtype, v->ndim, v->shape, &need));

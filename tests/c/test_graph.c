@@ -3,10 +3,11 @@
  * a transformer-like block (matmul, rmsnorm, residual add, silu * gate) compiled with and
  * without fusion must agree with a direct scalar computation; symbols are inferred from input
  * shapes; memory is reused; bad shapes, dtypes, ids and missing bindings fail with statuses and
- * leave the plan usable. A weight store shared by several plans is placed once (bytes counted on
- * the ref device, which has memory of its own); a state written by cache_write keeps its rows
- * across runs; sizes that overflow are refused at compile and at run. Runs under valgrind in
- * `make test`.
+ * leave the plan usable; plans sharing one arena (a model's) each get their results, in the larger
+ * plan's bytes, and a plan's results are refused once another ran. A weight store shared by
+ * several plans is placed once (bytes counted on the ref device, which has memory of its own); a
+ * state written by cache_write keeps its rows across runs; sizes that overflow are refused at
+ * compile and at run. Runs under valgrind in `make test`.
  */
 #include <math.h>
 #include <signal.h>
@@ -77,6 +78,21 @@ static void reference(int seq, const float *x, const float *wg, const float *wu,
 
 static float frand(void) { return (float)rand() / (float)RAND_MAX - 0.5f; }
 
+/* The block's params bound to p (the same weights every call: fixed seed). */
+static void set_block_params(struct rlx_plan *p, const float *wg, const float *wu, const float *wd, const float *w)
+{
+    const char *names[] = {"wg", "wu", "wd", "w"};
+    const float *data[] = {wg, wu, wd, w};
+    for (int i = 0; i < 4; i++) {
+        int idx;
+        struct rlx_host_tensor t = {.data = data[i], .dtype = RLX_F32, .ndim = i == 3 ? 1 : 2};
+        t.shape[0] = i == 2 ? D : (i == 3 ? D : F);
+        t.shape[1] = i == 2 ? F : D;
+        CHECK(rlx_plan_param_index(p, names[i], &idx) == RLX_OK && rlx_plan_set_param(p, idx, &t) == RLX_OK, "set %s",
+              names[i]);
+    }
+}
+
 /* Outputs bound to host memory: the same bits as read_output; on cpu (which wraps host memory)
  * written in place, so they leave the arena; on ref copied after the run, arena unchanged. The
  * binding lasts one run; a wrong size is refused and leaves the plan usable. */
@@ -127,16 +143,7 @@ static void test_block(struct rlx_device *dev, bool fuse)
     static float wg[F * D], wu[F * D], wd[D * F], w[D];
     for (int i = 0; i < F * D; i++) wg[i] = frand(), wu[i] = frand(), wd[i] = frand();
     for (int i = 0; i < D; i++) w[i] = 1 + frand();
-    const char *names[] = {"wg", "wu", "wd", "w"};
-    const float *data[] = {wg, wu, wd, w};
-    for (int i = 0; i < 4; i++) {
-        int idx;
-        CHECK(rlx_plan_param_index(p, names[i], &idx) == RLX_OK, "param %s", names[i]);
-        struct rlx_host_tensor t = {.data = data[i], .dtype = RLX_F32, .ndim = i == 3 ? 1 : 2};
-        t.shape[0] = i == 2 ? D : (i == 3 ? D : F);
-        t.shape[1] = i == 2 ? F : D;
-        CHECK(rlx_plan_set_param(p, idx, &t) == RLX_OK, "set %s", names[i]);
-    }
+    set_block_params(p, wg, wu, wd, w);
     for (int seq = 1; seq <= 9; seq += 4) { /* one plan, several SEQ */
         float x[9 * D], y[9 * D], h[9 * D], ry[9 * D], rh[9 * D];
         for (int i = 0; i < seq * D; i++) x[i] = frand() * 2;
@@ -187,6 +194,66 @@ static void count_logs(enum rlx_log_level level, const char *msg, void *user)
 }
 
 /* The log callback hears about compiles and memory plans; none is installed by default. */
+/* Runs p on seq random rows and checks y against the reference; returns the run's status. */
+static rlx_status run_block(struct rlx_plan *p, int seq, const float *wg, const float *wu, const float *wd,
+                            const float *w, const char *what)
+{
+    float x[9 * D], y[9 * D], ry[9 * D], rh[9 * D];
+    for (int i = 0; i < seq * D; i++) x[i] = frand() * 2;
+    struct rlx_host_tensor t = {.data = x, .dtype = RLX_F32, .ndim = 2, .shape = {seq, D}};
+    CHECK(rlx_plan_set_input(p, 0, &t) == RLX_OK, "set x (%s)", what);
+    rlx_status s = rlx_plan_run(p);
+    if (s != RLX_OK) return s;
+    CHECK(rlx_plan_read_output(p, 0, y, sizeof(float) * (size_t)(seq * D)) == RLX_OK, "read y (%s)", what);
+    reference(seq, x, wg, wu, wd, w, ry, rh);
+    double err = 0;
+    for (int i = 0; i < seq * D; i++) err = fmax(err, fabs(y[i] - ry[i]));
+    CHECK(err < 1e-4, "%s: max err %g", what, err);
+    return s;
+}
+
+/* Two plans sharing one arena (as a model's plans do): each run's results are right; the arena
+ * is the larger need, not the sum; a plan's results are refused once the other ran, and readable
+ * again after its own next run; a released arena is allocated again by the next run. */
+static void test_shared_arena(struct rlx_device *dev)
+{
+    const char *device = rlx_device_name(dev);
+    struct rlx_shared_arena arena = {0};
+    struct rlx_plan *p[2] = {NULL, NULL};
+    static float wg[F * D], wu[F * D], wd[D * F], w[D];
+    for (int i = 0; i < F * D; i++) wg[i] = frand(), wu[i] = frand(), wd[i] = frand();
+    for (int i = 0; i < D; i++) w[i] = 1 + frand();
+    for (int k = 0; k < 2; k++) {
+        struct rlx_graph *g = block_graph();
+        struct rlx_compile_opts o = rlx_compile_opts_default();
+        o.fuse = k;
+        CHECK(rlx_compile(g, dev, &o, &p[k]) == RLX_OK, "compile %s", device);
+        rlx_graph_free(g);
+        if (!p[k]) return;
+        rlx_plan_share_arena(p[k], &arena);
+        set_block_params(p[k], wg, wu, wd, w);
+    }
+    CHECK(run_block(p[0], 9, wg, wu, wd, w, "shared, plan 0, 9 rows") == RLX_OK, "%s run 0", device);
+    const size_t big = rlx_plan_planned_bytes(p[0]);
+    CHECK(arena.buf && arena.cap == big && arena.holder == p[0], "%s: the arena is plan 0's need (%zu, %zu)", device,
+          arena.cap, big);
+    CHECK(run_block(p[1], 1, wg, wu, wd, w, "shared, plan 1, 1 row") == RLX_OK, "%s run 1", device);
+    CHECK(arena.cap == big && rlx_plan_planned_bytes(p[1]) < big, "%s: a smaller run keeps the arena (%zu, %zu)",
+          device, arena.cap, rlx_plan_planned_bytes(p[1]));
+    float y[9 * D];
+    CHECK(rlx_plan_read_output(p[0], 0, y, sizeof(float) * 9 * D) == RLX_ERR_STATE,
+          "%s: plan 0's results refused after plan 1 ran", device);
+    CHECK(run_block(p[0], 5, wg, wu, wd, w, "shared, plan 0 again") == RLX_OK, "%s run 0 again", device);
+    rlx_shared_arena_release(dev, &arena);
+    CHECK(!arena.buf && arena.cap == 0, "%s: released", device);
+    CHECK(run_block(p[1], 9, wg, wu, wd, w, "shared, after a release") == RLX_OK, "%s run after release", device);
+    CHECK(arena.buf && arena.cap == rlx_plan_planned_bytes(p[1]), "%s: allocated again at the run's need", device);
+    rlx_plan_free(p[1]);
+    CHECK(arena.holder == NULL, "%s: a freed plan holds nothing", device);
+    rlx_plan_free(p[0]);
+    rlx_shared_arena_release(dev, &arena);
+}
+
 static void test_log_callback(struct rlx_device *cpu)
 {
     rlx_set_log_callback(count_logs, &log_count);
@@ -523,6 +590,7 @@ int main(void)
         CHECK(rlx_device_open(names[d], &devs[d]) == RLX_OK, "open %s", names[d]);
         for (int f = 0; f < 2; f++) test_block(devs[d], f);
         test_state(devs[d]);
+        test_shared_arena(devs[d]);
     }
     test_errors(devs[0]);
     test_log_callback(devs[0]);

@@ -191,7 +191,7 @@ struct rlx_model_stats {
     int64_t prefill_compiles, decode_compiles, plan_hits;
     double compile_seconds;
     int64_t plans_cached;
-    size_t planned_bytes;
+    size_t planned_bytes; /* the arena of intermediates the cached plans share, as allocated now */
 };
 void rlx_model_stats(struct rlx_model *m, struct rlx_model_stats *out);
 /* Frees compiled decode plans / all plans (they are rebuilt on demand). */
