@@ -252,24 +252,30 @@ TILE(tilek32m, 32, 1, 1)
 TILE(tilek16, 16, 1, 0)
 TILE(tilek16m, 16, 1, 1)
 
-static void qg_task(void *p, int64_t begin, int64_t end)
+/* A microkernel over one panel: out rows x weight rows of the chunk (TILE / QA_TILE instances). */
+typedef void (*qg_tile_fn)(float *out, int64_t ldo, int64_t mr, int64_t nr, const uint8_t *ap, const float *as,
+                           const float *am, const char *pb, int64_t K);
+
+/* The instance of a set {32, 32m, k32m, k16, k16m} (G, K type, minimums) for weight type wt. */
+static qg_tile_fn tile_for(int wt, const qg_tile_fn set[5])
 {
-    struct qg_ctx *c = p;
-    (void)end;
-    char *pb = c->base + c->l.panels + (size_t)begin * c->l.panel; /* this task's own panel */
-    const int wt = c->wt;
-    void (*tile)(float *, int64_t, int64_t, int64_t, const uint8_t *, const float *, const float *, const char *,
-                 int64_t) = wt == RLX_Q4_1 || wt == RLX_Q5_1   ? tile32m
-                            : wt == RLX_Q4_K || wt == RLX_Q5_K ? tilek32m
-                            : wt == RLX_Q3_K || wt == RLX_Q6_K ? tilek16
-                            : wt == RLX_Q2_K                   ? tilek16m
-                                                               : tile32;
+    return wt == RLX_Q4_1 || wt == RLX_Q5_1   ? set[1]
+           : wt == RLX_Q4_K || wt == RLX_Q5_K ? set[2]
+           : wt == RLX_Q3_K || wt == RLX_Q6_K ? set[3]
+           : wt == RLX_Q2_K                   ? set[4]
+                                              : set[0];
+}
+
+/* One task's loop (VNNI and AMX): blocks of P weight rows taken in turn from the atomic counter,
+ * each unpacked into the task's panel pb and run against every block of 16 rows of the chunk. */
+static void qg_blocks(struct qg_ctx *c, char *pb, const int P, qg_tile_fn tile)
+{
     const int64_t K = c->K, mblocks = (c->mc + QG_MB - 1) / QG_MB;
     for (;;) {
         const int64_t nb = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
         if (nb >= c->nblocks) return;
-        const int64_t n0 = nb * QG_NR, nr = c->N - n0 < QG_NR ? c->N - n0 : QG_NR;
-        qg_pack_b(pb, c, n0, nr, QG_NR);
+        const int64_t n0 = nb * P, nr = c->N - n0 < P ? c->N - n0 : P;
+        qg_pack_b(pb, c, n0, nr, P);
         for (int64_t mb = 0; mb < mblocks; mb++) {
             const int64_t r0 = mb * QG_MB, mr = c->mc - r0 < QG_MB ? c->mc - r0 : QG_MB;
             tile(c->out + (c->m0 + r0) * c->N + n0, c->N, mr, nr, (const uint8_t *)(c->base + c->l.ap) + r0 * K,
@@ -277,6 +283,14 @@ static void qg_task(void *p, int64_t begin, int64_t end)
                  pb, K);
         }
     }
+}
+
+static void qg_task(void *p, int64_t begin, int64_t end)
+{
+    struct qg_ctx *c = p;
+    (void)end;
+    static const qg_tile_fn set[5] = {tile32, tile32m, tilek32m, tilek16, tilek16m};
+    qg_blocks(c, c->base + c->l.panels + (size_t)begin * c->l.panel, QG_NR, tile_for(c->wt, set));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -556,14 +570,8 @@ QA_TARGET static void qa_task(void *p, int64_t begin, int64_t end)
 {
     struct qg_ctx *c = p;
     (void)end;
-    char *pb = c->base + c->l.panels + (size_t)begin * c->l.panel;
-    const int wt = c->wt, G = rlx_cpu_quant_group(wt);
-    void (*tile)(float *, int64_t, int64_t, int64_t, const uint8_t *, const float *, const float *, const char *,
-                 int64_t) = wt == RLX_Q4_1 || wt == RLX_Q5_1   ? qa32m
-                            : wt == RLX_Q4_K || wt == RLX_Q5_K ? qak32m
-                            : wt == RLX_Q3_K || wt == RLX_Q6_K ? qak16
-                            : wt == RLX_Q2_K                   ? qak16m
-                                                               : qa32;
+    static const qg_tile_fn set[5] = {qa32, qa32m, qak32m, qak16, qak16m};
+    const int G = rlx_cpu_quant_group(c->wt);
     /* two sets (0-2, 3-5) of: sums, 16 weight rows x 16 int32; weights, 16 rows x G bytes;
      * activations, G / 4 steps x 16 rows x 4 bytes */
     struct rlx_cpu_tilecfg cfg = {.palette = 1};
@@ -573,19 +581,7 @@ QA_TARGET static void qa_task(void *p, int64_t begin, int64_t end)
         cfg.rows[t + 2] = (uint8_t)(G / 4), cfg.colsb[t + 2] = QG_MB * 4;
     }
     _tile_loadconfig(&cfg);
-    const int64_t K = c->K, mblocks = (c->mc + QG_MB - 1) / QG_MB;
-    for (;;) {
-        const int64_t nb = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-        if (nb >= c->nblocks) break;
-        const int64_t n0 = nb * QA_NR, nr = c->N - n0 < QA_NR ? c->N - n0 : QA_NR;
-        qg_pack_b(pb, c, n0, nr, QA_NR);
-        for (int64_t mb = 0; mb < mblocks; mb++) {
-            const int64_t r0 = mb * QG_MB, mr = c->mc - r0 < QG_MB ? c->mc - r0 : QG_MB;
-            tile(c->out + (c->m0 + r0) * c->N + n0, c->N, mr, nr, (const uint8_t *)(c->base + c->l.ap) + r0 * K,
-                 (const float *)(c->base + c->l.as) + r0 * (K / 32), (const float *)(c->base + c->l.am) + r0 * (K / 16),
-                 pb, K);
-        }
-    }
+    qg_blocks(c, c->base + c->l.panels + (size_t)begin * c->l.panel, QA_NR, tile_for(c->wt, set));
     _tile_release();
 }
 
