@@ -32,12 +32,12 @@ Design: bench_fair's, reused (its functions are imported, not copied):
   them, recorded: the prompts are fixed and rlx's logits the same bits on every run, so a chance
   excursion of the default gate repeats on every run of a file, as bench_fair's --gate-prompts).
   rlx's (sequences * 4) rows of logits are compared with each llama.cpp variant's by
-  bench_fair.compare_logits with bench_fair's tolerance (gate_tolerance) and its KL rule:
+  fair_gate.compare_logits with its tolerance (gate_tolerance) and its KL rule:
   16/32-bit weights, KL(llama.cpp || rlx) <= 1e-3 on every row; quantized weights, rlx's mean KL
   from the f32 oracle (bench_fair.oracle_worker: the same file dequantised to f32, f32 KV, run on
   the same batches before the group's first B is timed and closed) no larger than llama.cpp's
   beyond two standard errors of the paired difference over the sequences; a gate failing on that
-  rule alone widens once to 8 times its batches and decides there (bench_fair.gate_peers; the
+  rule alone widens once to 8 times its batches and decides there (fair_gate.gate_peers; the
   wider batches' oracle logits from an oracle worker started for them). Why relative: both
   engines quantise activations and round K/V, so they differ from each other by about as much as
   each from the oracle (Llama-3.2-1B q4_k_m: KL 2.5e-3 between them, ~2e-3 each from the oracle),
@@ -54,7 +54,7 @@ Design: bench_fair's, reused (its functions are imported, not copied):
   geometric mean over rounds i of (k / t_k[i]) / (1 / t_1[i]) with the same bootstrap (rounds
   paired by index: both the i-th round of their B). Targets of issue 13: rlx's scaling >= 3x at
   B = 8; rlx / llama.cpp >= 1.0 at every B.
-- Grade: bench_fair.grade (>= 10 rounds, a clean tree, no --smoke, a quiet machine at the start of
+- Grade: fair_report.grade (>= 10 rounds, a clean tree, no --smoke, a quiet machine at the start of
   every group, a run that reached its end); otherwise the record says "not a measurement".
 
 The record: benchmarks/results/batch-<date>[-smoke].json and its table as .md (git-ignored), with
@@ -79,9 +79,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_fair as bf  # noqa: E402
 import common  # noqa: E402
+import fair_gate as fg  # noqa: E402
+import fair_report as fr  # noqa: E402
 
 MODEL = "Qwen3-0.6B"
-GATE_STEPS = 3
+GATE_STEPS = fg.GATE_STEPS  # bench_fair's: fed tokens after each prompt
 GATE_SEQUENCES = 8  # the gate's independent sequences per B, at least (gate_reps)
 BATCHES = (1, 2, 4, 8, 16)
 LOAD_N_CTX = 512  # the Llama object's own context (idle in this benchmark; the batch contexts are separate)
@@ -116,7 +118,7 @@ def gate_reps(b: int, sequences: int = GATE_SEQUENCES) -> int:
 
 def gate_batches(vocab: int, b: int, args, widen: int = 1) -> list[dict]:
     """The gate's batches of b: the timed one (rep 0) first, then the others gate_reps asks;
-    widen: that many times as many (bench_fair.gate_peers' wider gate), the narrow ones first."""
+    widen: that many times as many (fair_gate.gate_peers' wider gate), the narrow ones first."""
     return [batch_inputs(vocab, b, args.prompt_min, args.prompt_max, r)
             for r in range(widen * gate_reps(b, args.gate_sequences))]
 
@@ -208,11 +210,11 @@ def batch_gate(workers, inputs: list[dict], n: int, b: int, wtype: str, kv: str,
         logits = {lab: batch_logits(by_label[lab], b, inputs[lo:hi], tmp) for lab in labels}
         return logits, oracle(lo, hi) if oracle is not None else None
 
-    tol, bits = bf.gate_tolerance(wtype, kv, layers)
-    out = {"rows_per_sequence": 1 + GATE_STEPS, "sequences": n * b, "batches": n, "widen": bf.GATE_WIDEN,
+    tol, bits = fg.gate_tolerance(wtype, kv, layers)
+    out = {"rows_per_sequence": 1 + GATE_STEPS, "sequences": n * b, "batches": n, "widen": fg.GATE_WIDEN,
            "precision_bits": bits, "tol_rel": tol,
            "kl_rule": "relative to the f32 oracle" if oracle is not None else "KL(peer || rlx) <= 1e-3"}
-    out["peers"] = bf.gate_peers([w.label for w in workers], sample, n,
+    out["peers"] = fg.gate_peers([w.label for w in workers], sample, n,
                                  lambda k: np.repeat(np.arange(k * b), 1 + GATE_STEPS), tol, log, "sequence")
     out["pass"] = all(c["pass"] for c in out["peers"].values())
     return out
@@ -236,7 +238,7 @@ def batch_group(cell, args, name, wtype, gguf, kv, threads, facts, logdir, tmp, 
             cell["readback_errors"] = bad
             raise bf.StopRun("; ".join(bad))
         narrow = None  # the oracle's logits for every B's narrow gate, before the first B is timed
-        if wtype not in bf.PRECISION_BITS:
+        if wtype not in fg.PRECISION_BITS:
             narrow = batch_oracle(gguf, threads, {b: gate_batches(vocab, b, args) for b in args.batch}, n_ctx_seq,
                                   logdir, tmp, log)
         for b in args.batch:
@@ -252,7 +254,7 @@ def batch_group(cell, args, name, wtype, gguf, kv, threads, facts, logdir, tmp, 
             if bad:
                 cb["readback_errors"] = bad
                 raise bf.StopRun("; ".join(bad))
-            batches = gate_batches(vocab, b, args, bf.GATE_WIDEN)
+            batches = gate_batches(vocab, b, args, fg.GATE_WIDEN)
             n = gate_reps(b, args.gate_sequences)
 
             def oracle(lo, hi, b=b, batches=batches, n=n):  # the narrow gate's precomputed, a wider one's run now
@@ -330,7 +332,7 @@ def markdown(record: dict) -> str:
                 return f"{r['tokens'] / float(np.median(r['times_s'][lab])):.1f}" if lab in r["times_s"] else "—"
 
             def rat(lab):
-                return bf.fmt_ratio(r["ratios"][lab]) if lab in r["ratios"] else "—"
+                return fr.fmt_ratio(r["ratios"][lab]) if lab in r["ratios"] else "—"
 
             def sc(lab):
                 s = r.get("scaling_vs_b1", {}).get(lab)
@@ -356,7 +358,7 @@ def markdown(record: dict) -> str:
                      f"{v['top1_agree']}/{v['rows']}"
                      + (f", from the oracle {v['oracle']['kl_rlx_mean']:.2e} vs {v['oracle']['kl_peer_mean']:.2e} "
                         f"({v['oracle']['diff_mean']:+.1e}, se {v['oracle']['diff_se']:.1e})" if v.get("oracle") else "")
-                     + bf.widened_note(v) for p, v in g["peers"].items()]
+                     + fg.widened_note(v) for p, v in g["peers"].items()]
             agree = r.get("token_agreement")
             L.append(f"- {c['model']} KV {c['kv']} t{c['threads']} B={k}: {'PASS' if g['pass'] else 'FAIL'} — "
                      + "; ".join(parts) + ("; tokens equal: " + ", ".join(f"{p} {v:.0%}" for p, v in agree.items())
@@ -378,7 +380,7 @@ def markdown(record: dict) -> str:
         L.append("Peak RSS per worker process after every B (MiB, VmHWM): " + "; ".join(
             f"{c['model']} t{c['threads']}: " + ", ".join(f"{lab} {v['peak_rss_mib']:.0f}" for lab, v in c["mem"].items())
             for c in mem) + ".")
-        L += bf.weight_pages_lines(record["cells"])
+        L += fr.weight_pages_lines(record["cells"])
     if record.get("stopped"):
         L.append("")
         L.append(f"**Run stopped: {record['stopped']}**")
@@ -429,8 +431,8 @@ def main() -> int:
         ap.error(f"--gate-sequences takes at least {GATE_SEQUENCES} (the default gate's sequences and more)")
     if not 1 <= args.prompt_min <= args.prompt_max:
         ap.error("--prompt-min / --prompt-max: 1 <= min <= max")
-    if args.readme and (args.smoke or args.allow_dirty or args.rounds < bf.MIN_ROUNDS):
-        ap.error(f"--readme takes measurements only: >= {bf.MIN_ROUNDS} rounds, a clean tree, no --smoke")
+    if args.readme and (args.smoke or args.allow_dirty or args.rounds < fr.MIN_ROUNDS):
+        ap.error(f"--readme takes measurements only: >= {fr.MIN_ROUNDS} rounds, a clean tree, no --smoke")
 
     t_start = time.perf_counter()
 

@@ -83,6 +83,10 @@ Suites:
 - long (2 threads unless --threads): TTFT of 2048- and 8192-token prompts, then one context grown
   1k -> 4k -> 16k -> 32k (extensions of the same token stream, timed and compared between the
   engines), decode blocks at each, RSS and KV bytes at each (the memory table).
+
+Files: this one runs the workers (fair_worker.py), the cells and the gate's engines and oracle;
+fair_gate.py holds the gate's arithmetic on logits (bench_batch.py's too), fair_report.py a
+record's grade and markdown.
 """
 
 from __future__ import annotations
@@ -90,7 +94,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import subprocess
@@ -103,17 +106,24 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
+from fair_gate import (  # noqa: E402
+    GATE_PROMPT,
+    GATE_PROMPTS,
+    GATE_STEPS,
+    GATE_WIDEN,
+    PRECISION_BITS,
+    compare_logits,
+    gate_peers,
+    gate_tolerance,
+)
+from fair_report import MIN_ROUNDS, grade, markdown  # noqa: E402
 
 WORKER = os.path.join(HERE, "fair_worker.py")
-GATE_PROMPTS, GATE_PROMPT, GATE_STEPS = 8, 160, 3  # 8 independent prompts x (1 + 3) rows (--gate-prompts: more)
-GATE_WIDEN = 8  # a gate failing on the relative KL rule alone decides on 8x its units (gate_peers)
 LONG_CONTEXTS = (1024, 4096, 16384, 32768)
 LONG_TTFT = (2048, 8192)
 EXTEND_CHUNK = 4096  # tokens per extension call (both engines, the same chunks)
 BOOT = 10000
 
-# mantissa bits (with the implicit one) of the narrowest float a configuration passes through
-PRECISION_BITS = {"f32": 24, "f16": 11, "bf16": 8}
 
 
 class StopRun(Exception):
@@ -219,62 +229,6 @@ def rounds(workers: list[Worker], n: int, op, settle: float, log, what: str) -> 
 
 # ================================================================================= gate ====
 
-def gate_tolerance(wtype: str, kv: str, layers: int) -> tuple[float, int]:
-    bits = min(PRECISION_BITS.get(wtype, 4), PRECISION_BITS[kv])
-    return 2.0 ** -bits * math.sqrt(layers) * 4, bits
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    return x - np.logaddexp.reduce(x, axis=-1, keepdims=True)
-
-
-def kl_rows(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
-    """KL(p || q) in nats, one value per row."""
-    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
-    return np.sum(np.exp(lp) * (lp - lq), axis=-1)
-
-
-def compare_logits(rl: np.ndarray, ref: np.ndarray, tol: float, oracle: np.ndarray | None = None,
-                   units: np.ndarray | None = None) -> dict:
-    """rlx's logits (rows, vocab) against a peer's (the reference). With `oracle` (quantized
-    weights: the same file's weights dequantised, run in f32 with an f32 KV cache), the KL part of
-    the gate is relative: rlx's mean KL from the oracle no larger than the peer's, beyond two
-    standard errors of the paired difference, taken over independent units (`units`: the unit of
-    each row, e.g. its prompt; the rows of one prompt share its KV cache, so they are not
-    independent samples; None: each row its own unit); without it, KL(peer || rlx) <= 1e-3 on
-    every row."""
-    d = np.abs(rl.astype(np.float64) - ref.astype(np.float64))
-    scale = float(np.max(np.abs(ref)))
-    max_abs = float(d.max())
-    kl = kl_rows(ref, rl)
-    top_ref, top_rl = np.argmax(ref, -1), np.argmax(rl, -1)
-    srt = np.sort(ref, axis=-1)
-    margin = srt[:, -1] - srt[:, -2]
-    disagree = [int(i) for i in np.nonzero(top_ref != top_rl)[0]]
-    decided = [i for i in disagree if margin[i] >= 2 * max_abs]
-    rel = max_abs / scale if scale > 0 else float("inf")
-    out = {"rows": int(ref.shape[0]), "max_abs": max_abs, "mean_abs": float(d.mean()), "scale": scale,
-           "rel_max": rel, "rel_mean": float(d.mean()) / scale if scale else None, "tol_rel": tol,
-           "kl_max": float(kl.max()), "kl_mean": float(kl.mean()), "top1_agree": int(ref.shape[0] - len(disagree)),
-           "top1_disagree_rows": disagree, "top1_decided_rows": decided, "top1_margins": [float(m) for m in margin]}
-    if oracle is None:
-        kl_ok = bool(kl.max() <= 1e-3)
-    else:
-        k_rl, k_ref = kl_rows(oracle, rl), kl_rows(oracle, ref)
-        u = np.arange(len(k_rl)) if units is None else np.asarray(units)
-        diff = np.array([(k_rl[u == i] - k_ref[u == i]).mean() for i in np.unique(u)])  # one per unit
-        se = float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else 0.0
-        kl_ok = bool(diff.mean() <= 2 * se)
-        out["oracle"] = {"kl_rlx_mean": float(k_rl.mean()), "kl_peer_mean": float(k_ref.mean()),
-                         "kl_rlx_max": float(k_rl.max()), "kl_peer_max": float(k_ref.max()),
-                         "units": int(len(diff)), "diff_per_unit": [float(x) for x in diff],
-                         "diff_mean": float(diff.mean()), "diff_se": se,
-                         "top1_rlx": int(np.sum(np.argmax(oracle, -1) == top_rl)),
-                         "top1_peer": int(np.sum(np.argmax(oracle, -1) == top_ref)), "pass": kl_ok}
-    out["pass"] = bool(rel <= tol and not decided and kl_ok)
-    return out
-
 
 def gate_inputs(vocab: int, n: int = GATE_PROMPTS) -> list[tuple[list[int], list[int]]]:
     """The gate's n (prompt, fed tokens) pairs, fixed per vocabulary size; the first GATE_PROMPTS of
@@ -317,70 +271,6 @@ def oracle_logits(args_load: dict, inputs: list, tmp: str, logdir: str, log) -> 
         return gate_logits(w, inputs, tmp)
     finally:
         w.close()
-
-
-def kl_only_failure(c: dict) -> bool:
-    """A comparison (compare_logits) that fails on the relative KL rule alone: the size of the
-    differences and the top-1 tokens within their bounds."""
-    o = c.get("oracle")
-    return bool(not c["pass"] and o is not None and not o["pass"] and c["rel_max"] <= c["tol_rel"]
-                and not c["top1_decided_rows"])
-
-
-def widened_note(c: dict) -> str:
-    """For a record's table: where the gate widened (gate_peers), the narrow comparison's figures."""
-    w = c.get("narrow")
-    if not w or not w.get("oracle"):
-        return ""
-    o, n = c["oracle"], w["oracle"]
-    return (f", decided over {o['units']} units after the narrow gate's {n['units']} failed its KL rule "
-            f"({n['diff_mean']:+.1e}, se {n['diff_se']:.1e})")
-
-
-def log_comparison(log, label: str, c: dict, unit: str) -> None:
-    o = c.get("oracle")
-    log(f"    gate rlx vs {label}: max|d| {c['max_abs']:.2e} = {c['rel_max']:.1e} x scale {c['scale']:.2f} "
-        f"(tol {c['tol_rel']:.1e}), KL max {c['kl_max']:.1e}, top-1 {c['top1_agree']}/{c['rows']}"
-        + (f"; from the f32 oracle, mean KL rlx {o['kl_rlx_mean']:.2e} vs {o['kl_peer_mean']:.2e} "
-           f"(paired difference per {unit} {o['diff_mean']:+.1e}, se {o['diff_se']:.1e} over {o['units']}), "
-           f"top-1 {o['top1_rlx']} vs {o['top1_peer']}" if o else "")
-        + f" -> {'pass' if c['pass'] else 'FAIL'}")
-
-
-def gate_peers(labels: list[str], sample, n: int, units, tol: float, log, unit: str) -> dict:
-    """The gate's comparisons of rlx (labels[0]) with each peer (labels[1:]) over n draws of
-    inputs (a draw: a prompt, or a batch of sequences). sample(lo, hi, labels) -> ({label:
-    logits}, oracle logits or None) runs draws lo..hi-1 on the workers named; units(k) labels the
-    rows of k draws with their independent units (a prompt or a sequence: compare_logits).
-    A peer against which the gate fails on the relative KL rule alone (kl_only_failure) is compared
-    once more over GATE_WIDEN * n draws, the n among them, and the wider comparison decides (under
-    the same two-standard-error rule); the narrow one is kept under "narrow". Why: the prompts are
-    fixed, the per-unit differences heavy-tailed and the rule one-sided at two standard errors, so
-    two engines equally far from the oracle fail a narrow gate now and then, and then on every run
-    of that file (Qwen3-0.6B q6_k on the Zen 5: +3.6 se over 8 prompts, -0.03 se over 32 others;
-    Qwen3-0.6B q4_k_m, bench_batch B = 1: +2.3 se over 8 sequences, +0.9 se over 64 others and
-    -1.5 se over 24 of bench_fair's prompts). A real excess grows in standard errors with the
-    sample; a chance one does not. Differences of size or top-1 stop the gate at once."""
-    logits, oracle = sample(0, n, labels)
-    rl = logits[labels[0]]
-    out = {}
-    for lab in labels[1:]:
-        out[lab] = compare_logits(rl, logits[lab], tol, oracle, units(n))
-        log_comparison(log, lab, out[lab], unit)
-    widen = [lab for lab in labels[1:] if kl_only_failure(out[lab])]
-    if widen:
-        m = GATE_WIDEN * n
-        log(f"    the KL rule alone failed against {', '.join(widen)}: the gate widens to "
-            f"{len(np.unique(units(m)))} {unit}s (these {len(np.unique(units(n)))} among them) and decides there")
-        more, oracle_more = sample(n, m, [labels[0]] + widen)
-        oracle_all = np.concatenate([oracle, oracle_more])
-        rl_all = np.concatenate([rl, more[labels[0]]])
-        for lab in widen:
-            c = compare_logits(rl_all, np.concatenate([logits[lab], more[lab]]), tol, oracle_all, units(m))
-            c["narrow"] = out[lab]
-            out[lab] = c
-            log_comparison(log, lab, c, unit)
-    return out
 
 
 def run_gate(workers: list[Worker], vocab: int, wtype: str, kv: str, layers: int, tmp: str, log,
@@ -665,206 +555,6 @@ def long_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp, 
     finally:
         for w in workers:
             w.close()
-
-
-# ================================================================================ report ====
-
-QUIET_LOAD = 0.5  # 1-minute load average above which a cell group's figures are not a measurement
-MIN_ROUNDS = 10
-
-
-def grade(record: dict) -> list[str]:
-    """Why this record is not a measurement (empty: it is one)."""
-    why, st = [], record["settings"]
-    if st.get("smoke"):
-        why.append("smoke run (--smoke: the harness checked end to end, the figures mean nothing)")
-    if st.get("quick"):
-        why.append("--quick")
-    if st["rounds"] < MIN_ROUNDS or (record["suite"] == "long" and st["long_rounds"] < MIN_ROUNDS):
-        why.append(f"fewer than {MIN_ROUNDS} rounds per cell")
-    if record["rlx"]["dirty"]:
-        why.append("uncommitted changes in the tree (--allow-dirty)")
-    busy = [c["loadavg_start"][0] for c in record["cells"] if c.get("loadavg_start")]
-    if busy and max(busy) > QUIET_LOAD:
-        why.append(f"machine busy: 1-minute load average up to {max(busy):.2f} at the start of a cell group "
-                   f"(> {QUIET_LOAD})")
-    if record.get("stopped"):
-        why.append("the run stopped before its end")
-    return why
-
-
-def fmt_ratio(s: dict) -> str:
-    return f"**{s['ratio']:.2f}x** [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]"
-
-
-def metric_label(k: str) -> str:
-    if k.startswith("pp"):
-        return f"prefill {k}"
-    if k.startswith("ttft@"):
-        return f"TTFT {k[5:]}"
-    return f"decode @{k[3:]}"
-
-
-def speed(r: dict, label: str, key: str) -> float:
-    return r["tokens"] / float(np.median(r["times_s"][label]))
-
-
-def bytes_per_token_lines(record: dict) -> list[str]:
-    """The bytes-per-decoded-token table: per decode cell, the weights a step must read (the file's
-    tensor table: decode_bytes) plus the KV cache at that context, the bandwidth ceiling they give,
-    and for each engine its tok/s and the bytes per token that tok/s implies at the measured read
-    bandwidth (bandwidth / tok/s: what the engine could have read per token, an upper bound)."""
-    L = ["", "Bytes per decoded token (weights a step must read, from the file's tensor table, plus the KV cache at "
-         "the context; implied = read bandwidth / measured tok/s, the most an engine can have read per token; "
-         "GB = 1e9 bytes):", "",
-         "| model | KV | thr | metric | must read GB | of which weights | all weights GB | read BW GB/s "
-         "| ceiling tok/s | rlx implied GB | llama.cpp FA off implied GB | FA on implied GB |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    rows = 0
-    for c in record["cells"]:
-        f, bw = c.get("facts", {}), record["bandwidth"].get(str(c.get("threads")), {}).get("gbps")
-        if not c.get("metrics") or "decode_bytes" not in f or not bw:
-            continue
-        kvp = 2 * f["layers"] * f["kv_heads"] * f["head_dim"] * {"f32": 4, "f16": 2, "bf16": 2}[c["kv"]]
-        for key, r in c["metrics"].items():
-            if not key.startswith("tg@"):
-                continue
-            need = f["weights_per_token_bytes"] + kvp * int(key[3:])
-
-            def implied(lab):
-                return f"{bw / speed(r, lab, key):.3f}" if lab in r["times_s"] else "—"
-
-            L.append(f"| {c['model']} | {c['kv']} | {c['threads']} | {metric_label(key)} | {need / 1e9:.3f} "
-                     f"| {f['weights_per_token_bytes'] / 1e9:.3f} | {f['decode_bytes']['all'] / 1e9:.3f} | {bw:.1f} "
-                     f"| {bw * 1e9 / need:.1f} | {implied('rlx')} | {implied('llama.cpp fa=off')} "
-                     f"| {implied('llama.cpp fa=on')} |")
-            rows += 1
-    return L if rows else []
-
-
-def weight_pages_lines(cells: list) -> list[str]:
-    """The model file's pages as each engine's process mapped them (MiB through 2 MiB pages of MiB
-    resident), after the file was read once through rlx.mapping (warm_pages)."""
-    L = []
-    for c in cells:
-        snap = c.get("mem", {})
-        snap = snap.get(f"ctx{c['contexts'][-1]}", {}) if c.get("suite") == "long" else snap
-        if c.get("page_cache") and snap and all("weight_pages" in v for v in snap.values()):
-            pc = c["page_cache"]
-            L.append(f"- {c['model']} {c['weights']} t{c['threads']}: page cache {pc['huge_mib']:.0f} of "
-                     f"{pc['resident_mib']:.0f} MiB in 2 MiB pages before loading; " + ", ".join(
-                         f"{lab} {v['weight_pages']['huge_mib']:.0f} of {v['weight_pages']['resident_mib']:.0f}"
-                         for lab, v in snap.items()))
-    if not L:
-        return []
-    return ["", "The model file's pages in each engine's process at the end (MiB mapped through 2 MiB pages, of "
-            "MiB resident; the file was read once through rlx.mapping before any engine loaded it, so the page "
-            "cache holds 2 MiB folios where the kernel can, and every engine's mapping gets them):", ""] + L
-
-
-def markdown(record: dict) -> str:
-    L = []
-    m = record["machine"]
-    if record.get("not_a_measurement"):
-        L.append("**NOT A MEASUREMENT** — " + "; ".join(record["not_a_measurement"]) + ". Quote nothing from "
-                 "this table.")
-        L.append("")
-    L.append(f"Run {record['date']} ({record['suite']} suite; rlx {record['rlx']['commit']}"
-             f"{' DIRTY (--allow-dirty)' if record['rlx']['dirty'] else ''}; llama-cpp-python "
-             f"{record['llama_cpp'].get('llama_cpp_python')}, {', '.join(record['llama_cpp'].get('libs') or [])}). "
-             f"Machine: {m['cpu']}, {m['nproc']} cores, ISA {m['isa']} (rlx dispatch: {m.get('rlx_isa')}); "
-             f"load average {m['loadavg_start'][0]:.2f} at start, {m.get('loadavg_end', [float('nan')])[0]:.2f} at end. "
-             f"{record['settings']['rounds']} rounds per cell ({record['settings']['long_rounds']} in the long suite), "
-             f"decode blocks of {record['settings']['steps']} tokens; ratio = geometric mean of the per-round "
-             f"rlx / llama.cpp speed ratios [95% bootstrap interval]; above 1: rlx faster."
-             + (" llama.cpp ran with its extra weight buffers (AMX, CPU_REPACK) off (--llama-extra-bufts off, "
-                "llama-cli's --no-repack)." if record['settings'].get('llama_extra_bufts') == "off" else ""))
-    L.append("")
-    L.append("| model | weights | KV | thr | metric | rlx tok/s | llama.cpp FA off tok/s | llama.cpp FA on tok/s "
-             "| rlx / FA off | rlx / FA on | load (1 min) |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
-    for c in record["cells"]:
-        if not c.get("metrics"):
-            continue
-        for k, r in c["metrics"].items():
-            labs = list(r["times_s"])
-            peers = {lab: r["ratios"][lab] for lab in labs[1:]}
-            def tps(lab):
-                return f"{speed(r, lab, k):.1f}" if lab in r["times_s"] else "—"
-            def rat(lab):
-                return fmt_ratio(peers[lab]) if lab in peers else "—"
-            if k.startswith("ttft@"):
-                rl = f"{np.median(r['times_s']['rlx']) * 1e3:.0f} ms"
-                off = (f"{np.median(r['times_s']['llama.cpp fa=off']) * 1e3:.0f} ms"
-                       if "llama.cpp fa=off" in r["times_s"] else "—")
-                on = (f"{np.median(r['times_s']['llama.cpp fa=on']) * 1e3:.0f} ms"
-                      if "llama.cpp fa=on" in r["times_s"] else "—")
-            else:
-                rl, off, on = tps("rlx"), tps("llama.cpp fa=off"), tps("llama.cpp fa=on")
-            ld = r["loadavg_1min"]
-            L.append(f"| {c['model']} | {c['weights']} | {c['kv']} | {c['threads']} | {metric_label(k)} | {rl} | {off} "
-                     f"| {on} | {rat('llama.cpp fa=off')} | {rat('llama.cpp fa=on')} | {min(ld):.2f}-{max(ld):.2f} |")
-    L.append("")
-    L.append("Gate (rlx against each llama.cpp variant, before timing; max |delta logit| relative to the largest "
-             "llama.cpp logit, KL(llama.cpp || rlx) in nats, top-1 agreement over the rows):")
-    L.append("")
-    for c in record["cells"]:
-        g = c.get("gate")
-        if not g:
-            continue
-        parts = [f"{p}: {v['rel_max']:.1e} (tol {v['tol_rel']:.0e}), KL {v['kl_max']:.0e}, top-1 "
-                 f"{v['top1_agree']}/{v['rows']}"
-                 + (f", mean KL from the f32 oracle rlx {v['oracle']['kl_rlx_mean']:.1e} vs "
-                    f"{v['oracle']['kl_peer_mean']:.1e}" if v.get("oracle") else "") + widened_note(v)
-                 for p, v in g["peers"].items()]
-        L.append(f"- {c['model']} {c['weights']} KV {c['kv']} t{c['threads']}: {'PASS' if g['pass'] else 'FAIL'} — "
-                 + "; ".join(parts))
-    L += bytes_per_token_lines(record)
-    mems = [c for c in record["cells"] if c.get("suite") == "long" and c.get("mem")]
-    if mems:
-        L.append("")
-        L.append("Memory against context (RSS of each worker process, MiB; rlx KV: the bytes its cache holds now, "
-                 "its capacity, which grows geometrically; llama.cpp KV: bytes per cell times the tokens in use, "
-                 "while it allocates the cache for n_ctx up front (kv_alloc_mib in the record)):")
-        L.append("")
-        L.append("| model | weights | KV | context | rlx RSS | rlx KV held | llama.cpp FA off RSS | FA on RSS "
-                 "| llama.cpp KV in use |")
-        L.append("|---|---|---|---|---|---|---|---|---|")
-        for c in mems:
-            for k, snap in c["mem"].items():
-                if not k.startswith("ctx"):
-                    continue
-                def g(lab, f):
-                    v = snap.get(lab, {}).get(f)
-                    return "—" if v is None else (f"{v:.0f}" if f != "kv_bytes" else f"{v / 2**20:.0f}")
-                L.append(f"| {c['model']} | {c['weights']} | {c['kv']} | {k[3:]} | {g('rlx', 'rss_mib')} | "
-                         f"{g('rlx', 'kv_bytes')} | {g('llama.cpp fa=off', 'rss_mib')} | "
-                         f"{g('llama.cpp fa=on', 'rss_mib')} | {g('llama.cpp fa=on', 'kv_bytes')} |")
-    L.append("")
-    L.append("Peak RSS per worker process (MiB, VmHWM of each engine's own process):")
-    L.append("")
-    for c in record["cells"]:
-        snap = c.get("mem", {})
-        snap = snap.get(f"ctx{c['contexts'][-1]}", {}) if c.get("suite") == "long" else snap
-        if snap:
-            L.append(f"- {c['model']} {c['weights']} KV {c['kv']} t{c['threads']} ({c['suite']}): " + ", ".join(
-                f"{lab} {v['peak_rss_mib']:.0f}" for lab, v in snap.items()))
-    L += weight_pages_lines(record["cells"])
-    profs = [c for c in record["cells"] if c.get("rlx_profile")]
-    if profs:
-        L.append("")
-        L.append("rlx per-op profile (Generator.profile; one untimed run each; ms and share of the ops' time):")
-        L.append("")
-        for c in profs:
-            for k, p in c["rlx_profile"].items():
-                tot = sum(p.values()) or 1.0
-                top = sorted(p.items(), key=lambda kv: -kv[1])[:4]
-                L.append(f"- {c['model']} {c['weights']} KV {c['kv']} t{c['threads']} {k}: total {tot * 1e3:.1f} ms; "
-                         + ", ".join(f"{op} {v * 1e3:.1f} ({v / tot * 100:.0f}%)" for op, v in top))
-    if record.get("stopped"):
-        L.append("")
-        L.append(f"**Run stopped: {record['stopped']}**")
-    return "\n".join(L) + "\n"
 
 
 # ================================================================================== main ====

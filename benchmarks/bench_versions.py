@@ -33,7 +33,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
-from bench_fair import gate_tolerance  # noqa: E402
+from fair_gate import gate_tolerance  # noqa: E402
 
 WORKER = r"""
 import json, sys, time

@@ -139,9 +139,9 @@ def _record(stopped=None):
 
 
 def test_markdown_table():
-    import bench_fair as bf
+    import fair_report
     r = _record()
-    assert bf.grade(r) == []
+    assert fair_report.grade(r) == []
     md = bench_batch.markdown(r)
     assert "NOT A MEASUREMENT" not in md
     row2 = next(line for line in md.splitlines() if line.startswith("| m | f16 | 2 | 2 |"))
@@ -152,6 +152,6 @@ def test_markdown_table():
     r["settings"]["llama_extra_bufts"] = "off"  # said in the record's first paragraph
     assert "extra weight buffers (AMX, CPU_REPACK) off (--llama-extra-bufts off" in bench_batch.markdown(r)
     r = _record(stopped="gate failed")
-    r["not_a_measurement"] = bf.grade(r)
+    r["not_a_measurement"] = fair_report.grade(r)
     md = bench_batch.markdown(r)
     assert md.startswith("**NOT A MEASUREMENT**") and "Run stopped: gate failed" in md

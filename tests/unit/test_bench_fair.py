@@ -1,6 +1,7 @@
-"""benchmarks/bench_fair.py's arithmetic: the ratio statistics, the logits gate, the grade that
-keeps a record which is not a measurement out of benchmarks/README.md. Pure functions, no engine
-runs (the harness end to end: `make bench-smoke`)."""
+"""The fair harness's arithmetic (benchmarks/bench_fair.py, fair_gate.py, fair_report.py): the
+ratio statistics, the logits gate, the grade that keeps a record which is not a measurement out
+of benchmarks/README.md. Pure functions, no engine runs (the harness end to end: `make
+bench-smoke`)."""
 
 import json
 import math
@@ -12,6 +13,8 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 bench_fair = pytest.importorskip("bench_fair")
+fair_gate = pytest.importorskip("fair_gate")
+fair_report = pytest.importorskip("fair_report")
 
 
 def test_ratio_stats_constant_ratio():
@@ -32,11 +35,11 @@ def test_ratio_stats_geometric_mean_and_interval():
 
 
 def test_gate_tolerance():
-    tol, bits = bench_fair.gate_tolerance("bf16", "f16", 28)
+    tol, bits = fair_gate.gate_tolerance("bf16", "f16", 28)
     assert bits == 8 and tol == pytest.approx(2.0 ** -8 * math.sqrt(28) * 4)
-    tol, bits = bench_fair.gate_tolerance("f32", "f32", 16)
+    tol, bits = fair_gate.gate_tolerance("f32", "f32", 16)
     assert bits == 24 and tol == pytest.approx(2.0 ** -24 * 4 * 4)
-    assert bench_fair.gate_tolerance("q4_k", "f16", 16)[1] == 4  # quantized weights: 4 bits
+    assert fair_gate.gate_tolerance("q4_k", "f16", 16)[1] == 4  # quantized weights: 4 bits
 
 
 def _logits(rows=4, vocab=50, seed=0):
@@ -45,17 +48,17 @@ def _logits(rows=4, vocab=50, seed=0):
 
 def test_compare_logits_identical_passes():
     ref = _logits()
-    c = bench_fair.compare_logits(ref.copy(), ref, tol=1e-6)
+    c = fair_gate.compare_logits(ref.copy(), ref, tol=1e-6)
     assert c["pass"] and c["max_abs"] == 0.0 and c["top1_agree"] == 4 and c["kl_max"] == pytest.approx(0, abs=1e-12)
 
 
 def test_compare_logits_fails_on_size_kl_and_decided_top1():
     ref = _logits()
-    assert not bench_fair.compare_logits(ref + 0.1, ref, tol=1e-3)["pass"]  # |delta| / scale above tol
+    assert not fair_gate.compare_logits(ref + 0.1, ref, tol=1e-3)["pass"]  # |delta| / scale above tol
     rl = ref.copy()
     j = int(np.argmin(ref[2]))
     rl[2, j] = ref[2].max() + 5.0  # another top-1 by a wide margin: decided, and a large KL
-    c = bench_fair.compare_logits(rl, ref, tol=10.0)
+    c = fair_gate.compare_logits(rl, ref, tol=10.0)
     assert not c["pass"] and c["top1_disagree_rows"] == [2] and c["kl_max"] > 1e-3
 
 
@@ -65,7 +68,7 @@ def test_compare_logits_near_tie_may_flip():
     ref[1, top[0]] = ref[1, top[1]] - 1e-4  # llama.cpp's own top-2 margin 1e-4
     rl = ref.copy()
     rl[1, top[0]] += 2e-4  # flips the top-1 with |delta| 2e-4 >= margin / 2
-    c = bench_fair.compare_logits(rl, ref, tol=1e-3)
+    c = fair_gate.compare_logits(rl, ref, tol=1e-3)
     assert c["top1_disagree_rows"] == [1] and c["pass"]
 
 
@@ -77,20 +80,20 @@ def test_compare_logits_relative_to_the_oracle():
     oracle = rng.normal(size=(32, 200)) * 3
     peer = oracle + rng.normal(size=oracle.shape) * 0.06
     rl = oracle + rng.normal(size=oracle.shape) * 0.06
-    c = bench_fair.compare_logits(rl, peer, tol=1.0)
+    c = fair_gate.compare_logits(rl, peer, tol=1.0)
     assert not c["pass"] and c["kl_max"] > 1e-3  # the fixed rule between the engines stops it
-    k_rl, k_peer = bench_fair.kl_rows(oracle, rl), bench_fair.kl_rows(oracle, peer)
-    c = bench_fair.compare_logits(rl, peer, tol=1.0, oracle=oracle)
+    k_rl, k_peer = fair_gate.kl_rows(oracle, rl), fair_gate.kl_rows(oracle, peer)
+    c = fair_gate.compare_logits(rl, peer, tol=1.0, oracle=oracle)
     o = c["oracle"]
     assert o["kl_rlx_mean"] == pytest.approx(k_rl.mean()) and o["kl_peer_mean"] == pytest.approx(k_peer.mean())
     assert o["diff_mean"] == pytest.approx((k_rl - k_peer).mean())
     assert o["diff_se"] == pytest.approx((k_rl - k_peer).std(ddof=1) / math.sqrt(32))
     assert c["pass"] == (o["diff_mean"] <= 2 * o["diff_se"]) and c["pass"]
     worse = oracle + rng.normal(size=oracle.shape) * 0.12  # twice the noise: ~4x the KL
-    c = bench_fair.compare_logits(worse, peer, tol=1.0, oracle=oracle)
+    c = fair_gate.compare_logits(worse, peer, tol=1.0, oracle=oracle)
     assert not c["pass"] and not c["oracle"]["pass"] and c["oracle"]["diff_mean"] > 2 * c["oracle"]["diff_se"]
     better = oracle + rng.normal(size=oracle.shape) * 0.01
-    assert bench_fair.compare_logits(better, peer, tol=1.0, oracle=oracle)["pass"]
+    assert fair_gate.compare_logits(better, peer, tol=1.0, oracle=oracle)["pass"]
 
 
 def test_compare_logits_oracle_units():
@@ -102,18 +105,18 @@ def test_compare_logits_oracle_units():
     peer = oracle + rng.normal(size=oracle.shape) * 0.05
     rl = oracle + rng.normal(size=oracle.shape) * 0.05
     units = np.repeat(np.arange(8), 4)
-    c = bench_fair.compare_logits(rl, peer, tol=1.0, oracle=oracle, units=units)
-    d = bench_fair.kl_rows(oracle, rl) - bench_fair.kl_rows(oracle, peer)
+    c = fair_gate.compare_logits(rl, peer, tol=1.0, oracle=oracle, units=units)
+    d = fair_gate.kl_rows(oracle, rl) - fair_gate.kl_rows(oracle, peer)
     per_unit = d.reshape(8, 4).mean(axis=1)
     o = c["oracle"]
     assert o["units"] == 8 and o["diff_per_unit"] == pytest.approx(per_unit)
     assert o["diff_mean"] == pytest.approx(per_unit.mean())
     assert o["diff_se"] == pytest.approx(per_unit.std(ddof=1) / math.sqrt(8))
     assert o["pass"] == (per_unit.mean() <= 2 * o["diff_se"])
-    assert len(bench_fair.gate_inputs(1000)) == bench_fair.GATE_PROMPTS  # distinct prompts, fixed
-    assert len({tuple(p) for p, _ in bench_fair.gate_inputs(1000)}) == bench_fair.GATE_PROMPTS
+    assert len(bench_fair.gate_inputs(1000)) == fair_gate.GATE_PROMPTS  # distinct prompts, fixed
+    assert len({tuple(p) for p, _ in bench_fair.gate_inputs(1000)}) == fair_gate.GATE_PROMPTS
     assert bench_fair.gate_inputs(1000) == bench_fair.gate_inputs(1000)
-    assert bench_fair.gate_inputs(1000, 12)[: bench_fair.GATE_PROMPTS] == bench_fair.gate_inputs(1000)  # and 4 more
+    assert bench_fair.gate_inputs(1000, 12)[: fair_gate.GATE_PROMPTS] == bench_fair.gate_inputs(1000)  # and 4 more
     assert len({tuple(p) for p, _ in bench_fair.gate_inputs(1000, 12)}) == 12
 
 
@@ -143,12 +146,12 @@ def test_gate_peers_widens_a_kl_only_failure():
     """A narrow gate that fails on the relative KL rule alone is decided on GATE_WIDEN times the
     draws, the narrow ones among them: a chance excess on the first draws (rlx noisier there
     only) passes there, and the narrow comparison is kept."""
-    n, m = 8, 8 * bench_fair.GATE_WIDEN
+    n, m = 8, 8 * fair_gate.GATE_WIDEN
     sample, calls = _gate_sample(11, lambda i: 0.062 if i < n else 0.05)  # narrow +2.6 se, wide +1.0
     log = []
-    out = bench_fair.gate_peers(["rlx", "peer"], sample, n, _units, 1.0, log.append, "prompt")
+    out = fair_gate.gate_peers(["rlx", "peer"], sample, n, _units, 1.0, log.append, "prompt")
     c = out["peer"]
-    assert not c["narrow"]["pass"] and bench_fair.kl_only_failure(c["narrow"]), log
+    assert not c["narrow"]["pass"] and fair_gate.kl_only_failure(c["narrow"]), log
     assert c["pass"] and c["oracle"]["units"] == m and c["rows"] == 4 * m
     assert calls == [(0, n, ("rlx", "peer")), (n, m, ("rlx", "peer"))] and "widens to 64 prompts" in log[1]
 
@@ -158,21 +161,21 @@ def test_gate_peers_real_excess_and_size_failures_stop():
     (beyond tol) stops the narrow gate without widening."""
     n = 8
     sample, calls = _gate_sample(12, lambda i: 0.07)
-    out = bench_fair.gate_peers(["rlx", "peer"], sample, n, _units, 1.0, lambda _: None, "prompt")
+    out = fair_gate.gate_peers(["rlx", "peer"], sample, n, _units, 1.0, lambda _: None, "prompt")
     assert not out["peer"]["pass"] and not out["peer"]["narrow"]["pass"] and len(calls) == 2
     sample, calls = _gate_sample(12, lambda i: 0.07)
-    out = bench_fair.gate_peers(["rlx", "peer"], sample, n, _units, 1e-4, lambda _: None, "prompt")
+    out = fair_gate.gate_peers(["rlx", "peer"], sample, n, _units, 1e-4, lambda _: None, "prompt")
     assert not out["peer"]["pass"] and "narrow" not in out["peer"] and len(calls) == 1
     sample, calls = _gate_sample(12, lambda i: 0.05)  # equal: passes narrow, never widens
-    out = bench_fair.gate_peers(["rlx", "peer"], sample, n, _units, 1.0, lambda _: None, "prompt")
+    out = fair_gate.gate_peers(["rlx", "peer"], sample, n, _units, 1.0, lambda _: None, "prompt")
     assert out["peer"]["pass"] and len(calls) == 1
 
 
 def test_kl_rows():
     p = np.log(np.array([[0.5, 0.5], [0.9, 0.1]]))
     q = np.log(np.array([[0.5, 0.5], [0.5, 0.5]]))
-    assert bench_fair.kl_rows(p, q) == pytest.approx([0.0, 0.9 * math.log(1.8) + 0.1 * math.log(0.2)])
-    assert bench_fair.kl_rows(p + 7.0, q - 2.0) == pytest.approx(bench_fair.kl_rows(p, q))  # logits, any offset
+    assert fair_gate.kl_rows(p, q) == pytest.approx([0.0, 0.9 * math.log(1.8) + 0.1 * math.log(0.2)])
+    assert fair_gate.kl_rows(p + 7.0, q - 2.0) == pytest.approx(fair_gate.kl_rows(p, q))  # logits, any offset
 
 
 def _record(**kw):
@@ -189,14 +192,14 @@ def _record(**kw):
 
 
 def test_grade():
-    assert bench_fair.grade(_record()) == []
-    assert any("smoke" in w for w in bench_fair.grade(_record(smoke=True)))
-    assert any("rounds" in w for w in bench_fair.grade(_record(rounds=9)))
-    assert any("uncommitted" in w for w in bench_fair.grade(_record(dirty=True)))
-    assert any("busy" in w for w in bench_fair.grade(_record(cells=[{"loadavg_start": (1.7, 1.0, 1.0)}])))
-    assert any("stopped" in w for w in bench_fair.grade(_record(stopped="gate failed")))
-    assert bench_fair.grade(_record(long_rounds=3)) == []  # long_rounds count only in the long suite
-    assert any("rounds" in w for w in bench_fair.grade(_record(suite="long", long_rounds=3)))
+    assert fair_report.grade(_record()) == []
+    assert any("smoke" in w for w in fair_report.grade(_record(smoke=True)))
+    assert any("rounds" in w for w in fair_report.grade(_record(rounds=9)))
+    assert any("uncommitted" in w for w in fair_report.grade(_record(dirty=True)))
+    assert any("busy" in w for w in fair_report.grade(_record(cells=[{"loadavg_start": (1.7, 1.0, 1.0)}])))
+    assert any("stopped" in w for w in fair_report.grade(_record(stopped="gate failed")))
+    assert fair_report.grade(_record(long_rounds=3)) == []  # long_rounds count only in the long suite
+    assert any("rounds" in w for w in fair_report.grade(_record(suite="long", long_rounds=3)))
 
 
 def test_decode_bytes_counts_the_chosen_experts(tmp_path):
@@ -273,14 +276,14 @@ def test_weight_pages_lines():
              "llama.cpp fa=on": {"peak_rss_mib": 1.0, "weight_pages": {"resident_mib": 376.0, "huge_mib": 374.0}}}
     cell = {"suite": "short", "model": "Qwen3-0.6B", "weights": "q4_k_m", "threads": 2,
             "page_cache": {"resident_mib": 376.0, "huge_mib": 374.0, "s": 0.5}, "mem": pages}
-    lines = bench_fair.weight_pages_lines([cell])
+    lines = fair_report.weight_pages_lines([cell])
     assert lines[-1] == ("- Qwen3-0.6B q4_k_m t2: page cache 374 of 376 MiB in 2 MiB pages before loading; "
                          "rlx 376 of 380, llama.cpp fa=on 374 of 376")
     long_cell = {**cell, "suite": "long", "contexts": [1024], "mem": {"loaded": {}, "ctx1024": pages}}
-    assert bench_fair.weight_pages_lines([long_cell])[-1].startswith("- Qwen3-0.6B q4_k_m t2: page cache 374")
-    assert bench_fair.weight_pages_lines([{**cell, "page_cache": None}]) == []
+    assert fair_report.weight_pages_lines([long_cell])[-1].startswith("- Qwen3-0.6B q4_k_m t2: page cache 374")
+    assert fair_report.weight_pages_lines([{**cell, "page_cache": None}]) == []
     old = {**cell, "mem": {"rlx": {"peak_rss_mib": 1.0}}}
-    assert bench_fair.weight_pages_lines([old]) == []
+    assert fair_report.weight_pages_lines([old]) == []
 
 
 def test_fair_table_marks_wins_ties_and_losses():
