@@ -302,24 +302,13 @@ def batch_group(cell, args, name, wtype, gguf, kv, threads, facts, logdir, tmp, 
 # =============================================================================== report ====
 
 def markdown(record: dict) -> str:
-    L = []
-    m, st = record["machine"], record["settings"]
-    if record.get("not_a_measurement"):
-        L.append("**NOT A MEASUREMENT** — " + "; ".join(record["not_a_measurement"]) + ". Quote nothing from "
-                 "this table.")
-        L.append("")
-    L.append(f"Run {record['date']} (batched decode; rlx {record['rlx']['commit']}"
-             f"{' DIRTY (--allow-dirty)' if record['rlx']['dirty'] else ''}; llama-cpp-python "
-             f"{record['llama_cpp'].get('llama_cpp_python')}, {', '.join(record['llama_cpp'].get('libs') or [])}). "
-             f"Machine: {m['cpu']}, {m['nproc']} cores, ISA {m['isa']} (rlx dispatch: {m.get('rlx_isa')}); "
-             f"load average {m['loadavg_start'][0]:.2f} at start, {m.get('loadavg_end', [float('nan')])[0]:.2f} at "
-             f"end. {st['rounds']} rounds per B, blocks of {st['steps']} batched steps after ragged prompts of "
-             f"{st['prompt_min']}..{st['prompt_max']} tokens; aggregate tok/s = B x steps / seconds (median over "
-             f"rounds); ratios = geometric mean of per-round ratios [95% bootstrap interval]; rlx / llama.cpp above "
-             f"1: rlx faster; 'x B=1': the engine's own aggregate speed against its B=1."
-             + (" llama.cpp ran with its extra weight buffers (AMX, CPU_REPACK) off (--llama-extra-bufts off, "
-                "llama-cli's --no-repack)." if st.get('llama_extra_bufts') == "off" else ""))
-    L.append("")
+    st = record["settings"]
+    L = fr.record_head(record, "batched decode",
+                       f"{st['rounds']} rounds per B, blocks of {st['steps']} batched steps after ragged prompts of "
+                       f"{st['prompt_min']}..{st['prompt_max']} tokens; aggregate tok/s = B x steps / seconds "
+                       "(median over rounds); ratios = geometric mean of per-round ratios [95% bootstrap interval]; "
+                       "rlx / llama.cpp above 1: rlx faster; 'x B=1': the engine's own aggregate speed against its "
+                       "B=1.")
     L.append("| model | KV | thr | B | rlx tok/s | llama.cpp FA off | llama.cpp FA on | rlx / FA off | rlx / FA on "
              "| rlx x B=1 | FA off x B=1 | FA on x B=1 | load (1 min) |")
     L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -354,11 +343,7 @@ def markdown(record: dict) -> str:
             g = r.get("gate")
             if not g:
                 continue
-            parts = [f"{p}: {v['rel_max']:.1e} (tol {v['tol_rel']:.0e}), KL {v['kl_max']:.0e}, top-1 "
-                     f"{v['top1_agree']}/{v['rows']}"
-                     + (f", from the oracle {v['oracle']['kl_rlx_mean']:.2e} vs {v['oracle']['kl_peer_mean']:.2e} "
-                        f"({v['oracle']['diff_mean']:+.1e}, se {v['oracle']['diff_se']:.1e})" if v.get("oracle") else "")
-                     + fg.widened_note(v) for p, v in g["peers"].items()]
+            parts = fr.gate_parts(g)
             agree = r.get("token_agreement")
             L.append(f"- {c['model']} KV {c['kv']} t{c['threads']} B={k}: {'PASS' if g['pass'] else 'FAIL'} — "
                      + "; ".join(parts) + ("; tokens equal: " + ", ".join(f"{p} {v:.0%}" for p, v in agree.items())

@@ -100,24 +100,43 @@ def weight_pages_lines(cells: list) -> list[str]:
             "cache holds 2 MiB folios where the kernel can, and every engine's mapping gets them):", ""] + L
 
 
-def markdown(record: dict) -> str:
-    L = []
-    m = record["machine"]
+def record_head(record: dict, what: str, settings: str) -> list[str]:
+    """A record's opening paragraph (bench_fair's and bench_batch's): NOT A MEASUREMENT where it is not
+    one, then the run (`what`), the rlx commit, llama.cpp's versions, the machine and its load,
+    `settings` (the harness's own sentence) and llama.cpp's weight buffers when they were off."""
+    L, m = [], record["machine"]
     if record.get("not_a_measurement"):
         L.append("**NOT A MEASUREMENT** — " + "; ".join(record["not_a_measurement"]) + ". Quote nothing from "
                  "this table.")
         L.append("")
-    L.append(f"Run {record['date']} ({record['suite']} suite; rlx {record['rlx']['commit']}"
+    L.append(f"Run {record['date']} ({what}; rlx {record['rlx']['commit']}"
              f"{' DIRTY (--allow-dirty)' if record['rlx']['dirty'] else ''}; llama-cpp-python "
              f"{record['llama_cpp'].get('llama_cpp_python')}, {', '.join(record['llama_cpp'].get('libs') or [])}). "
              f"Machine: {m['cpu']}, {m['nproc']} cores, ISA {m['isa']} (rlx dispatch: {m.get('rlx_isa')}); "
              f"load average {m['loadavg_start'][0]:.2f} at start, {m.get('loadavg_end', [float('nan')])[0]:.2f} at end. "
-             f"{record['settings']['rounds']} rounds per cell ({record['settings']['long_rounds']} in the long suite), "
-             f"decode blocks of {record['settings']['steps']} tokens; ratio = geometric mean of the per-round "
-             f"rlx / llama.cpp speed ratios [95% bootstrap interval]; above 1: rlx faster."
+             + settings
              + (" llama.cpp ran with its extra weight buffers (AMX, CPU_REPACK) off (--llama-extra-bufts off, "
-                "llama-cli's --no-repack)." if record['settings'].get('llama_extra_bufts') == "off" else ""))
+                "llama-cli's --no-repack)." if record["settings"].get("llama_extra_bufts") == "off" else ""))
     L.append("")
+    return L
+
+
+def gate_parts(g: dict) -> list[str]:
+    """A gate's comparisons as the tables quote them, one per peer: max |delta| / scale and its
+    tolerance, the largest KL, top-1 agreement; quantized weights: the mean KL from the f32 oracle,
+    rlx vs the peer, the paired difference and its standard error, and whether the gate widened."""
+    return [f"{p}: {v['rel_max']:.1e} (tol {v['tol_rel']:.0e}), KL {v['kl_max']:.0e}, top-1 {v['top1_agree']}/{v['rows']}"
+            + (f", from the oracle {v['oracle']['kl_rlx_mean']:.2e} vs {v['oracle']['kl_peer_mean']:.2e} "
+               f"({v['oracle']['diff_mean']:+.1e}, se {v['oracle']['diff_se']:.1e})" if v.get("oracle") else "")
+            + widened_note(v) for p, v in g["peers"].items()]
+
+
+def markdown(record: dict) -> str:
+    st = record["settings"]
+    L = record_head(record, f"{record['suite']} suite",
+                    f"{st['rounds']} rounds per cell ({st['long_rounds']} in the long suite), decode blocks of "
+                    f"{st['steps']} tokens; ratio = geometric mean of the per-round rlx / llama.cpp speed ratios "
+                    "[95% bootstrap interval]; above 1: rlx faster.")
     L.append("| model | weights | KV | thr | metric | rlx tok/s | llama.cpp FA off tok/s | llama.cpp FA on tok/s "
              "| rlx / FA off | rlx / FA on | load (1 min) |")
     L.append("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -144,19 +163,15 @@ def markdown(record: dict) -> str:
                      f"| {on} | {rat('llama.cpp fa=off')} | {rat('llama.cpp fa=on')} | {min(ld):.2f}-{max(ld):.2f} |")
     L.append("")
     L.append("Gate (rlx against each llama.cpp variant, before timing; max |delta logit| relative to the largest "
-             "llama.cpp logit, KL(llama.cpp || rlx) in nats, top-1 agreement over the rows):")
+             "llama.cpp logit, KL(llama.cpp || rlx) in nats, top-1 agreement over the rows; quantized weights: mean "
+             "KL from the f32 oracle, rlx vs llama.cpp, paired difference per prompt and its standard error):")
     L.append("")
     for c in record["cells"]:
         g = c.get("gate")
         if not g:
             continue
-        parts = [f"{p}: {v['rel_max']:.1e} (tol {v['tol_rel']:.0e}), KL {v['kl_max']:.0e}, top-1 "
-                 f"{v['top1_agree']}/{v['rows']}"
-                 + (f", mean KL from the f32 oracle rlx {v['oracle']['kl_rlx_mean']:.1e} vs "
-                    f"{v['oracle']['kl_peer_mean']:.1e}" if v.get("oracle") else "") + widened_note(v)
-                 for p, v in g["peers"].items()]
         L.append(f"- {c['model']} {c['weights']} KV {c['kv']} t{c['threads']}: {'PASS' if g['pass'] else 'FAIL'} — "
-                 + "; ".join(parts))
+                 + "; ".join(gate_parts(g)))
     L += bytes_per_token_lines(record)
     mems = [c for c in record["cells"] if c.get("suite") == "long" and c.get("mem")]
     if mems:
