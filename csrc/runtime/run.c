@@ -264,7 +264,6 @@ static rlx_status ensure_arena(struct rlx_plan *p, size_t bytes)
     rlx_dev_free(p->dev, *buf);
     *buf = b;
     *cap = bytes;
-    if (p->shared) p->shared->holder = NULL; /* whatever another plan's run left there is gone */
     return RLX_OK;
 }
 
