@@ -309,9 +309,24 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
         free(o3);
     }
     /* on the blocked passes (every decode step, batched ones included) each row of `a` gets the bits it
-     * gets alone, whatever group of rows it runs in (quant.c) */
+     * gets alone, whatever group of rows it runs in (quant.c); K types from RLX_CPU_QMV_AMX_MIN_M rows on
+     * AMX-INT8 (rlx_cpu_qmv_amx) the bits it gets in any product of as many rows, in any place among
+     * them: rows rotated by one give the same rows (the ref bound below holds it to the function) */
     const int64_t passes = rlx_cpu_avx512_vnni() ? 16 : rlx_cpu_isa() >= RLX_CPU_ISA_AVX2 ? 12 : 4;
+    const int amx_k = rlx_cpu_amx_int8() && bs == 256 && M >= RLX_CPU_QMV_AMX_MIN_M;
     if (M > 1 && M <= passes) {
+        float *rot = malloc((size_t)(M * K) * sizeof(float)), *orot = buf(M * N);
+        memcpy(rot, a + K, (size_t)((M - 1) * K) * sizeof(float));
+        memcpy(rot + (M - 1) * K, a, (size_t)K * sizeof(float));
+        run_cpu(orot, rot, w, wt, M, K, N);
+        result(memcmp(orot, o1 + N, (size_t)((M - 1) * N) * sizeof(float)) == 0 &&
+                   memcmp(orot + (M - 1) * N, o1, (size_t)N * sizeof(float)) == 0,
+               "matmul_quant %s M=%lld K=%lld N=%lld [%s]: rows rotated by one give other bits", tn, (long long)M,
+               (long long)K, (long long)N, path_name());
+        free(rot);
+        free(orot);
+    }
+    if (M > 1 && M <= passes && !amx_k) {
         float *row = buf(N);
         int same = 1;
         for (int64_t m = 0; m < M && same; m++) {
@@ -461,6 +476,7 @@ static void test_matmul_quant(void)
         if (!vg) quant_case(wt, 33, 3072, 129, 1, 1, 0);
         /* the decode split over threads: enough rows for several pieces */
         quant_case(wt, 2, bs == 32 ? 320 : 768, vg ? 1201 : 6001, 1, 0, 0);
+        if (!vg) quant_case(wt, 8, bs == 32 ? 320 : 768, 6001, 1, 0, 0); /* and a batch's (AMX: rlx_cpu_qmv_amx) */
         empty_cases(wt);
     }
     for (int mi = 0; mi < nms; mi++) {

@@ -27,14 +27,16 @@ static const char *const isa_names[] = {
 static_assert(sizeof isa_names / sizeof *isa_names == RLX_CPU_ISA_TOP + 1, "a name per ISA level");
 
 /* The BLAS, its configuration and threads, the vector ISA the kernels dispatch to, and the integer
- * dot products the block-type (GGUF) kernels use (quant.c). */
+ * dot products the block-type (GGUF) kernels use (quant.c; "+amx-int8": the prefill GEMM and the
+ * K types' batches on AMX tiles). */
 static void cpu_describe(void *ctx, char *buf, size_t cap)
 {
     (void)ctx;
     const int isa = rlx_cpu_isa();
     snprintf(buf, cap, "blas=%s\nblas_config=%s\nblas_threads=%d\nisa=%s\nquant=%s\n", RLX_BUILD_BLAS,
              openblas_get_config(), openblas_get_num_threads(), isa_names[isa],
-             rlx_cpu_avx512_vnni()     ? "avx512-vnni"
+             rlx_cpu_amx_int8()        ? "avx512-vnni+amx-int8"
+             : rlx_cpu_avx512_vnni()   ? "avx512-vnni"
              : isa >= RLX_CPU_ISA_AVX2 ? "avx2"
                                        : "scalar");
 }

@@ -189,6 +189,11 @@ struct rlx_cpu_qact {
     const int16_t *bsums; /* (M, K / 16) sums of each 16 q (natural order): 256-element blocks */
     const int32_t *bias;  /* (M, K / 32) -off * (sum of the block's q), off = rlx_cpu_quant_off(wt):
                               the weights' offset, added to one int32 lane of each block */
+    /* The AMX kernel's copies (rlx_cpu_qmv_amx), filled by rlx_cpu_qact_tiles only where it runs.
+     * Columns past M's rows are zeros. */
+    const int8_t *tq; /* (K / 4, 16, 4) per 4 values of q (the order of q) a row of columns */
+    const float *td;  /* (K / 256, 16) per super-block the columns' d */
+    const float *tg;  /* (K / (P G), 16) per product of P groups the columns' group sums of q */
     int64_t K, ldq;
 };
 /* The offset the vector kernels of weight dtype wt subtract through `bias`: Q4_0 8, Q5_0 16, else 0. */
@@ -222,6 +227,20 @@ void rlx_cpu_qmv_avx2(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int
                       int64_t r0, int64_t r1);
 void rlx_cpu_qmv_avx512(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,
                         int64_t r0, int64_t r1);
+/* Fills a->tq, td, tg from rows [0, M) (M <= 16) of *a for weight dtype wt (a K type); AVX-512. */
+void rlx_cpu_qact_tiles(const struct rlx_cpu_qact *a, int wt, int M);
+/* The groups P per tile product of the AMX kernel for M rows: 2 up to 8 rows, else 1 (the tile's
+ * 16 columns are 16 / P rows x P groups). */
+int rlx_cpu_qmv_amx_groups(int M);
+/* From how many rows of `a` quant.c multiplies K types on AMX-INT8 (rlx_cpu_qmv_amx) rather than
+ * with the VNNI row kernels: Qwen3-0.6B Q4_K_M, whole batched decode steps, 2 threads, Intel Xeon
+ * (AMX against VNNI, alternating runs): 2 sequences 26.8 against 19.8 ms, 4 31.9 / 30.7, 8 37.0-39.9
+ * / 48.4-49.0, 16 64.1 / 91.2. */
+#define RLX_CPU_QMV_AMX_MIN_M 5
+/* rlx_cpu_qmv_avx512's product for the K types (Q2_K .. Q6_K) on AMX-INT8 tiles, any M <= 16 in
+ * one pass, from a->tq, td, tg (quant_avx512.c); only where rlx_cpu_amx_int8(). */
+void rlx_cpu_qmv_amx(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,
+                     int64_t r0, int64_t r1);
 /* The weights of n whole blocks at src (n * bs elements, bs = 32 or 256) as signed integers v
  * (natural order) and per group of G elements (G = rlx_cpu_quant_group(wt)): the value of element
  * k is dw[k / G] * v[k] + mw[k / G] (each product exact in f32), and wsum[k / G] = sum of the

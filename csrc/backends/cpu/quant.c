@@ -43,7 +43,11 @@
  *     stays on the passes: Qwen3-0.6B Q4_K_M, 16 sequences, 2 threads, 124-146 ms per step against
  *     146 through the GEMM, whose panel unpacking is not paid back at 16 rows (Zen 4, with the rows
  *     in groups of 4; one group of 16 since: Intel Xeon 150 -> 122 ms); and each sequence then
- *     gets the bits it gets alone);
+ *     gets the bits it gets alone); except, where the machine has AMX-INT8, the K types' products
+ *     of RLX_CPU_QMV_AMX_MIN_M (5) .. 16 rows: quant_avx512.c's AMX kernel (rlx_cpu_qmv_amx, tile
+ *     products per group; Qwen3-0.6B Q4_K_M, 2 threads, Intel Xeon: 8 sequences 48-49 -> 37-40 ms
+ *     a step, 16 91 -> 64), whose f32 sums run in another order than the row kernels': a sequence
+ *     in such a batch gets its integers, not its bits, alone;
  *   AVX2: M <= 12 the blocked passes with quant_avx2.c's row kernels, above quant_gemm.c's AVX2
  *     GEMM; both beat dequantising panels for sgemm at every M measured, 16 .. 512.
  *     (16 sequences of Qwen3-0.6B Q4_K_M under RLX_CPU_ISA=avx2 on the Zen 4, 2 threads, ran 161 ms
@@ -98,7 +102,8 @@
 #define RLX_QSG_A_FLOATS     (1 << 19)
 #define RLX_QSG_PANEL_FLOATS (1 << 19)
 
-enum { PATH_SCALAR, PATH_AVX2, PATH_VNNI };
+/* PATH_AMX: the VNNI path with the K types' batches on AMX-INT8 tiles (rlx_cpu_qmv_amx) */
+enum { PATH_SCALAR, PATH_AVX2, PATH_VNNI, PATH_AMX };
 
 static int64_t block_of(int wt)
 {
@@ -250,7 +255,7 @@ void rlx_cpu_quant_row(int8_t *q, float *d, int16_t *sums, const float *x, int64
  * ------------------------------------------------------------------------------------------- */
 
 struct act_layout {
-    size_t q, d, s, bsums, bias, end;
+    size_t q, d, s, bsums, bias, tq, td, tg, end;
 };
 
 /* K rounded up to whole groups of 4 blocks of 32 (the arranged rows' length) */
@@ -267,6 +272,10 @@ static struct act_layout act_layout(int64_t M, int64_t K)
     ARR(s, M * (K / 32) * 4);
     ARR(bsums, M * (K / 16) * 2);
     ARR(bias, M * (K / 32) * 4);
+    /* the AMX kernel's copies of up to 16 rows */
+    ARR(tq, Kp * 16);
+    ARR(td, (K / 256) * 16 * 4);
+    ARR(tg, (K / 16) * 16 * 4);
 #undef ARR
     l.end = at;
     return l;
@@ -281,13 +290,16 @@ int rlx_cpu_quant_arrange(int wt, int vnni)
 static struct rlx_cpu_qact act_at(void *scratch, int64_t M, int64_t K, int wt, int path)
 {
     const struct act_layout l = act_layout(M, K);
-    const int arr = rlx_cpu_quant_arrange(wt, path == PATH_VNNI);
+    const int arr = rlx_cpu_quant_arrange(wt, path >= PATH_VNNI);
     char *p = (char *)(((uintptr_t)scratch + RLX_ALIGN - 1) & ~(uintptr_t)(RLX_ALIGN - 1)); /* whole lines */
     return (struct rlx_cpu_qact){.q = (const int8_t *)(p + l.q),
                                  .d = (const float *)(p + l.d),
                                  .s = (const float *)(p + l.s),
                                  .bsums = (const int16_t *)(p + l.bsums),
                                  .bias = (const int32_t *)(p + l.bias),
+                                 .tq = (const int8_t *)(p + l.tq),
+                                 .td = (const float *)(p + l.td),
+                                 .tg = (const float *)(p + l.tg),
                                  .K = K,
                                  .ldq = arr ? padded(K) : K};
 }
@@ -297,7 +309,7 @@ static struct rlx_cpu_qact act_at(void *scratch, int64_t M, int64_t K, int wt, i
 static void act_rows(const struct rlx_cpu_qact *c, const float *a, int wt, int path, int64_t m0, int64_t m1)
 {
     const int64_t K = c->K, bs = block_of(wt), nb = K / bs;
-    const int vnni = path == PATH_VNNI, off = rlx_cpu_quant_off(wt);
+    const int vnni = path >= PATH_VNNI, off = rlx_cpu_quant_off(wt);
     for (int64_t m = m0; m < m1; m++) {
         int8_t *q = (int8_t *)c->q + m * c->ldq;
         float *d = (float *)c->d + m * nb;
@@ -488,6 +500,10 @@ static int group_rows(int path, int64_t left)
 static void qmv_rows(void *p, int64_t r0, int64_t r1)
 {
     const struct qmv_ctx *c = p;
+    if (c->path == PATH_AMX) {
+        rlx_cpu_qmv_amx(c->out, c->N, c->a, (int)c->M, c->w, c->wt, c->K, r0, r1);
+        return;
+    }
     for (int64_t m0 = 0, mm; m0 < c->M; m0 += mm) {
         mm = group_rows(c->path, c->M - m0);
         const struct rlx_cpu_qact a = act_part(c->a, m0, c->wt);
@@ -651,9 +667,13 @@ void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int
     const int64_t mc = mv_chunk(M, K);
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t rows = M - m0 < mc ? M - m0 : mc;
-        const struct rlx_cpu_qact act = act_at(scratch, rows, K, wt, path);
-        act_rows(&act, a + m0 * K, wt, path, 0, rows);
-        qmatvec(out + m0 * N, &act, w, wt, path, rows, K, N);
+        const int p = path == PATH_VNNI && block_of(wt) == 256 && rows >= RLX_CPU_QMV_AMX_MIN_M && rlx_cpu_amx_int8()
+                          ? PATH_AMX
+                          : path;
+        const struct rlx_cpu_qact act = act_at(scratch, rows, K, wt, p);
+        act_rows(&act, a + m0 * K, wt, p, 0, rows);
+        if (p == PATH_AMX) rlx_cpu_qact_tiles(&act, wt, (int)rows);
+        qmatvec(out + m0 * N, &act, w, wt, p, rows, K, N);
     }
 }
 

@@ -6,6 +6,8 @@
  * times: measured on an Intel Xeon (2 threads, Qwen3-0.6B, whole steps, old and new builds run
  * alternately), Q4_K_M 16 sequences 107 -> 131 tok/s, 8 sequences 106 -> 118; Q8_0 91 -> 119 and
  * 77 -> 99; one sequence within the noise. Only called where rlx_cpu_avx512_vnni() (quant.c).
+ * Below them the K types' kernel for batches on AMX-INT8 tiles (rlx_cpu_qmv_amx; its section says
+ * how), which unpacks the weights as the row kernels do (kunpack).
  *
  * 64 weights per vector, unpacked to unsigned bytes in the order the activations are kept in.
  * Zen 4 runs each 512-bit multiply (VPDPBUSD, VPDPWSSD, VPMADDUBSW, FMA, VCVTPH2PS) as two halves
@@ -275,13 +277,96 @@ static const uint16_t SCALE_IDX16[2][32] = {
     {8,  8,  8,  8,  12, 12, 12, 12, 9,  9,  9,  9,  13, 13, 13, 13,
      10, 10, 10, 10, 14, 14, 14, 14, 11, 11, 11, 11, 15, 15, 15, 15}};
 
-/* K types, one super-block at a time: the 256 values unpacked to 4 vectors of unsigned bytes u[v]
- * (u[v] meets the activations at 64 v of the super-block) and, per pair k = (u[2k], u[2k + 1]),
- * the group scales as words sv[k]. Per row of activations and pair: two VPDPBUSD (4 products per
- * int32 lane: |sum| <= 4 * 63 * 127 < 2^15, so the pack to words below is exact), one VPACKSSDW
- * (per 128-bit lane: 4 words of u[2k]'s lanes, then 4 of u[2k + 1]'s; both words of a dword from
- * one group), one VPDPWSSD with the scales: 3 multiplies per 128 weights (VPMADDUBSW + VPDPWSSD
- * per 64 took 4, and 4 scale permutes per super-block where this takes 2). */
+/* One super-block of a K type unpacked: the 256 values as 4 vectors of unsigned bytes u[v] (u[v]
+ * meets the activations at 64 v of the super-block: natural order, except Q4_K / Q5_K, whose
+ * 32-element groups are in the order 0, 2, 1, 3 of each 128, as act_rows arranges them), the group
+ * scales as words sw (16-element groups also as s16), the minimums as words one per 16 (mdup), d,
+ * dmin and the values' offset (Q6_K 32, Q3_K 4). */
+struct kblock {
+    __m512i u[4], sw;
+    __m256i mdup, s16;
+    float d, dmin;
+    int offs;
+};
+
+FN void kunpack(struct kblock *k, const uint8_t *p, const int wt)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(3), m30 = _mm512_set1_epi8(0x30);
+    const __m256i mins_idx = _mm256_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+    k->dmin = 0.0f, k->offs = 0;
+    k->mdup = _mm256_setzero_si256(), k->s16 = _mm256_setzero_si256();
+    if (wt == RLX_Q4_K || wt == RLX_Q5_K) {
+        const __m128i scm = k4_scales(p + 4);
+        k->sw = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(scm));
+        k->mdup = _mm256_permutexvar_epi16(mins_idx, _mm512_castsi512_si256(k->sw)); /* m0 m0 m1 m1 .. m7 m7 */
+        uint32_t dd;
+        memcpy(&dd, p, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));
+        k->d = _mm_cvtss_f32(dm), k->dmin = _mm_cvtss_f32(_mm_movehdup_ps(dm));
+        const uint8_t *qs = p + (wt == RLX_Q5_K ? 48 : 16);
+        const __m512i qh = wt == RLX_Q5_K ? cat(ld32(p + 16), ld32(p + 16)) : _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int j = 0; j < 2; j++)
+        {
+            /* groups [4j | 4j + 2] (low nibbles) and [4j + 1 | 4j + 3] (high) */
+            const __m512i x = ld64(qs + 64 * j);
+            __m512i lo = _mm512_and_si512(x, m4), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+            if (wt == RLX_Q5_K) {
+                const __m512i s16b = _mm512_set1_epi8(16);
+                lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, halves8(1 << (4 * j), 1 << (4 * j + 2))), lo,
+                                          s16b);
+                hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, halves8(1 << (4 * j + 1), 1 << (4 * j + 3))),
+                                          hi, s16b);
+            }
+            k->u[2 * j] = lo, k->u[2 * j + 1] = hi;
+        }
+    } else if (wt == RLX_Q6_K) {
+        k->s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
+        k->sw = _mm512_zextsi256_si512(k->s16);
+        k->d = f16s(p + 208), k->offs = 32;
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+        {
+            const __m512i l = ld64(p + 64 * h), hh = cat(ld32(p + 128 + 32 * h), ld32(p + 128 + 32 * h));
+            k->u[2 * h] =
+                _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(hh, halves16(4, 2)), m30));
+            k->u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                              _mm512_and_si512(_mm512_srlv_epi16(hh, halves16(0, 2)), m30));
+        }
+    } else if (wt == RLX_Q3_K) {
+        k->s16 = _mm256_cvtepi8_epi16(k3_scales(p + 96));
+        k->sw = _mm512_zextsi256_si512(k->s16);
+        k->d = f16s(p + 108), k->offs = 4;
+        const __m512i hm = cat(ld32(p), ld32(p)), four = _mm512_set1_epi8(4);
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+        {
+            const __m512i x = cat(ld32(p + 32 + 32 * h), ld32(p + 32 + 32 * h));
+            __m512i w0 = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(0, 2)), m3);
+            __m512i w1 = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(4, 6)), m3);
+            w0 = _mm512_mask_add_epi8(w0, _mm512_test_epi8_mask(hm, halves8(1 << (4 * h), 1 << (4 * h + 1))), w0, four);
+            w1 = _mm512_mask_add_epi8(w1, _mm512_test_epi8_mask(hm, halves8(1 << (4 * h + 2), 1 << (4 * h + 3))), w1,
+                                      four);
+            k->u[2 * h] = w0, k->u[2 * h + 1] = w1;
+        }
+    } else { /* Q2_K */
+        const __m128i sb = _mm_loadu_si128((const __m128i *)p);
+        k->s16 = _mm256_cvtepu8_epi16(_mm_and_si128(sb, _mm_set1_epi8(0x0f)));
+        k->mdup = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0f)));
+        k->sw = _mm512_zextsi256_si512(k->s16);
+        k->d = f16s(p + 80), k->dmin = f16s(p + 82);
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+        {
+            const __m512i x = cat(ld32(p + 16 + 32 * h), ld32(p + 16 + 32 * h));
+            k->u[2 * h] = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(0, 2)), m3);
+            k->u[2 * h + 1] = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(4, 6)), m3);
+        }
+    }
+}
+
+/* K types, one super-block at a time (kunpack): per row of activations and pair k = (u[2k],
+ * u[2k + 1]), the group scales as words sv[k]: two VPDPBUSD (4 products per int32 lane: |sum| <=
+ * 4 * 63 * 127 < 2^15, so the pack to words below is exact), one VPACKSSDW (per 128-bit lane: 4
+ * words of u[2k]'s lanes, then 4 of u[2k + 1]'s; both words of a dword from one group), one
+ * VPDPWSSD with the scales: 3 multiplies per 128 weights (VPMADDUBSW + VPDPWSSD per 64 took 4, and
+ * 4 scale permutes per super-block where this takes 2). */
 FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
              const struct idx32 *ix, const int wt, const int M)
 {
@@ -289,112 +374,267 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
     const int64_t nb = K / 256;
     const size_t tb = tsize(wt);
     const uint8_t *row = w + (size_t)r * (size_t)nb * tb;
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(3), m30 = _mm512_set1_epi8(0x30);
     const int g32 = wt == RLX_Q4_K || wt == RLX_Q5_K;
     const __m512i sidx0 = _mm512_loadu_si512(g32 ? SCALE_IDX32[0] : SCALE_IDX16[0]);
     const __m512i sidx1 = _mm512_loadu_si512(g32 ? SCALE_IDX32[1] : SCALE_IDX16[1]);
     const __m512i zero = _mm512_setzero_si512();
-    const __m256i mins_idx = _mm256_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
     __m512 acc[MAX_M];
     _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = row + (size_t)b * tb;
         rlx_cpu_qmv_prefetch(p, tb);
-        __m512i u[4], sw;
-        float d, dmin = 0.0f;
-        __m256i mdup = _mm256_setzero_si256(); /* minimums as words, one per 16 (bsums) */
-        __m256i s16 = _mm256_setzero_si256();  /* 16-element groups: the scales as words */
-        int offs = 0;                          /* the values' offset (Q6_K 32, Q3_K 4) */
-        if (g32) {
-            const __m128i scm = k4_scales(p + 4);
-            sw = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(scm));
-            mdup = _mm256_permutexvar_epi16(mins_idx, _mm512_castsi512_si256(sw)); /* m0 m0 m1 m1 .. m7 m7 */
-            uint32_t dd;
-            memcpy(&dd, p, 4);
-            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));
-            d = _mm_cvtss_f32(dm), dmin = _mm_cvtss_f32(_mm_movehdup_ps(dm));
-            const uint8_t *qs = p + (wt == RLX_Q5_K ? 48 : 16);
-            const __m512i qh = wt == RLX_Q5_K ? cat(ld32(p + 16), ld32(p + 16)) : _mm512_setzero_si512();
-            _Pragma("GCC unroll 2") for (int j = 0; j < 2; j++)
-            {
-                /* groups [4j | 4j + 2] (low nibbles) and [4j + 1 | 4j + 3] (high) */
-                const __m512i x = ld64(qs + 64 * j);
-                __m512i lo = _mm512_and_si512(x, m4), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
-                if (wt == RLX_Q5_K) {
-                    const __m512i s16b = _mm512_set1_epi8(16);
-                    lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, halves8(1 << (4 * j), 1 << (4 * j + 2))),
-                                              lo, s16b);
-                    hi = _mm512_mask_add_epi8(
-                        hi, _mm512_test_epi8_mask(qh, halves8(1 << (4 * j + 1), 1 << (4 * j + 3))), hi, s16b);
-                }
-                u[2 * j] = lo, u[2 * j + 1] = hi;
-            }
-        } else if (wt == RLX_Q6_K) {
-            s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
-            sw = _mm512_zextsi256_si512(s16);
-            d = f16s(p + 208), offs = 32;
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
-            {
-                const __m512i l = ld64(p + 64 * h), hh = cat(ld32(p + 128 + 32 * h), ld32(p + 128 + 32 * h));
-                u[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                           _mm512_and_si512(_mm512_sllv_epi16(hh, halves16(4, 2)), m30));
-                u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                               _mm512_and_si512(_mm512_srlv_epi16(hh, halves16(0, 2)), m30));
-            }
-        } else if (wt == RLX_Q3_K) {
-            s16 = _mm256_cvtepi8_epi16(k3_scales(p + 96));
-            sw = _mm512_zextsi256_si512(s16);
-            d = f16s(p + 108), offs = 4;
-            const __m512i hm = cat(ld32(p), ld32(p)), four = _mm512_set1_epi8(4);
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
-            {
-                const __m512i x = cat(ld32(p + 32 + 32 * h), ld32(p + 32 + 32 * h));
-                __m512i w0 = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(0, 2)), m3);
-                __m512i w1 = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(4, 6)), m3);
-                w0 = _mm512_mask_add_epi8(w0, _mm512_test_epi8_mask(hm, halves8(1 << (4 * h), 1 << (4 * h + 1))), w0,
-                                          four);
-                w1 = _mm512_mask_add_epi8(w1, _mm512_test_epi8_mask(hm, halves8(1 << (4 * h + 2), 1 << (4 * h + 3))),
-                                          w1, four);
-                u[2 * h] = w0, u[2 * h + 1] = w1;
-            }
-        } else { /* Q2_K */
-            const __m128i sb = _mm_loadu_si128((const __m128i *)p);
-            s16 = _mm256_cvtepu8_epi16(_mm_and_si128(sb, _mm_set1_epi8(0x0f)));
-            mdup = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0f)));
-            sw = _mm512_zextsi256_si512(s16);
-            d = f16s(p + 80), dmin = f16s(p + 82);
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
-            {
-                const __m512i x = cat(ld32(p + 16 + 32 * h), ld32(p + 16 + 32 * h));
-                u[2 * h] = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(0, 2)), m3);
-                u[2 * h + 1] = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(4, 6)), m3);
-            }
-        }
-        const __m512i sv0 = _mm512_permutexvar_epi16(sidx0, sw), sv1 = _mm512_permutexvar_epi16(sidx1, sw);
+        struct kblock k;
+        kunpack(&k, p, wt);
+        const __m512i sv0 = _mm512_permutexvar_epi16(sidx0, k.sw), sv1 = _mm512_permutexvar_epi16(sidx1, k.sw);
         const int mins = wt == RLX_Q2_K || wt == RLX_Q4_K || wt == RLX_Q5_K;
         _Pragma("GCC unroll 16") for (int m = 0; m < M; m++)
         {
             const int8_t *q = a->q + m * a->ldq + 256 * b;
             __m512i i = _mm512_dpwssd_epi32(zero,
-                                            _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, u[0], ld64(q)),
-                                                               _mm512_dpbusd_epi32(zero, u[1], ld64(q + 64))),
+                                            _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, k.u[0], ld64(q)),
+                                                               _mm512_dpbusd_epi32(zero, k.u[1], ld64(q + 64))),
                                             sv0);
             i = _mm512_dpwssd_epi32(i,
-                                    _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, u[2], ld64(q + 128)),
-                                                       _mm512_dpbusd_epi32(zero, u[3], ld64(q + 192))),
+                                    _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, k.u[2], ld64(q + 128)),
+                                                       _mm512_dpbusd_epi32(zero, k.u[3], ld64(q + 192))),
                                     sv1);
             const float da = a->d[m * nb + b];
             const __m256i bs = ld32(a->bsums + m * (K / 16) + 16 * b);
-            if (offs) /* - offs * sum_g sc_g bsum_g */
+            if (k.offs) /* - offs * sum_g sc_g bsum_g */
                 i = _mm512_sub_epi32(
-                    i, _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16(s16, bs), offs == 32 ? 5 : 2)));
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(d * da), acc[m]);
+                    i, _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16(k.s16, bs), k.offs == 32 ? 5 : 2)));
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(k.d * da), acc[m]);
             if (mins)
-                acc[m] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mdup))),
-                                          _mm512_set1_ps(dmin * da), acc[m]);
+                acc[m] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, k.mdup))),
+                                          _mm512_set1_ps(k.dmin * da), acc[m]);
         }
     }
     _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) out[m * ldo + r] = _mm512_reduce_add_ps(acc[m]);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The AMX-INT8 decode kernel of the K types (rlx_cpu_qmv_amx), for batches: blocks of 16 weight
+ * rows, one super-block at a time. The 16 rows' super-blocks are unpacked (kunpack) into an L1
+ * buffer as signed values (u - offs), in kunpack's order, with per G-value chunk of that order the
+ * f32 scale dw = d sc and minimum mw = -(dmin m) of its group. Then tile products TDPBSSD of the 16
+ * rows' values against the activations (a->tq) give each group's 16 x 16 integer sums, and AVX-512
+ * scales them: one zmm per weight row over the tile's columns, acc += cvt(sum) * dw [+ bsum * mw]
+ * per group and, per super-block, accm += acc * da. A tile's 16 columns hold P groups of 16 / P
+ * activation rows (column m P + j: row m, group j of the product's P; rlx_cpu_qmv_amx_groups), so
+ * a batch of up to 8 rows takes two groups per product: the tile products, their stores and the
+ * scaling are the cost of the kernel (measured: Q4_K, 3072 x 1024, 8 rows, cache-resident, 2
+ * threads, one group per product: 110 us, of which 38 the tiles, 33 the scaling, 14 the
+ * unpacking; two: 88 us, the VNNI row kernels 159). The prefetch reaches the same super-block of
+ * the next block's rows (a distance in bytes, as the row kernels', reached only part of the next
+ * block: 117 -> 102 us from 354 MiB of copies, VNNI 162). Where a VPDPBUSD pass costs per
+ * activation row, this costs about the same for 1 or 16 rows: quant.c sends it only batches
+ * (RLX_CPU_QMV_AMX_MIN_M). The integers are the VNNI kernels'; the f32 sums run in another order,
+ * the same for a row whatever the other rows, for one P.
+ * ------------------------------------------------------------------------------------------- */
+
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define AMX_TARGET  __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define AMX_FN      AMX_TARGET __attribute__((always_inline)) static inline
+
+int rlx_cpu_qmv_amx_groups(int M) { return M <= 8 ? 2 : 1; }
+
+/* the natural group of the G-value chunk at position c of kunpack's order */
+static int kgroup(int c, int wt)
+{
+    return wt == RLX_Q4_K || wt == RLX_Q5_K ? (c & 4) | ((c & 1) << 1) | ((c >> 1) & 1) : c;
+}
+
+/* one block of 16 weight rows: a super-block's values and scales, the tile sums, the outputs */
+struct kbuf {
+    _Alignas(64) int8_t v[16][256];       /* signed values, in kunpack's order */
+    _Alignas(64) float dw[16][16];        /* per row and chunk of G values of that order: d * sc */
+    _Alignas(64) float mw[16][16];        /* -(dmin * m) (types with minimums) */
+    _Alignas(64) int32_t sums[2][16][16]; /* a product's sums: weight row x column */
+    _Alignas(64) float accm[16][16];      /* the sums over super-blocks: weight row x column */
+};
+
+/* row n's super-block at p into the buffer */
+FN void kbuf_row(struct kbuf *kb, int n, const uint8_t *p, const int wt)
+{
+    struct kblock k;
+    kunpack(&k, p, wt);
+    const __m512i offs = _mm512_set1_epi8((char)k.offs);
+    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
+        _mm512_store_si512(kb->v[n] + 64 * v, _mm512_sub_epi8(k.u[v], offs));
+    if (wt == RLX_Q4_K || wt == RLX_Q5_K) { /* sw: 8 scales, then 8 minimums; into chunk order */
+        const __m512i order = _mm512_set_epi32(15, 13, 14, 12, 11, 9, 10, 8, 7, 5, 6, 4, 3, 1, 2, 0);
+        const __m512 f =
+            _mm512_permutexvar_ps(order, _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(k.sw))));
+        _mm512_store_ps(kb->dw[n], _mm512_mul_ps(f, _mm512_set1_ps(k.d)));
+        _mm512_store_ps(kb->mw[n], _mm512_mul_ps(_mm512_shuffle_f32x4(f, f, 0xee), _mm512_set1_ps(-k.dmin)));
+    } else {
+        _mm512_store_ps(kb->dw[n],
+                        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(k.s16)), _mm512_set1_ps(k.d)));
+        if (wt == RLX_Q2_K)
+            _mm512_store_ps(kb->mw[n],
+                            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(k.mdup)), _mm512_set1_ps(-k.dmin)));
+    }
+}
+
+/* P (1 or 2) consecutive floats at p repeated over the 16 lanes */
+FN __m512 rep(const float *p, const int P)
+{
+    if (P == 1) return _mm512_set1_ps(*p);
+    double d;
+    memcpy(&d, p, 8);
+    return _mm512_castpd_ps(_mm512_set1_pd(d));
+}
+
+/* Product o of super-block b (chunks P o .. P o + P - 1) into tile set 0 (sums 0, weights 1,
+ * activations 2) or 1 (3, 4, 5): tile numbers are instruction immediates, hence two. */
+#define AMX_ISSUE(C, W, A, o)                                                                                          \
+    do {                                                                                                               \
+        _tile_loadd(W, kb->v[0] + (o)*P * G, 256);                                                                     \
+        _tile_loadd(A, a->tq + (b * 256 + (o)*P * G) / 4 * 64, 64);                                                    \
+        _tile_zero(C);                                                                                                 \
+        _tile_dpbssd(C, W, A);                                                                                         \
+    } while (0)
+
+/* product o's sums into regs */
+AMX_FN void amx_scale(__m512 regs[16], const struct kbuf *kb, const int32_t sums[16][16], const float *gsum, int o,
+                      const int P, const int mins)
+{
+    const __m512 bsum = mins ? _mm512_load_ps(gsum) : _mm512_setzero_ps();
+    _Pragma("GCC unroll 16") for (int n = 0; n < 16; n++)
+    {
+        regs[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[n])), rep(kb->dw[n] + o * P, P), regs[n]);
+        if (mins) regs[n] = _mm512_fmadd_ps(bsum, rep(kb->mw[n] + o * P, P), regs[n]);
+    }
+}
+
+/* out[m * ldo + r0 + n] for m < M, n < nr (<= 16): weight rows r0 .. r0 + nr against a->tq */
+AMX_FN void amx_block(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r0,
+                      int64_t nr, struct kbuf *kb, const int wt, const int P, const int M)
+{
+    const int G = wt == RLX_Q4_K || wt == RLX_Q5_K ? 32 : 16, nops = 256 / (P * G);
+    const int mins = wt == RLX_Q2_K || wt == RLX_Q4_K || wt == RLX_Q5_K;
+    const int64_t nb = K / 256;
+    const size_t tb = tsize(wt), rb = (size_t)nb * tb;
+    for (int n = 0; n < 16; n++) _mm512_store_ps(kb->accm[n], _mm512_setzero_ps());
+    if (nr < 16) { /* rows past the matrix: zeros, never output */
+        memset(kb->v[nr], 0, (size_t)(16 - nr) * 256);
+        memset(kb->dw[nr], 0, (size_t)(16 - nr) * sizeof kb->dw[0]);
+        memset(kb->mw[nr], 0, (size_t)(16 - nr) * sizeof kb->mw[0]);
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        for (int64_t n = 0; n < nr; n++) {
+            const uint8_t *p = w + (size_t)(r0 + n) * rb + (size_t)b * tb;
+            /* the same super-block of the next block's row: the rows go one super-block at a time, so
+             * a distance in bytes (rlx_cpu_qmv_prefetch) would reach only part of the next block */
+            for (size_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)p + 16 * rb + o, _MM_HINT_T1);
+            kbuf_row(kb, (int)n, p, wt);
+        }
+        __m512 regs[16];
+        _Pragma("GCC unroll 16") for (int n = 0; n < 16; n++) regs[n] = _mm512_setzero_ps();
+        const float *gsum = a->tg + b * nops * 16;
+        AMX_ISSUE(0, 1, 2, 0);
+        /* two products in flight: the next one runs while one is scaled */
+        _Pragma("GCC unroll 8") for (int o = 0; o < nops; o += 2)
+        {
+            AMX_ISSUE(3, 4, 5, o + 1);
+            _tile_stored(0, kb->sums[0], 64);
+            amx_scale(regs, kb, kb->sums[0], gsum + o * 16, o, P, mins);
+            if (o + 2 < nops) AMX_ISSUE(0, 1, 2, o + 2);
+            _tile_stored(3, kb->sums[1], 64);
+            amx_scale(regs, kb, kb->sums[1], gsum + (o + 1) * 16, o + 1, P, mins);
+        }
+        const __m512 da = _mm512_load_ps(a->td + b * 16);
+        _Pragma("GCC unroll 16") for (int n = 0; n < 16; n++)
+            _mm512_store_ps(kb->accm[n], _mm512_fmadd_ps(regs[n], da, _mm512_load_ps(kb->accm[n])));
+    }
+    for (int m = 0; m < M; m++)
+        for (int64_t n = 0; n < nr; n++) {
+            float s = kb->accm[n][m * P];
+            for (int j = 1; j < P; j++) s += kb->accm[n][m * P + j];
+            out[m * ldo + r0 + n] = s;
+        }
+}
+#undef AMX_ISSUE
+
+#define AMX_INSTANCE(WT, P)                                                                                            \
+    AMX_TARGET static void amx_##WT##_##P(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M,                \
+                                          const uint8_t *w, int64_t K, int64_t r0, int64_t r1)                         \
+    {                                                                                                                  \
+        struct kbuf kb;                                                                                                \
+        for (int64_t r = r0; r < r1; r += 16)                                                                          \
+            amx_block(out, ldo, a, w, K, r, r1 - r < 16 ? r1 - r : 16, &kb, WT, P, M);                                 \
+    }
+AMX_INSTANCE(RLX_Q2_K, 1)
+AMX_INSTANCE(RLX_Q2_K, 2)
+AMX_INSTANCE(RLX_Q3_K, 1)
+AMX_INSTANCE(RLX_Q3_K, 2)
+AMX_INSTANCE(RLX_Q4_K, 1)
+AMX_INSTANCE(RLX_Q4_K, 2)
+AMX_INSTANCE(RLX_Q5_K, 1)
+AMX_INSTANCE(RLX_Q5_K, 2)
+AMX_INSTANCE(RLX_Q6_K, 1)
+AMX_INSTANCE(RLX_Q6_K, 2)
+#undef AMX_INSTANCE
+
+AMX_TARGET void rlx_cpu_qmv_amx(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt,
+                                int64_t K, int64_t r0, int64_t r1)
+{
+    const int G = rlx_cpu_quant_group(wt), P = rlx_cpu_qmv_amx_groups(M);
+    /* two sets (0-2, 3-5) of: sums, 16 weight rows x 16 int32; weights, 16 rows x P G bytes;
+     * activations, P G / 4 steps x 16 columns x 4 bytes */
+    struct rlx_cpu_tilecfg cfg = {.palette = 1};
+    for (int t = 0; t < 6; t += 3) {
+        cfg.rows[t] = 16, cfg.colsb[t] = 64;
+        cfg.rows[t + 1] = 16, cfg.colsb[t + 1] = (uint16_t)(P * G);
+        cfg.rows[t + 2] = (uint8_t)(P * G / 4), cfg.colsb[t + 2] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    switch (wt) {
+    case RLX_Q2_K: (P == 1 ? amx_RLX_Q2_K_1 : amx_RLX_Q2_K_2)(out, ldo, a, M, w, K, r0, r1); break;
+    case RLX_Q3_K: (P == 1 ? amx_RLX_Q3_K_1 : amx_RLX_Q3_K_2)(out, ldo, a, M, w, K, r0, r1); break;
+    case RLX_Q4_K: (P == 1 ? amx_RLX_Q4_K_1 : amx_RLX_Q4_K_2)(out, ldo, a, M, w, K, r0, r1); break;
+    case RLX_Q5_K: (P == 1 ? amx_RLX_Q5_K_1 : amx_RLX_Q5_K_2)(out, ldo, a, M, w, K, r0, r1); break;
+    default: (P == 1 ? amx_RLX_Q6_K_1 : amx_RLX_Q6_K_2)(out, ldo, a, M, w, K, r0, r1); break;
+    }
+    _tile_release();
+}
+
+/* The activations' copies for the AMX kernel: per 4 values of k a row of 16 columns x 4 bytes
+ * (column m P + j: row m's 4 values where they fall in group j of their product, else 0), and per
+ * product and per super-block the columns' group sums and scales */
+VNNI_TARGET void rlx_cpu_qact_tiles(const struct rlx_cpu_qact *a, int wt, int M)
+{
+    const int64_t K = a->K, nb = K / 256;
+    const int G = rlx_cpu_quant_group(wt), P = rlx_cpu_qmv_amx_groups(M), nops = 256 / (P * G);
+    int8_t *tq = (int8_t *)a->tq;
+    float *td = (float *)a->td, *tg = (float *)a->tg;
+    __m512i idx[2];
+    __mmask16 live[2];
+    for (int j = 0; j < P; j++) {
+        int32_t ix[16];
+        unsigned mk = 0;
+        for (int l = 0; l < 16; l++) {
+            const int m = l / P, on = l % P == j && m < M;
+            ix[l] = on ? (int32_t)(m * a->ldq) : 0;
+            mk |= (unsigned)on << l;
+        }
+        idx[j] = _mm512_loadu_si512(ix), live[j] = (__mmask16)mk;
+    }
+    for (int64_t t = 0; t < K / 4; t++) {
+        const int j = (int)(t % (P * G / 4)) / (G / 4);
+        _mm512_store_si512(tq + 64 * t,
+                           _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live[j], idx[j], a->q + 4 * t, 1));
+    }
+    for (int64_t b = 0; b < nb; b++)
+        for (int l = 0; l < 16; l++) {
+            const int m = l / P, j = l % P;
+            td[b * 16 + l] = m < M ? a->d[m * nb + b] : 0.0f;
+            const int16_t *s = a->bsums + m * (K / 16) + 16 * b;
+            for (int o = 0; o < nops; o++) {
+                const int g = kgroup(o * P + j, wt);
+                tg[(b * nops + o) * 16 + l] = m >= M ? 0.0f : (float)(G == 16 ? s[g] : s[2 * g] + s[2 * g + 1]);
+            }
+        }
 }
 
 /* ---------------------------------------------------------------------------------------------
