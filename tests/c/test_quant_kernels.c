@@ -296,9 +296,9 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
         result(memcmp(o1, o2, (size_t)(M * N) * sizeof(float)) == 0,
                "matmul_quant %s M=%lld K=%lld N=%lld [%s]: 2 threads differ from 1", tn, (long long)M, (long long)K,
                (long long)N, path_name());
-    /* the AMX GEMM (prefill, M > 16) computes the VNNI GEMM's integers with its f32 steps (quant_gemm.c):
-     * the same bits */
-    if (rlx_cpu_amx_int8() && M > 16) {
+    /* the AMX GEMM (prefill, M > 16; K types above RLX_CPU_QMV_AMX_MAX_M) computes the VNNI GEMM's
+     * integers with its f32 steps (quant_gemm.c): the same bits */
+    if (rlx_cpu_amx_int8() && M > 16 && (bs == 32 || M > RLX_CPU_QMV_AMX_MAX_M)) {
         float *o3 = buf(M * N);
         const int prev = rlx_cpu_isa_cap(RLX_CPU_ISA_AVX512_BF16);
         run_cpu(o3, a, w, wt, M, K, N);

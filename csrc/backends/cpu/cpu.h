@@ -237,6 +237,12 @@ int rlx_cpu_qmv_amx_groups(int M);
  * (AMX against VNNI, alternating runs): 2 sequences 26.8 against 19.8 ms, 4 31.9 / 30.7, 8 37.0-39.9
  * / 48.4-49.0, 16 64.1 / 91.2. */
 #define RLX_CPU_QMV_AMX_MIN_M 5
+/* Up to how many rows (a short prompt) quant.c runs the K types through that kernel, 16 rows a
+ * pass, rather than through the AMX GEMM (quant_gemm.c): whole prefills, best of 5, 2 threads,
+ * Intel Xeon, GEMM -> 16-row passes: Qwen3-0.6B Q4_K_M pp32 363 -> 516 tok/s, pp48 447 -> 508,
+ * pp64 494 -> 533, pp80 496 / 494, pp128 613 -> 575, pp512 683 -> 529; Llama-3.2-1B Q4_K_M pp32
+ * 172 -> 288, pp64 261 -> 310, pp96 297 -> 322. */
+#define RLX_CPU_QMV_AMX_MAX_M 64
 /* rlx_cpu_qmv_avx512's product for the K types (Q2_K .. Q6_K) on AMX-INT8 tiles, any M <= 16 in
  * one pass, from a->tq, td, tg (quant_avx512.c); only where rlx_cpu_amx_int8(). */
 void rlx_cpu_qmv_amx(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,

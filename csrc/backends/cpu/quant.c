@@ -47,7 +47,9 @@
  *     of RLX_CPU_QMV_AMX_MIN_M (5) .. 16 rows: quant_avx512.c's AMX kernel (rlx_cpu_qmv_amx, tile
  *     products per group; Qwen3-0.6B Q4_K_M, 2 threads, Intel Xeon: 8 sequences 48-49 -> 37-40 ms
  *     a step, 16 91 -> 64), whose f32 sums run in another order than the row kernels': a sequence
- *     in such a batch gets its integers, not its bits, alone;
+ *     in such a batch gets its integers, not its bits, alone; and short prompts of up to
+ *     RLX_CPU_QMV_AMX_MAX_M (64) rows, 16 rows a pass, where the GEMM's fixed cost (its panels
+ *     unpacked per call) was not paid back;
  *   AVX2: M <= 12 the blocked passes with quant_avx2.c's row kernels, above quant_gemm.c's AVX2
  *     GEMM; both beat dequantising panels for sgemm at every M measured, 16 .. 512.
  *     (16 sequences of Qwen3-0.6B Q4_K_M under RLX_CPU_ISA=avx2 on the Zen 4, 2 threads, ran 161 ms
@@ -655,7 +657,12 @@ void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int
         memset(out, 0, (size_t)(M * N) * sizeof(float));
         return;
     }
-    const int path = path_now(), v = via(path, M);
+    const int path = path_now();
+    /* K types on AMX-INT8, RLX_CPU_QMV_AMX_MIN_M .. RLX_CPU_QMV_AMX_MAX_M rows: the AMX kernel, 16 rows a
+     * pass (a last chunk of fewer than RLX_CPU_QMV_AMX_MIN_M on the row kernels) */
+    const int amx = path == PATH_VNNI && block_of(wt) == 256 && M >= RLX_CPU_QMV_AMX_MIN_M &&
+                    M <= RLX_CPU_QMV_AMX_MAX_M && rlx_cpu_amx_int8();
+    const int v = amx ? VIA_PASSES : via(path, M);
     if (v == VIA_QGEMM) {
         rlx_cpu_qgemm(out, a, w, wt, M, K, N, scratch);
         return;
@@ -664,12 +671,10 @@ void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int
         matmul_sgemm(out, a, w, wt, M, K, N, scratch);
         return;
     }
-    const int64_t mc = mv_chunk(M, K);
+    const int64_t mc = amx ? 16 : mv_chunk(M, K);
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t rows = M - m0 < mc ? M - m0 : mc;
-        const int p = path == PATH_VNNI && block_of(wt) == 256 && rows >= RLX_CPU_QMV_AMX_MIN_M && rlx_cpu_amx_int8()
-                          ? PATH_AMX
-                          : path;
+        const int p = amx && rows >= RLX_CPU_QMV_AMX_MIN_M ? PATH_AMX : path;
         const struct rlx_cpu_qact act = act_at(scratch, rows, K, wt, p);
         act_rows(&act, a + m0 * K, wt, p, 0, rows);
         if (p == PATH_AMX) rlx_cpu_qact_tiles(&act, wt, (int)rows);
