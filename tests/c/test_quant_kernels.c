@@ -474,6 +474,7 @@ static void test_matmul_quant(void)
         quant_case(wt, 20, bs == 32 ? 160 : 512, 33, 2, 0, 0);
         quant_case(wt, 7, bs == 32 ? 160 : 512, 9, 1, 1, 1); /* NaN / inf in a */
         if (!vg) quant_case(wt, 33, 3072, 129, 1, 1, 0);
+        if (!vg) quant_case(wt, RLX_CPU_QMV_AMX_MAX_M, 512, 33, 1, 1, 0); /* the AMX kernel's most rows */
         /* the decode split over threads: enough rows for several pieces */
         quant_case(wt, 2, bs == 32 ? 320 : 768, vg ? 1201 : 6001, 1, 0, 0);
         if (!vg) quant_case(wt, 8, bs == 32 ? 320 : 768, 6001, 1, 0, 0); /* and a batch's (AMX: rlx_cpu_qmv_amx) */

@@ -191,9 +191,9 @@ struct rlx_cpu_qact {
                               the weights' offset, added to one int32 lane of each block */
     /* The AMX kernel's copies (rlx_cpu_qmv_amx), filled by rlx_cpu_qact_tiles only where it runs.
      * Columns past M's rows are zeros. */
-    const int8_t *tq; /* (K / 4, 16, 4) per 4 values of q (the order of q) a row of columns */
-    const float *td;  /* (K / 256, 16) per super-block the columns' d */
-    const float *tg;  /* (K / (P G), 16) per product of P groups the columns' group sums of q */
+    const int8_t *tq; /* per 16 rows (K / 4, 16, 4): per 4 values of q (the order of q) a row of columns */
+    const float *td;  /* per 16 rows (K / 256, 16): per super-block the columns' d */
+    const float *tg;  /* per 16 rows (K / (P G), 16): per product of P groups the columns' group sums */
     int64_t K, ldq;
 };
 /* The offset the vector kernels of weight dtype wt subtract through `bias`: Q4_0 8, Q5_0 16, else 0. */
@@ -227,24 +227,28 @@ void rlx_cpu_qmv_avx2(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int
                       int64_t r0, int64_t r1);
 void rlx_cpu_qmv_avx512(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,
                         int64_t r0, int64_t r1);
-/* Fills a->tq, td, tg from rows [0, M) (M <= 16) of *a for weight dtype wt (a K type); AVX-512. */
+/* Fills a->tq, td, tg from rows [0, M) (M <= RLX_CPU_QMV_AMX_MAX_M) of *a for weight dtype wt (a K
+ * type); AVX-512. */
 void rlx_cpu_qact_tiles(const struct rlx_cpu_qact *a, int wt, int M);
-/* The groups P per tile product of the AMX kernel for M rows: 2 up to 8 rows, else 1 (the tile's
- * 16 columns are 16 / P rows x P groups). */
+/* The groups P per tile product of the AMX kernel for M rows: 2 up to 8 rows, else 1 (a tile's 16
+ * columns are 16 / P rows x P groups). */
 int rlx_cpu_qmv_amx_groups(int M);
 /* From how many rows of `a` quant.c multiplies K types on AMX-INT8 (rlx_cpu_qmv_amx) rather than
  * with the VNNI row kernels: Qwen3-0.6B Q4_K_M, whole batched decode steps, 2 threads, Intel Xeon
  * (AMX against VNNI, alternating runs): 2 sequences 26.8 against 19.8 ms, 4 31.9 / 30.7, 8 37.0-39.9
  * / 48.4-49.0, 16 64.1 / 91.2. */
 #define RLX_CPU_QMV_AMX_MIN_M 5
-/* Up to how many rows (a short prompt) quant.c runs the K types through that kernel, 16 rows a
- * pass, rather than through the AMX GEMM (quant_gemm.c): whole prefills, best of 5, 2 threads,
- * Intel Xeon, GEMM -> 16-row passes: Qwen3-0.6B Q4_K_M pp32 363 -> 516 tok/s, pp48 447 -> 508,
- * pp64 494 -> 533, pp80 496 / 494, pp128 613 -> 575, pp512 683 -> 529; Llama-3.2-1B Q4_K_M pp32
- * 172 -> 288, pp64 261 -> 310, pp96 297 -> 322. */
-#define RLX_CPU_QMV_AMX_MAX_M 64
-/* rlx_cpu_qmv_avx512's product for the K types (Q2_K .. Q6_K) on AMX-INT8 tiles, any M <= 16 in
- * one pass, from a->tq, td, tg (quant_avx512.c); only where rlx_cpu_amx_int8(). */
+/* Up to how many rows (a prompt) quant.c runs the K types through that kernel, in one pass (each
+ * super-block unpacked once for every 16 rows), rather than through the AMX GEMM (quant_gemm.c),
+ * whose panels are unpacked per call: whole prefills, best of 5, 2 threads, Intel Xeon, GEMM ->
+ * this kernel: Qwen3-0.6B Q4_K_M pp32 346 -> 543 tok/s, pp64 449 -> 565, pp96 519 -> 596, pp128
+ * 552-613 -> 609-642, pp256 606 -> 632, pp512 627 -> 523 (the activations' 16-row copies, 16 KiB
+ * each at K = 1024, no longer fit beside a block of weights); Llama-3.2-1B Q4_K_M pp64 242 -> 397,
+ * pp128 303 -> 408, pp256 347 -> 387, pp512 369 -> 345. */
+#define RLX_CPU_QMV_AMX_MAX_M 128
+/* rlx_cpu_qmv_avx512's product for the K types (Q2_K .. Q6_K) on AMX-INT8 tiles, any M <=
+ * RLX_CPU_QMV_AMX_MAX_M in one pass, from a->tq, td, tg (quant_avx512.c); only where
+ * rlx_cpu_amx_int8(). */
 void rlx_cpu_qmv_amx(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,
                      int64_t r0, int64_t r1);
 /* The weights of n whole blocks at src (n * bs elements, bs = 32 or 256) as signed integers v

@@ -47,9 +47,9 @@
  *     of RLX_CPU_QMV_AMX_MIN_M (5) .. 16 rows: quant_avx512.c's AMX kernel (rlx_cpu_qmv_amx, tile
  *     products per group; Qwen3-0.6B Q4_K_M, 2 threads, Intel Xeon: 8 sequences 48-49 -> 37-40 ms
  *     a step, 16 91 -> 64), whose f32 sums run in another order than the row kernels': a sequence
- *     in such a batch gets its integers, not its bits, alone; and short prompts of up to
- *     RLX_CPU_QMV_AMX_MAX_M (64) rows, 16 rows a pass, where the GEMM's fixed cost (its panels
- *     unpacked per call) was not paid back;
+ *     in such a batch gets its integers, not its bits, alone; and prompts of up to
+ *     RLX_CPU_QMV_AMX_MAX_M (128) rows, in one pass (each weight unpacked once for all of them),
+ *     where the GEMM's fixed cost (its panels unpacked per call) was not paid back;
  *   AVX2: M <= 12 the blocked passes with quant_avx2.c's row kernels, above quant_gemm.c's AVX2
  *     GEMM; both beat dequantising panels for sgemm at every M measured, 16 .. 512.
  *     (16 sequences of Qwen3-0.6B Q4_K_M under RLX_CPU_ISA=avx2 on the Zen 4, 2 threads, ran 161 ms
@@ -274,10 +274,11 @@ static struct act_layout act_layout(int64_t M, int64_t K)
     ARR(s, M * (K / 32) * 4);
     ARR(bsums, M * (K / 16) * 2);
     ARR(bias, M * (K / 32) * 4);
-    /* the AMX kernel's copies of up to 16 rows */
-    ARR(tq, Kp * 16);
-    ARR(td, (K / 256) * 16 * 4);
-    ARR(tg, (K / 16) * 16 * 4);
+    /* the AMX kernel's copies, one per 16 rows (up to RLX_CPU_QMV_AMX_MAX_M) */
+    const int64_t cg = (M < RLX_CPU_QMV_AMX_MAX_M ? M + 15 : RLX_CPU_QMV_AMX_MAX_M) / 16;
+    ARR(tq, cg * Kp * 16);
+    ARR(td, cg * (K / 256) * 16 * 4);
+    ARR(tg, cg * (K / 16) * 16 * 4);
 #undef ARR
     l.end = at;
     return l;
@@ -639,8 +640,10 @@ static int via(int path, int64_t M)
 size_t rlx_cpu_matmul_quant_scratch(int wt, int64_t M, int64_t K, int64_t N)
 {
     if (M <= 0 || K <= 0 || N <= 0) return 0;
-    /* the largest of the paths this M may take (the ISA a test may cap to is not an argument) */
-    size_t need = (act_layout(mv_chunk(M, K), K).end + RLX_ALIGN + 3) / 4;
+    /* the largest of the paths this M may take (the ISA a test may cap to is not an argument): the
+     * passes' chunks, the AMX kernel's one pass (K types up to RLX_CPU_QMV_AMX_MAX_M rows) */
+    const int64_t mc = mv_chunk(M, K), rows = M <= RLX_CPU_QMV_AMX_MAX_M && M > mc ? M : mc;
+    size_t need = (act_layout(rows, K).end + RLX_ALIGN + 3) / 4;
     if (M > RLX_QMV_MAX_M) {
         const size_t sg = sg_scratch(M, K, N), qg = rlx_cpu_qgemm_scratch(wt, M, K, N);
         need = sg > need ? sg : need;
@@ -658,8 +661,8 @@ void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int
         return;
     }
     const int path = path_now();
-    /* K types on AMX-INT8, RLX_CPU_QMV_AMX_MIN_M .. RLX_CPU_QMV_AMX_MAX_M rows: the AMX kernel, 16 rows a
-     * pass (a last chunk of fewer than RLX_CPU_QMV_AMX_MIN_M on the row kernels) */
+    /* K types on AMX-INT8, RLX_CPU_QMV_AMX_MIN_M .. RLX_CPU_QMV_AMX_MAX_M rows: the AMX kernel, all the
+     * rows in one pass */
     const int amx = path == PATH_VNNI && block_of(wt) == 256 && M >= RLX_CPU_QMV_AMX_MIN_M &&
                     M <= RLX_CPU_QMV_AMX_MAX_M && rlx_cpu_amx_int8();
     const int v = amx ? VIA_PASSES : via(path, M);
@@ -671,10 +674,10 @@ void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int
         matmul_sgemm(out, a, w, wt, M, K, N, scratch);
         return;
     }
-    const int64_t mc = amx ? 16 : mv_chunk(M, K);
+    const int64_t mc = amx ? M : mv_chunk(M, K);
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t rows = M - m0 < mc ? M - m0 : mc;
-        const int p = amx && rows >= RLX_CPU_QMV_AMX_MIN_M ? PATH_AMX : path;
+        const int p = amx ? PATH_AMX : path;
         const struct rlx_cpu_qact act = act_at(scratch, rows, K, wt, p);
         act_rows(&act, a + m0 * K, wt, p, 0, rows);
         if (p == PATH_AMX) rlx_cpu_qact_tiles(&act, wt, (int)rows);

@@ -450,7 +450,9 @@ struct kbuf {
     _Alignas(64) float dw[16][16];        /* per row and chunk of G values of that order: d * sc */
     _Alignas(64) float mw[16][16];        /* -(dmin * m) (types with minimums) */
     _Alignas(64) int32_t sums[2][16][16]; /* a product's sums: weight row x column */
-    _Alignas(64) float accm[16][16];      /* the sums over super-blocks: weight row x column */
+    _Alignas(64) float accm[RLX_CPU_QMV_AMX_MAX_M / 16][16][16]; /* per 16 rows of the activations
+                                                                   the sums over super-blocks:
+                                                                   weight row x column */
 };
 
 /* row n's super-block at p into the buffer */
@@ -490,7 +492,7 @@ FN __m512 rep(const float *p, const int P)
 #define AMX_ISSUE(C, W, A, o)                                                                                          \
     do {                                                                                                               \
         _tile_loadd(W, kb->v[0] + (o)*P * G, 256);                                                                     \
-        _tile_loadd(A, a->tq + (b * 256 + (o)*P * G) / 4 * 64, 64);                                                    \
+        _tile_loadd(A, tq + (b * 256 + (o)*P * G) / 4 * 64, 64);                                                       \
         _tile_zero(C);                                                                                                 \
         _tile_dpbssd(C, W, A);                                                                                         \
     } while (0)
@@ -507,7 +509,8 @@ AMX_FN void amx_scale(__m512 regs[16], const struct kbuf *kb, const int32_t sums
     }
 }
 
-/* out[m * ldo + r0 + n] for m < M, n < nr (<= 16): weight rows r0 .. r0 + nr against a->tq */
+/* out[m * ldo + r0 + n] for m < M, n < nr (<= 16): weight rows r0 .. r0 + nr against a->tq, each
+ * super-block unpacked once for every 16 rows of the activations (M up to RLX_CPU_QMV_AMX_MAX_M) */
 AMX_FN void amx_block(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r0,
                       int64_t nr, struct kbuf *kb, const int wt, const int P, const int M)
 {
@@ -515,7 +518,10 @@ AMX_FN void amx_block(float *out, int64_t ldo, const struct rlx_cpu_qact *a, con
     const int mins = wt == RLX_Q2_K || wt == RLX_Q4_K || wt == RLX_Q5_K;
     const int64_t nb = K / 256;
     const size_t tb = tsize(wt), rb = (size_t)nb * tb;
-    for (int n = 0; n < 16; n++) _mm512_store_ps(kb->accm[n], _mm512_setzero_ps());
+    const int ncg = (M + 15) / 16; /* column groups: copies of tq, td, tg */
+    const int64_t tq_cs = K * 16, td_cs = nb * 16, tg_cs = nb * nops * 16;
+    for (int cg = 0; cg < ncg; cg++)
+        for (int n = 0; n < 16; n++) _mm512_store_ps(kb->accm[cg][n], _mm512_setzero_ps());
     if (nr < 16) { /* rows past the matrix: zeros, never output */
         memset(kb->v[nr], 0, (size_t)(16 - nr) * 256);
         memset(kb->dw[nr], 0, (size_t)(16 - nr) * sizeof kb->dw[0]);
@@ -529,28 +535,32 @@ AMX_FN void amx_block(float *out, int64_t ldo, const struct rlx_cpu_qact *a, con
             for (size_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)p + 16 * rb + o, _MM_HINT_T1);
             kbuf_row(kb, (int)n, p, wt);
         }
-        __m512 regs[16];
-        _Pragma("GCC unroll 16") for (int n = 0; n < 16; n++) regs[n] = _mm512_setzero_ps();
-        const float *gsum = a->tg + b * nops * 16;
-        AMX_ISSUE(0, 1, 2, 0);
-        /* two products in flight: the next one runs while one is scaled */
-        _Pragma("GCC unroll 8") for (int o = 0; o < nops; o += 2)
-        {
-            AMX_ISSUE(3, 4, 5, o + 1);
-            _tile_stored(0, kb->sums[0], 64);
-            amx_scale(regs, kb, kb->sums[0], gsum + o * 16, o, P, mins);
-            if (o + 2 < nops) AMX_ISSUE(0, 1, 2, o + 2);
-            _tile_stored(3, kb->sums[1], 64);
-            amx_scale(regs, kb, kb->sums[1], gsum + (o + 1) * 16, o + 1, P, mins);
+        for (int cg = 0; cg < ncg; cg++) {
+            const int8_t *tq = a->tq + cg * tq_cs;
+            __m512 regs[16];
+            _Pragma("GCC unroll 16") for (int n = 0; n < 16; n++) regs[n] = _mm512_setzero_ps();
+            const float *gsum = a->tg + cg * tg_cs + b * nops * 16;
+            AMX_ISSUE(0, 1, 2, 0);
+            /* two products in flight: the next one runs while one is scaled */
+            _Pragma("GCC unroll 8") for (int o = 0; o < nops; o += 2)
+            {
+                AMX_ISSUE(3, 4, 5, o + 1);
+                _tile_stored(0, kb->sums[0], 64);
+                amx_scale(regs, kb, kb->sums[0], gsum + o * 16, o, P, mins);
+                if (o + 2 < nops) AMX_ISSUE(0, 1, 2, o + 2);
+                _tile_stored(3, kb->sums[1], 64);
+                amx_scale(regs, kb, kb->sums[1], gsum + (o + 1) * 16, o + 1, P, mins);
+            }
+            const __m512 da = _mm512_load_ps(a->td + cg * td_cs + b * 16);
+            _Pragma("GCC unroll 16") for (int n = 0; n < 16; n++)
+                _mm512_store_ps(kb->accm[cg][n], _mm512_fmadd_ps(regs[n], da, _mm512_load_ps(kb->accm[cg][n])));
         }
-        const __m512 da = _mm512_load_ps(a->td + b * 16);
-        _Pragma("GCC unroll 16") for (int n = 0; n < 16; n++)
-            _mm512_store_ps(kb->accm[n], _mm512_fmadd_ps(regs[n], da, _mm512_load_ps(kb->accm[n])));
     }
     for (int m = 0; m < M; m++)
         for (int64_t n = 0; n < nr; n++) {
-            float s = kb->accm[n][m * P];
-            for (int j = 1; j < P; j++) s += kb->accm[n][m * P + j];
+            const float *acc = kb->accm[m / 16][n] + (m % 16) * P;
+            float s = acc[0];
+            for (int j = 1; j < P; j++) s += acc[j];
             out[m * ldo + r0 + n] = s;
         }
 }
@@ -606,35 +616,39 @@ VNNI_TARGET void rlx_cpu_qact_tiles(const struct rlx_cpu_qact *a, int wt, int M)
 {
     const int64_t K = a->K, nb = K / 256;
     const int G = rlx_cpu_quant_group(wt), P = rlx_cpu_qmv_amx_groups(M), nops = 256 / (P * G);
-    int8_t *tq = (int8_t *)a->tq;
-    float *td = (float *)a->td, *tg = (float *)a->tg;
-    __m512i idx[2];
-    __mmask16 live[2];
-    for (int j = 0; j < P; j++) {
-        int32_t ix[16];
-        unsigned mk = 0;
-        for (int l = 0; l < 16; l++) {
-            const int m = l / P, on = l % P == j && m < M;
-            ix[l] = on ? (int32_t)(m * a->ldq) : 0;
-            mk |= (unsigned)on << l;
-        }
-        idx[j] = _mm512_loadu_si512(ix), live[j] = (__mmask16)mk;
-    }
-    for (int64_t t = 0; t < K / 4; t++) {
-        const int j = (int)(t % (P * G / 4)) / (G / 4);
-        _mm512_store_si512(tq + 64 * t,
-                           _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live[j], idx[j], a->q + 4 * t, 1));
-    }
-    for (int64_t b = 0; b < nb; b++)
-        for (int l = 0; l < 16; l++) {
-            const int m = l / P, j = l % P;
-            td[b * 16 + l] = m < M ? a->d[m * nb + b] : 0.0f;
-            const int16_t *s = a->bsums + m * (K / 16) + 16 * b;
-            for (int o = 0; o < nops; o++) {
-                const int g = kgroup(o * P + j, wt);
-                tg[(b * nops + o) * 16 + l] = m >= M ? 0.0f : (float)(G == 16 ? s[g] : s[2 * g] + s[2 * g + 1]);
+    for (int m0 = 0; m0 < M; m0 += 16) { /* a copy per 16 rows */
+        const int mr = M - m0 < 16 ? M - m0 : 16, cg = m0 / 16;
+        int8_t *tq = (int8_t *)a->tq + cg * K * 16;
+        float *td = (float *)a->td + cg * nb * 16, *tg = (float *)a->tg + cg * nb * nops * 16;
+        const int8_t *q = a->q + m0 * a->ldq;
+        __m512i idx[2];
+        __mmask16 live[2];
+        for (int j = 0; j < P; j++) {
+            int32_t ix[16];
+            unsigned mk = 0;
+            for (int l = 0; l < 16; l++) {
+                const int m = l / P, on = l % P == j && m < mr;
+                ix[l] = on ? (int32_t)(m * a->ldq) : 0;
+                mk |= (unsigned)on << l;
             }
+            idx[j] = _mm512_loadu_si512(ix), live[j] = (__mmask16)mk;
         }
+        for (int64_t t = 0; t < K / 4; t++) {
+            const int j = (int)(t % (P * G / 4)) / (G / 4);
+            _mm512_store_si512(tq + 64 * t,
+                               _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live[j], idx[j], q + 4 * t, 1));
+        }
+        for (int64_t b = 0; b < nb; b++)
+            for (int l = 0; l < 16; l++) {
+                const int m = l / P, j = l % P;
+                td[b * 16 + l] = m < mr ? a->d[(m0 + m) * nb + b] : 0.0f;
+                for (int o = 0; o < nops; o++) {
+                    const int g = kgroup(o * P + j, wt);
+                    const int16_t *s = a->bsums + (m0 + m) * (K / 16) + 16 * b;
+                    tg[(b * nops + o) * 16 + l] = m >= mr ? 0.0f : (float)(G == 16 ? s[g] : s[2 * g] + s[2 * g + 1]);
+                }
+            }
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------
