@@ -428,8 +428,10 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
  * the next block's rows (a distance in bytes, as the row kernels', reached only part of the next
  * block: 117 -> 102 us from 354 MiB of copies, VNNI 162). Where a VPDPBUSD pass costs per
  * activation row, this costs about the same for 1 or 16 rows: quant.c sends it only batches
- * (RLX_CPU_QMV_AMX_MIN_M). The integers are the VNNI kernels'; the f32 sums run in another order,
- * the same for a row whatever the other rows, for one P.
+ * (RLX_CPU_QMV_AMX_MIN_M) and prompts of up to RLX_CPU_QMV_AMX_MAX_M rows, which take a copy of
+ * the activations' tile rows per 16 rows, each unpacked super-block run against all of them. The
+ * integers are the VNNI kernels'; the f32 sums run in another order, the same for a row whatever
+ * the other rows, for one P.
  * ------------------------------------------------------------------------------------------- */
 
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
