@@ -133,9 +133,9 @@ def test_decode_batches_on_cpu_give_each_sequence_its_own_bits(dtype, batch):
     scalar path, bf16 above 6 rows where the CPU has AMX (their GEMMs: within the quant kernels'
     bound, 5 % of the logits' scale, tests/unit/test_quant_models.py; bf16 by f32 summation order),
     and the K types (q4_k_m) from 5 rows on AMX-INT8 (quant.c: the same integers, summed in f32 in
-    another order; measured 8.6e-7 at the first step, but once the f16 cache has rounded such a
-    difference the next step's activations may quantise to another integer: 0.056, 20 % of that
-    logit, as for the other non-exact paths)."""
+    another order: 5e-7 .. 4e-6 here, but where such a difference carries an activation across a
+    step of its 8-bit grid the logits move by a few percent: one of the 5 sequences of the batch
+    of 5 from its first step, 0.056, 20 % of that logit; as for the other non-exact paths)."""
     # f32 weights with an f32 cache: beyond 4 rows sgemm sums in another order, and an f16 cache
     # would round that difference to a whole f16 step now and then
     gen = rlx.Generator(WIDE, weights(WIDE, seed=7), dtype=dtype, kv_dtype="f32" if dtype == "f32" else "f16")
