@@ -46,8 +46,10 @@
  *     gets the bits it gets alone); except, where the machine has AMX-INT8, the K types' products
  *     of RLX_CPU_QMV_AMX_MIN_M (5) .. 16 rows: quant_avx512.c's AMX kernel (rlx_cpu_qmv_amx, tile
  *     products per group; Qwen3-0.6B Q4_K_M, 2 threads, Intel Xeon: 8 sequences 48-49 -> 37-40 ms
- *     a step, 16 91 -> 64), whose f32 sums run in another order than the row kernels': a sequence
- *     in such a batch gets its integers, not its bits, alone; and prompts of up to
+ *     a step, 16 91 -> 64), whose f32 sums of the same integers run in another order than the
+ *     row kernels': a sequence in such a batch no longer gets its bits alone (and a difference in
+ *     the last bit may carry an activation of the next product across a step of its 8-bit grid:
+ *     test_batching); and prompts of up to
  *     RLX_CPU_QMV_AMX_MAX_M (128) rows, in one pass (each weight unpacked once for all of them),
  *     where the GEMM's fixed cost (its panels unpacked per call) was not paid back;
  *   AVX2: M <= 12 the blocked passes with quant_avx2.c's row kernels, above quant_gemm.c's AVX2
