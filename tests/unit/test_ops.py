@@ -164,6 +164,17 @@ def test_silu(device, shape):
     close(y, ref.silu(x))
 
 
+@pytest.mark.parametrize("shape", [(7,), (3, 130), (2, 3, 17), (1, 3072)])
+def test_silu_mul_fused(device, shape):
+    """mul(silu(a), b) fuses into silu_mul; whole vectors and tails of every length give NumPy's values."""
+    r = rng(18)
+    a, b = randn(r, *shape) * 3, randn(r, *shape)
+    g = rlx.Graph()
+    g.output(g.mul(g.silu(g.input("a", shape)), g.input("b", shape)), "y")
+    (y,) = run(g, device, {"a": a, "b": b})
+    close(y, ref.silu_mul(a, b))
+
+
 BROADCASTS = [((5, 8), (5, 8)), ((5, 8), (8,)), ((2, 3, 4), (3, 4)), ((2, 3, 4), (4,)), ((130,), (130,)),
               ((1, 17), (17,))]
 

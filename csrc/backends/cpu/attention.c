@@ -188,11 +188,11 @@ static float exp_sum(float *p, int64_t n, float m)
         const int64_t len = n - j < 16 ? n - j : 16;
         rlx_cpu_v16 v = {0};
         v -= INFINITY;
-        memcpy(&v, p + j, (size_t)len * sizeof(float));
+        rlx_cpu_load16_part(&v, p + j, len);
         v -= m;
         rlx_cpu_exp16(&v);
         sum += v;
-        memcpy(p + j, &v, (size_t)len * sizeof(float));
+        rlx_cpu_store16_part(p + j, &v, len);
     }
     return hsum16(&sum);
 }

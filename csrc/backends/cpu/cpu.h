@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* The ISAs each hot loop is compiled for; the loader picks one per machine (cpuid), so the build
  * never depends on -march. A ThreadSanitizer build compiles the baseline only (RLX_CPU_NO_CLONES):
@@ -27,6 +28,25 @@
 typedef float rlx_cpu_v16 __attribute__((vector_size(64)));
 typedef int32_t rlx_cpu_v16i __attribute__((vector_size(64)));
 typedef uint32_t rlx_cpu_v16u __attribute__((vector_size(64)));
+
+/* The first len (<= 16) floats of src into *v, the other lanes left as they are; and the first len
+ * lanes of *v into dst. A whole vector is one fixed-size copy (a vector load / store): a copy of a
+ * variable length compiles to `rep movs` through the stack, ~10x the arithmetic of a cheap loop. */
+static inline __attribute__((always_inline)) void rlx_cpu_load16_part(rlx_cpu_v16 *v, const float *src, int64_t len)
+{
+    if (len == 16)
+        memcpy(v, src, sizeof *v);
+    else
+        for (int64_t l = 0; l < len; l++) (*v)[l] = src[l];
+}
+
+static inline __attribute__((always_inline)) void rlx_cpu_store16_part(float *dst, const rlx_cpu_v16 *v, int64_t len)
+{
+    if (len == 16)
+        memcpy(dst, v, sizeof *v);
+    else
+        for (int64_t l = 0; l < len; l++) dst[l] = (*v)[l];
+}
 
 /* *v = expf(*v) on 16 lanes (through a pointer: 64-byte vectors by value would change the ABI), within ~2 ulp of the correctly rounded value (Cephes-style): x = n ln2 + r
  * with n = round(x / ln2) (by the 1.5 * 2^23 trick) and |r| <= ln2 / 2 (ln2 split in two so
