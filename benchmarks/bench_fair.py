@@ -687,7 +687,8 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=0.25, help="seconds between runs")
     ap.add_argument("--pp", nargs="+", type=int, default=[128, 512])
     ap.add_argument("--tg-ctx", nargs="+", type=int, default=[128, 1024])
-    ap.add_argument("--ttft", nargs="+", type=int, default=list(LONG_TTFT))
+    ap.add_argument("--ttft", nargs="*", type=int, default=list(LONG_TTFT),
+                    help="long suite: prompt lengths of the TTFT cells (none: no TTFT cells)")
     ap.add_argument("--max-context", type=int, default=max(LONG_CONTEXTS))
     ap.add_argument("--profile", action="store_true",
                     help="also record rlx's per-op profile (Generator.profile) of one decode step at each context "
