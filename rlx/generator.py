@@ -355,7 +355,8 @@ class Generator(Sequence):
 
     def profile(self, on: bool = True) -> "Generator":
         """Times every op of every forward pass from now on (or stops, with on=False); each
-        sequence's last_profile() reads its last pass."""
+        sequence's last_profile() reads its last pass (a batched step's, step_batch, is the pass of
+        every sequence in the batch; the generator's own last_profile() is its own sequence's)."""
         self._model.set_profiling(on)
         return self
 

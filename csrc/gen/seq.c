@@ -482,8 +482,10 @@ rlx_status rlx_seq_sample_with(struct rlx_seq *s, const float *logits, const str
 rlx_status rlx_seq_last_profile(const struct rlx_seq *s, double *seconds_by_op)
 {
     if (!s->profile_valid)
-        return rlx_set_error(RLX_ERR_STATE, s->m->profiling ? "no forward pass has run since profiling was turned on"
-                                                            : "profiling is off: turn it on first");
+        return rlx_set_error(RLX_ERR_STATE, s->m->profiling
+                                                ? "this sequence has run no forward pass since profiling was turned on "
+                                                  "(a batched step's profile is read from any sequence of the batch)"
+                                                : "profiling is off: turn it on first");
     memcpy(seconds_by_op, s->profile, sizeof s->profile);
     return RLX_OK;
 }

@@ -750,3 +750,41 @@ def test_config_with_wrong_type(tmp_path, change, field):
     (tmp_path / "config.json").write_text(json.dumps(d))
     with pytest.raises(rlx.ConfigError, match=field):
         rlx.Generator.from_pretrained(tmp_path)
+
+
+# ---- profiling -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", ["cpu", "ref"])
+def test_profile_times_the_ops_of_the_last_pass(device):
+    """last_profile: seconds per op of the sequence's last forward pass, every op of the decoder
+    there, none negative, their sum within the wall time around the call; a batched step's profile
+    is every sequence's of the batch; off (or never run since on) it raises and names why."""
+    import time
+
+    gen = make("qwen3", device)
+    with pytest.raises(rlx.Error, match="profiling is off"):
+        gen.last_profile()
+    gen.profile(True)
+    with pytest.raises(rlx.Error, match="no forward pass since profiling was turned on"):
+        gen.last_profile()
+    gen.prefill(PROMPT)
+    t0 = time.perf_counter()
+    gen.step_cached(rlx.SampleOpts.greedy())
+    wall = time.perf_counter() - t0
+    prof = gen.last_profile()
+    assert {"matmul", "attention", "rmsnorm", "rope", "embedding"} <= set(prof), prof
+    assert all(v >= 0.0 for v in prof.values()) and 0.0 < sum(prof.values()) <= wall
+    assert list(prof.values()) == sorted(prof.values(), reverse=True)  # largest first
+
+    seqs = [gen.new_sequence() for _ in range(3)]
+    for i, s in enumerate(seqs):
+        s.prefill(PROMPT[: 3 + i])
+    gen.step_batch(seqs, rlx.SampleOpts.greedy())
+    batch = [s.last_profile() for s in seqs]
+    assert batch[0] == batch[1] == batch[2] and "attention" in batch[0]
+    assert gen.last_profile() == prof  # the generator's own sequence did not run in the batch
+
+    gen.profile(False)
+    gen.step_cached(rlx.SampleOpts.greedy())
+    with pytest.raises(rlx.Error, match="profiling is off"):
+        gen.last_profile()
