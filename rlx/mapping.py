@@ -41,6 +41,7 @@ import numpy as np
 _PMD = 2 << 20        # one 2 MiB page
 _SAMPLE_MIN = 64 << 20  # files smaller than this are mapped without sampling
 _SAMPLES = 64
+_BATCH = 8            # sampled places resident at once
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
@@ -137,16 +138,28 @@ def _refresh_small_pages(path: str) -> None:
             for o in places:
                 if libc.mincore(ctypes.c_void_p(base + o), ctypes.c_size_t(4096), vec) == 0:
                     (warm if vec[0] & 1 else cold).append(o)
-            for o in warm:  # faulted first and counted, then the cold ones on top
-                _ = m[o]
-            warm_huge = _vma_pmd(base) // _PMD
-            for o in cold:
-                _ = m[o]  # a 2 MiB folio read from disk, where the kernel and file system can
-            cold_huge = _vma_pmd(base) // _PMD - warm_huge
+            warm_huge = _faulted_huge(m, base, warm)  # the cached places first, then the cold ones
+            cold_huge = _faulted_huge(m, base, cold)  # 2 MiB folios read from disk, where the kernel can
         if (cold_huge > 0 or warm_huge > 0) and warm_huge < len(warm):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+
+
+def _faulted_huge(m: mmap.mmap, base: int, places: list[int]) -> int:
+    """Faults the 2 MiB at each offset of places in m (mapped at base) and counts those that came
+    as 2 MiB pages. _BATCH places at a time, each batch let go (MADV_DONTNEED: this mapping's
+    pages, not the page cache) before the next, so the sample holds at most _BATCH * 2 MiB of
+    the file resident at once (all _SAMPLES places, 128 MiB, raised every load's peak RSS)."""
+    huge = 0
+    for i in range(0, len(places), _BATCH):
+        batch = places[i:i + _BATCH]
+        for o in batch:
+            _ = m[o]
+        huge += _vma_pmd(base) // _PMD
+        for o in batch:
+            m.madvise(mmap.MADV_DONTNEED, o, _PMD)
+    return huge
 
 
 def _vma_pmd(base: int) -> int:

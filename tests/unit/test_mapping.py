@@ -125,3 +125,25 @@ def test_small_folios_of_a_partly_cached_file_are_replaced(tmp_path):
     cache_small(q, 0, 80 * MIB)
     rss, huge = mapped_whole(q)
     assert rss == 80 * MIB and huge == 0
+
+
+@linux_thp
+def test_the_sample_holds_few_places_resident_at_once(tmp_path, monkeypatch):
+    """map_file's sample of a large file faults its places a batch at a time and lets each batch go:
+    the file's resident bytes in this process never pass mapping._BATCH places of 2 MiB (all 64
+    places, 128 MiB, were resident at once before, raising the peak RSS of every load)."""
+    p = tmp_path / "w.bin"
+    write_file(p, 80 * MIB)
+    cache_small(p, 0, 40 * MIB)  # warm places and cold ones: both kinds are sampled
+    seen = []
+    vma_pmd = mapping._vma_pmd
+
+    def counting(base):
+        seen.append(mapping.mapped_pages(str(p))[0])
+        return vma_pmd(base)
+
+    monkeypatch.setattr(mapping, "_vma_pmd", counting)
+    data = mapping.map_file(str(p))
+    assert len(seen) >= 2 and max(seen) <= mapping._BATCH * 2 * MIB, seen
+    assert mapping.mapped_pages(str(p))[0] == 0  # nothing of the sample stays mapped
+    assert int(data[::4096].sum()) >= 0 and mapping.mapped_pages(str(p))[0] == 80 * MIB
