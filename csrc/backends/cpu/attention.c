@@ -378,14 +378,6 @@ static void split_tasks(void *p, int64_t begin, int64_t end)
         for (int64_t h = 0; h < Hq; h++) pt.m[h] = -INFINITY, pt.l[h] = 0.0f;
         memset(pt.o, 0, (size_t)(Hq * D) * sizeof(float));
         const int64_t j0 = c->lo + len * t / c->ntasks, j1 = c->lo + len * (t + 1) / c->ntasks;
-#ifdef PF_FIRST
-        {
-            const int64_t n0 = j1 - j0 < RLX_ATTN_CHUNK ? j1 - j0 : RLX_ATTN_CHUNK;
-            const int64_t es = a->kv_dtype == RLX_F32 ? 4 : 2, rs = a->Hkv * a->D * es;
-            const char *kp = (const char *)a->k + j0 * rs;
-            for (int64_t o = 0; o < n0 * rs; o += 64) _mm_prefetch(kp + o, PF_FIRST);
-        }
-#endif
         for (int64_t cj = j0; cj < j1;) {
             const int64_t n = j1 - cj < RLX_ATTN_CHUNK ? j1 - cj : RLX_ATTN_CHUNK;
             const int64_t nn = j1 - cj - n < RLX_ATTN_CHUNK ? j1 - cj - n : RLX_ATTN_CHUNK;
