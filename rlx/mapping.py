@@ -16,7 +16,8 @@ those when the pages are read in through a mapping advised MADV_HUGEPAGE (transp
   through it comes in as 2 MiB folios (and any later mapping of it, by rlx or by another program,
   gets 2 MiB pages);
 - a file of 64 MiB and more is sampled first (`_SAMPLES` 2 MiB-aligned places, each faulted
-  through a fresh advised mapping): if some place comes as a 2 MiB page (so this file system and
+  through a fresh advised mapping, `_BATCH` at a time and let go after, so that the sample adds
+  little to the peak RSS): if some place comes as a 2 MiB page (so this file system and
   kernel can: a place read from disk by the fault, or one cached so) while a place that was
   already cached comes as 4 KiB pages (read earlier without the advice: a download, a copy,
   another program), the file's clean, unmapped cached pages are dropped (posix_fadvise DONTNEED)
