@@ -179,7 +179,8 @@ static void axpy(float *o, float w, const float *v, int64_t D)
 }
 
 /* p[j] = exp(p[j] - m) for j < n (-inf gives 0); returns their sum. 16 lanes through
- * rlx_cpu_exp16, the tail through a vector padded with -inf. */
+ * rlx_cpu_exp16, whole vectors loaded and stored directly, the tail through a vector padded with
+ * -inf (rlx_cpu_load16_part). */
 RLX_CPU_CLONES
 static float exp_sum(float *p, int64_t n, float m)
 {
@@ -193,36 +194,6 @@ static float exp_sum(float *p, int64_t n, float m)
         rlx_cpu_exp16(&v);
         sum += v;
         rlx_cpu_store16_part(p + j, &v, len);
-    }
-    return hsum16(&sum);
-}
-
-/* p[j] = exp(p[j] - m) for j < n (-inf gives 0; m finite, >= every p[j]); returns their sum.
- * Whole vectors are loaded and stored directly; only the tail (< 16) goes through a vector
- * padded with -inf. */
-RLX_CPU_CLONES
-static float exp_sum_row(float *p, int64_t n, float m)
-{
-    rlx_cpu_v16 sum = {0};
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16) {
-        rlx_cpu_v16 v;
-        memcpy(&v, p + j, sizeof v);
-        v -= m;
-        rlx_cpu_exp16(&v);
-        sum += v;
-        memcpy(p + j, &v, sizeof v);
-    }
-    if (j < n) {
-        float tail[16];
-        for (int l = 0; l < 16; l++) tail[l] = j + l < n ? p[j + l] : -INFINITY;
-        rlx_cpu_v16 v;
-        memcpy(&v, tail, sizeof v);
-        v -= m;
-        rlx_cpu_exp16(&v);
-        sum += v;
-        memcpy(tail, &v, sizeof v);
-        for (int64_t l = 0; l < n - j; l++) p[j + l] = tail[l];
     }
     return hsum16(&sum);
 }
@@ -412,7 +383,7 @@ static void split_tasks(void *p, int64_t begin, int64_t end)
                         for (int64_t e = 0; e < D; e++) pt.o[h * D + e] *= alpha;
                     pt.m[h] = cm;
                 }
-                pt.l[h] += exp_sum_row(sc, n, pt.m[h]);
+                pt.l[h] += exp_sum(sc, n, pt.m[h]);
             }
             if (c->simd)
                 c->simd->values(a, pt.o, pt.sc, cj, n, nn, a->mask_u8 || a->mask_f32);
@@ -553,7 +524,7 @@ static float row_softmax(float *sc, int64_t W, int64_t vlo, int64_t vhi, const f
         for (int64_t c = vlo; c < vhi; c++) sc[c] = NAN;
         return NAN;
     }
-    return 1.0f / exp_sum_row(sc + vlo, vhi - vlo, m);
+    return 1.0f / exp_sum(sc + vlo, vhi - vlo, m);
 }
 
 /* out rows i0 .. i0+R of head h: scores over keys [lo, hi) by sgemm into sc (R, hi - lo), row
