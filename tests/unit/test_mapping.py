@@ -146,4 +146,5 @@ def test_the_sample_holds_few_places_resident_at_once(tmp_path, monkeypatch):
     data = mapping.map_file(str(p))
     assert len(seen) >= 2 and max(seen) <= mapping._BATCH * 2 * MIB, seen
     assert mapping.mapped_pages(str(p))[0] == 0  # nothing of the sample stays mapped
-    assert int(data[::4096].sum()) >= 0 and mapping.mapped_pages(str(p))[0] == 80 * MIB
+    data[::4096].sum()  # touch every page through the returned mapping
+    assert mapping.mapped_pages(str(p))[0] == 80 * MIB
