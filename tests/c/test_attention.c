@@ -2,8 +2,9 @@
  * test_attention.c - the cpu table's attention against the ref table (double-precision sums) at
  * the shapes the vector paths cut differently from test_kernels' cases (see attention.c):
  *   - head sizes of real models (64, 80, 96, 128, 256: the vector paths) and odd ones (40, 72,
- *     100: the portable loops), on every ISA this machine has (AVX-512, AVX2, scalar: RLX_CPU_ISA
- *     caps lowered one by one; valgrind hides AVX-512);
+ *     100: the portable loops), on every ISA this machine has (AMX, whose flash items take f16 /
+ *     bf16 K / V with D % 32 == 0 on bf16 tiles, AVX-512, AVX2, scalar: RLX_CPU_ISA caps lowered
+ *     one by one; valgrind hides AVX-512);
  *   - pasts and query counts on either side of the tiles' edges: 64-key blocks of the flash path
  *     and 64-key chunks of the decode path (four keys at a time, tails of 1-3), query blocks of
  *     ceil(128 / G) positions, windows that start inside a block;
@@ -229,9 +230,11 @@ static void test_threads(int vg)
         {.S = 20, .P = 100, .Hq = 4, .Hkv = 2, .D = 72, .causal = 1, .dt = RLX_F32}, /* portable (odd D) */
         {.S = 1, .P = 4000, .Hq = 16, .Hkv = 8, .D = 128, .causal = 1, .dt = RLX_F16},
         {.S = 1, .P = 3000, .Hq = 32, .Hkv = 8, .D = 64, .causal = 1, .masks = 1, .dt = RLX_BF16},
+        /* AMX: K / V packed for groups of kv heads within 16 MiB (attention_amx.c): 3, 3 and 2 heads */
+        {.S = 16, .P = 4100, .Hq = 16, .Hkv = 8, .D = 128, .causal = 1, .dt = RLX_F16},
     };
     for (int i = 0; i < (int)(sizeof cs / sizeof cs[0]); i++) {
-        if (vg && i % 2) continue;
+        if (vg && (i % 2 || cs[i].S * cs[i].P > 10000)) continue;
         /* bitwise where the split does not depend on the thread count: the flash path (S >= 8 on a
          * vector ISA); decode (S == 1) splits its keys by thread count, and the sgemm path's bits
          * depend on OpenBLAS's thread count (seen on a Zen 5 EPYC: OpenBLAS 0.3.21 with 1 thread
@@ -332,7 +335,9 @@ int main(void)
     const int vg = under_valgrind();
 #endif
     const int native = rlx_cpu_isa();
-    for (int isa = native < RLX_CPU_ISA_AVX512 ? native : RLX_CPU_ISA_AVX512; isa >= RLX_CPU_ISA_SCALAR; isa--) {
+    /* AMX (the flash items on bf16 tiles, attention_amx.c), AVX-512, AVX2, scalar: AVX512_BF16
+     * takes the AVX-512 paths here */
+    for (int isa = native; isa >= RLX_CPU_ISA_SCALAR; isa = isa == RLX_CPU_ISA_AMX ? RLX_CPU_ISA_AVX512 : isa - 1) {
         rlx_cpu_isa_cap(isa);
         test_head_sizes_and_edges(vg);
         test_threads(vg);

@@ -32,6 +32,9 @@
  * 151-156 with OpenBLAS capped at one thread). Measured (one thread, thread CPU time, f16 K / V,
  * causal S = T; machine shared, load average ~4): Qwen3 shape (16 / 8 heads, D = 128) 65 -> 80
  * GFLOP/s at T = 1024-4096, Llama 3.2 shape (32 / 8, D = 64) 60 -> 75 (OpenBLAS sgemm before).
+ * Where the CPU has AMX-BF16 and K / V are f16 or bf16 (D a multiple of 32), the items run on bf16
+ * tiles instead, every operand split into a bf16 hi + lo pair so that the products keep 16 bits of
+ * Q and P and all of K and V (attention_amx.c: its header says how, and what it measured).
  *
  * Prefill and extension otherwise (S >= RLX_ATTN_GEMM_MIN_S): through sgemm. Per kv head, per
  * block of `rows` query positions, per query head of the kv head's group: scores (rows, W) =
@@ -644,7 +647,8 @@ size_t rlx_cpu_attention_scratch(const struct rlx_attn_args *a)
     const int64_t S = a->S, T = a->T;
     /* the flash path's, when it may be taken (whichever ISA the call then finds, the larger need) */
     const size_t flash = S >= RLX_ATTN_FLASH_MIN_S && a->D > 0 && a->D % 16 == 0
-                             ? (size_t)rlx_pool_threads() * (size_t)rlx_cpu_attn_flash_task_floats(a)
+                             ? (size_t)rlx_pool_threads() * (size_t)rlx_cpu_attn_flash_task_floats(a) +
+                                   (size_t)rlx_cpu_attn_amx_shared_floats(a)
                              : 0;
     if (S >= RLX_ATTN_GEMM_MIN_S) {
         const int64_t rows = gemm_rows(S, T);

@@ -94,10 +94,9 @@ const struct attn_simd *rlx_cpu_attn_simd(const struct rlx_attn_args *a)
  * Prefill / extension on the vector paths: tiled flash attention on the pool
  * ------------------------------------------------------------------------------------------- */
 
-/* Keys per block, and the query columns one work item aims at (the rows of a block of query
- * positions times the G query heads of one kv head). */
-#define RLX_ATTN_FLASH_BC 64
-#define RLX_ATTN_FLASH_M  128
+/* The query columns one work item aims at (the rows of a block of query positions times the G
+ * query heads of one kv head). */
+#define RLX_ATTN_FLASH_M 128
 
 /* Query positions per work item: G of them make about RLX_ATTN_FLASH_M columns. */
 static int64_t flash_rows(const struct rlx_attn_args *a)
@@ -111,11 +110,14 @@ static int64_t flash_rows(const struct rlx_attn_args *a)
  * microkernels' tile width on both ISAs). */
 static int64_t flash_cols(const struct rlx_attn_args *a, int64_t R) { return (R * (a->Hq / a->Hkv) + 31) / 32 * 32; }
 
-/* Floats of one task's scratch: Qt, Ot (D x M), Kw, Vw (Bc x D), St (Bc x M), m, l, al (M). */
+/* Floats of one task's scratch: Qt, Ot (D x M), Kw, Vw (Bc x D), St (Bc x M), m, l, al (M); or the
+ * AMX item's (attention_amx.c), whichever is larger (the ISA may be capped between this and the
+ * call). */
 int64_t rlx_cpu_attn_flash_task_floats(const struct rlx_attn_args *a)
 {
     const int64_t M = flash_cols(a, flash_rows(a)), D = a->D, bc = RLX_ATTN_FLASH_BC;
-    return 2 * D * M + 2 * bc * D + bc * M + 3 * M;
+    const int64_t f32 = 2 * D * M + 2 * bc * D + bc * M + 3 * M, amx = rlx_cpu_attn_amx_task_floats(M, D);
+    return f32 > amx ? f32 : amx;
 }
 
 struct flash_ctx {
@@ -154,19 +156,6 @@ static void flash_mask(const struct rlx_attn_args *a, float *St, float *Vw, int6
     }
 }
 
-/* Asks the cache for kv head g's K and V rows [k0, k0 + n) (the next block: its rows are a head
- * segment apart, which the hardware prefetchers do not follow); n <= 0 asks for nothing. */
-static void prefetch_block(const struct rlx_attn_args *a, int64_t k0, int64_t n, int64_t g)
-{
-    const int64_t es = a->kv_dtype == RLX_F32 ? 4 : 2, seg = a->D * es, rs = a->Hkv * seg;
-    const char *kp = (const char *)a->k + k0 * rs + g * seg, *vp = (const char *)a->v + k0 * rs + g * seg;
-    for (int64_t c = 0; c < n; c++)
-        for (int64_t b = 0; b < seg; b += 64) {
-            __builtin_prefetch(kp + c * rs + b, 0, 2);
-            __builtin_prefetch(vp + c * rs + b, 0, 2);
-        }
-}
-
 /* Work item idx: kv head g and query block qb (the last blocks first: under a causal mask they
  * see the most keys, so the pool's threads finish together). */
 static void flash_item(struct flash_ctx *c, int64_t idx, float *w)
@@ -192,7 +181,7 @@ static void flash_item(struct flash_ctx *c, int64_t idx, float *w)
     const int64_t qfirst = a->T - a->S + i0, qlast = qfirst + R - 1;
     for (int64_t k0 = lo; k0 < hi; k0 += bc) {
         const int64_t n = hi - k0 < bc ? hi - k0 : bc, np = (n + sd->mr - 1) / sd->mr * sd->mr;
-        prefetch_block(a, k0 + bc, hi - k0 - bc < bc ? hi - k0 - bc : bc, g);
+        rlx_cpu_attn_prefetch_block(a, k0 + bc, hi - k0 - bc < bc ? hi - k0 - bc : bc, g);
         sd->widen_rows(a, a->k, k0, n, np, g, Kw);
         sd->widen_rows(a, a->v, k0, n, np, g, Vw);
         sd->flash_scores(St, Kw, Qt, np, D, M);
@@ -223,6 +212,10 @@ static void flash_tasks(void *p, int64_t begin, int64_t end)
 void rlx_cpu_attn_flash(const struct rlx_attn_args *a, const struct attn_simd *sd)
 {
     struct flash_ctx c = {.a = a, .simd = sd, .br = flash_rows(a)};
+    if (rlx_cpu_attn_amx(a)) {
+        rlx_cpu_attn_flash_amx(a, c.br, flash_cols(a, c.br), rlx_cpu_attn_flash_task_floats(a));
+        return;
+    }
     c.nqb = (a->S + c.br - 1) / c.br;
     c.items = a->Hkv * c.nqb;
     atomic_init(&c.next, 0);

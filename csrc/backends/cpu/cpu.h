@@ -117,6 +117,9 @@ int rlx_cpu_isa(void);
 /* For tests: caps rlx_cpu_isa() at `cap` from now on (it never rises above what cpuid and
  * RLX_CPU_ISA allow); returns the previous cap. Not for use while kernels run on other threads. */
 int rlx_cpu_isa_cap(int cap);
+/* rlx_cpu_isa() without rlx_cpu_isa_cap's cap (RLX_CPU_ISA's still applies): what a scratch size
+ * must allow for when a test may lift the cap before the call. */
+int rlx_cpu_isa_native(void);
 /* Whether the AVX-512 VNNI integer dot products (VPDPBUSD) may be used: cpuid has AVX512_VNNI and
  * rlx_cpu_isa() allows AVX-512 (lowp.c). */
 int rlx_cpu_avx512_vnni(void);

@@ -83,9 +83,8 @@ static int detect_isa(void)
 
 static atomic_int isa_cap = RLX_CPU_ISA_TOP;
 
-/* The vector paths this machine may take (cached; a racing first call computes the same value),
- * capped by rlx_cpu_isa_cap. */
-int rlx_cpu_isa(void)
+/* What detect_isa finds (cached; a racing first call computes the same value) */
+int rlx_cpu_isa_native(void)
 {
     static atomic_int isa = -1;
     int v = atomic_load_explicit(&isa, memory_order_relaxed);
@@ -93,7 +92,13 @@ int rlx_cpu_isa(void)
         v = detect_isa();
         atomic_store_explicit(&isa, v, memory_order_relaxed);
     }
-    const int cap = atomic_load_explicit(&isa_cap, memory_order_relaxed);
+    return v;
+}
+
+/* The vector paths this machine may take, capped by rlx_cpu_isa_cap. */
+int rlx_cpu_isa(void)
+{
+    const int v = rlx_cpu_isa_native(), cap = atomic_load_explicit(&isa_cap, memory_order_relaxed);
     return v < cap ? v : cap;
 }
 
