@@ -57,7 +57,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#define AX_ATTRS "amx-tile,amx-bf16,avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,f16c,fma"
+#define AX_ATTRS  "amx-tile,amx-bf16,avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,f16c,fma"
 #define AX_FN     __attribute__((target(AX_ATTRS), always_inline)) static inline
 #define AX_TARGET __attribute__((target(AX_ATTRS)))
 
@@ -169,8 +169,8 @@ AX_FN void pack_v(const struct rlx_attn_args *a, int64_t k0, int64_t n, int64_t 
 {
     const int64_t D = a->D, rs = a->Hkv * D, dg = D / 16;
     const uint16_t *base = (const uint16_t *)a->v + g * D;
-    const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                         37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                         5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     for (int64_t ks = 0; ks < BC / 32; ks++)
         for (int p = 0; p < 16; p++) {
             const int64_t c0 = ks * 32 + 2 * p, c1 = c0 + 1;
@@ -333,13 +333,16 @@ AX_FN void softmax(float *S, uint16_t *ph, uint16_t *pl, int64_t M, int64_t np, 
 
 struct amx_ctx {
     const struct rlx_attn_args *a;
-    uint16_t *pack;                  /* the group's packed K / V: per head Kh, Kl, Vh, Vl of tpad x D words */
-    int64_t g0, ng, nb;              /* the group's first kv head, its heads, key blocks a head */
+    uint16_t *pack;                     /* the group's packed K / V: per head Kh, Kl, Vh, Vl of tpad x D words */
+    int64_t g0, ng, nb;                 /* the group's first kv head, its heads, key blocks a head */
     int64_t br, nqb, Mmax, task_floats; /* query positions an item, query blocks, columns an item at most */
-    atomic_llong next;               /* the next item to take */
+    atomic_llong next;                  /* the next item to take */
 };
 
-static uint16_t *head_pack(const struct amx_ctx *c, int64_t g) { return c->pack + (g - c->g0) * tpad(c->a) * c->a->D * 4; }
+static uint16_t *head_pack(const struct amx_ctx *c, int64_t g)
+{
+    return c->pack + (g - c->g0) * tpad(c->a) * c->a->D * 4;
+}
 
 /* Packs blocks [begin, end) of the group (head-major); a value row no query sees (the u8 mask) is
  * zeroed, as the f32 item zeroes a row none of its queries sees. */
