@@ -91,6 +91,25 @@ def test_from_dict_one_step_matches_reference(family, device):
     assert "layers=2" in repr(gen)
 
 
+LONG = rlx.Qwen3Config(vocab_size=96, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=1024,
+                      rms_norm_eps=1e-6, rope_theta=1e4, tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "bf16"])
+def test_long_prompt_matches_reference(kv_dtype):
+    """A 600-token prompt against the NumPy reference, to the short prompt's bound: its flash
+    attention (S x T = 360000) takes, where the CPU has AMX-BF16, the bf16 tiles with every operand
+    split into hi + lo (csrc/backends/cpu/attention_amx.c; head_dim 64 and an f16 / bf16 cache),
+    elsewhere the f32 items."""
+    w = random_weights(LONG, seed=5)
+    ids = [int(t) for t in np.random.default_rng(6).integers(0, LONG.vocab_size, 600)]
+    gen = rlx.Generator(LONG, w, device="cpu", kv_dtype=kv_dtype)
+    got = gen.prefill_get_last_logits(ids)
+    want = ref_forward(LONG, w, ids, kv_dtype)[-1]
+    assert np.abs(got - want).max() < 1e-4, np.abs(got - want).max()
+
+
 def test_f32_weights_are_used_in_place():
     """Zero-copy: the C generator reads the caller's float32 arrays, so an in-place edit after
     construction changes the logits (on both the prefill and the decode plans)."""

@@ -51,7 +51,7 @@ void rlx_cpu_attn_flash(const struct rlx_attn_args *a, const struct attn_simd *s
 int64_t rlx_cpu_attn_flash_task_floats(const struct rlx_attn_args *a);
 
 /* The flash path on AMX-BF16 tiles (attention_amx.c): whether this call takes it (rlx_cpu_isa() is
- * RLX_CPU_ISA_AMX, K / V f16 or bf16, D a multiple of 32); the floats of one task's scratch for
+ * RLX_CPU_ISA_AMX, K / V f16 or bf16, D a multiple of 32, S x T large enough); the floats of one task's scratch for
  * items of up to M columns; the floats of scratch shared by the tasks, after theirs (0 where the
  * machine has no AMX); the call, with items of br query positions and at most Mmax columns, and
  * task_floats (>= rlx_cpu_attn_amx_task_floats) floats of scratch a pool thread. */

@@ -1,7 +1,7 @@
 /*
  * attention_amx.c - the flash path (attention_vec.c; attention.c's header says what it computes) on
  * AMX-BF16 tiles, taken where rlx_cpu_isa() is RLX_CPU_ISA_AMX for K / V cached as f16 or bf16 with
- * D a multiple of 32 (rlx_cpu_attn_amx). The f32 items' products run at about the FMA units' peak
+ * D a multiple of 32 and S x T >= RLX_ATTN_AMX_MIN_WORK (rlx_cpu_attn_amx). The f32 items' products run at about the FMA units' peak
  * and were ~63 % of their time; TDPBF16PS multiplies 16 x 16 x 32 bf16 values an instruction.
  *
  * Precision. A tile product multiplies bf16 values (8 significant bits) exactly and sums in f32.
@@ -65,10 +65,18 @@
 #define PACK_BYTES ((int64_t)16 << 20) /* packed K / V of a group of kv heads, at most (or one head's) */
 
 #include <stdlib.h>
+/* Calls with S x T below this keep the f32 items: their attention is a small part of the prefill
+ * (whole prefills, Qwen3-0.6B Q4_K_M: pp512 1.58-1.59 -> 1.45-1.47 s on the tiles, below that
+ * within the noise), and there the f32 items' rounding costs nothing. Measured besides: with the
+ * tiles from S = 8, tests/unit/test_quant_models.py's quantised models (16-token prompts) agreed
+ * with the emulation to 1e-4 in 62-65 % of rows instead of the 75 % it asks (its activations' 8-bit
+ * grid turns the tiles' ~1e-5 differences into a step more often than the f32 items' ~1e-6). */
+#define RLX_ATTN_AMX_MIN_WORK ((int64_t)1 << 18)
+
 int rlx_cpu_attn_amx(const struct rlx_attn_args *a)
 {
     return rlx_cpu_isa() >= RLX_CPU_ISA_AMX && (a->kv_dtype == RLX_F16 || a->kv_dtype == RLX_BF16) && a->D > 0 &&
-           a->D % 32 == 0;
+           a->D % 32 == 0 && a->S * a->T >= RLX_ATTN_AMX_MIN_WORK;
 }
 
 /* keys padded to whole blocks; kv heads per group (their packed K / V within PACK_BYTES, at least
@@ -85,7 +93,7 @@ int64_t rlx_cpu_attn_amx_task_floats(int64_t M, int64_t D) { return 2 * M * D + 
 int64_t rlx_cpu_attn_amx_shared_floats(const struct rlx_attn_args *a)
 {
     if (!(a->kv_dtype == RLX_F16 || a->kv_dtype == RLX_BF16) || a->D <= 0 || a->D % 32 ||
-        rlx_cpu_isa_native() < RLX_CPU_ISA_AMX)
+        a->S * a->T < RLX_ATTN_AMX_MIN_WORK || rlx_cpu_isa_native() < RLX_CPU_ISA_AMX)
         return 0;
     return group_heads(a) * tpad(a) * a->D * 2; /* 4 words (K, V; hi, lo) per key and value of d */
 }
