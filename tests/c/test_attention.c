@@ -361,7 +361,7 @@ int main(void)
         test_hidden_rows(vg);
         test_bucket_bitwise(vg);
         if (!vg) test_amx_prefills(); /* the ref's double sums of its shapes take minutes under valgrind */
-        if (vg) break; /* one path (valgrind hides AVX-512); scalar is test_kernels' */
+        if (vg) break;                /* one path (valgrind hides AVX-512); scalar is test_kernels' */
     }
     rlx_cpu_isa_cap(RLX_CPU_ISA_TOP);
     rlx_set_num_threads(1); /* joins the workers: no thread left for valgrind */

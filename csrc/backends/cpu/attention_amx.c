@@ -64,7 +64,6 @@
 #define BC         RLX_ATTN_FLASH_BC
 #define PACK_BYTES ((int64_t)16 << 20) /* packed K / V of a group of kv heads, at most (or one head's) */
 
-#include <stdlib.h>
 /* Calls with S x T below this keep the f32 items: their attention is a small part of the prefill
  * (whole prefills, Qwen3-0.6B Q4_K_M: pp512 1.58-1.59 -> 1.45-1.47 s on the tiles, below that
  * within the noise), and there the f32 items' rounding costs nothing. Measured besides: with the
