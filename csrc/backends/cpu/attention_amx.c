@@ -79,7 +79,7 @@ int rlx_cpu_attn_amx(const struct rlx_attn_args *a)
 }
 
 /* keys padded to whole blocks; kv heads per group (their packed K / V within PACK_BYTES, at least
- * one); words of one head's packed K or V, hi or lo */
+ * one) */
 static int64_t tpad(const struct rlx_attn_args *a) { return (a->T + BC - 1) / BC * BC; }
 static int64_t group_heads(const struct rlx_attn_args *a)
 {
