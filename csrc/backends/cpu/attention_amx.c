@@ -118,32 +118,6 @@ AX_FN void split_kv(__m512i v, const int dt, __m512i *hi, __m512i *lo)
     split2(_mm512_cvtph_ps(_mm512_castsi512_si256(v)), _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v, 1)), hi, lo);
 }
 
-/* r[i] lane j -> r[j] lane i (16 x 16 32-bit values) */
-AX_FN void transpose16(__m512i r[16])
-{
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    for (int s = 0; s < 4; s++) {
-        const __m512i a0 = _mm512_shuffle_i32x4(r[s], r[4 + s], 0x88), a1 = _mm512_shuffle_i32x4(r[s], r[4 + s], 0xdd);
-        const __m512i b0 = _mm512_shuffle_i32x4(r[8 + s], r[12 + s], 0x88);
-        const __m512i b1 = _mm512_shuffle_i32x4(r[8 + s], r[12 + s], 0xdd);
-        t[s] = _mm512_shuffle_i32x4(a0, b0, 0x88);
-        t[8 + s] = _mm512_shuffle_i32x4(a0, b0, 0xdd);
-        t[4 + s] = _mm512_shuffle_i32x4(a1, b1, 0x88);
-        t[12 + s] = _mm512_shuffle_i32x4(a1, b1, 0xdd);
-    }
-    for (int i = 0; i < 16; i++) r[i] = t[i];
-}
-
 /* Key rows [k0, k0 + n) of kv head g into one block of Kt hi / lo (BC / 16 x D / 32 tiles of 512
  * words; rows n .. BC zero) */
 AX_FN void pack_k(const struct rlx_attn_args *a, int64_t k0, int64_t n, int64_t g, uint16_t *kh, uint16_t *kl,
@@ -158,7 +132,7 @@ AX_FN void pack_k(const struct rlx_attn_args *a, int64_t k0, int64_t n, int64_t 
                 const int64_t key = kg * 16 + c;
                 r[c] = key < n ? _mm512_loadu_si512(base + (k0 + key) * rs + 32 * s) : _mm512_setzero_si512();
             }
-            transpose16(r); /* r[p]: the 16 keys' values 2p, 2p + 1 of this d range */
+            rlx_cpu_transpose16(r); /* r[p]: the 16 keys' values 2p, 2p + 1 of this d range */
             uint16_t *th = kh + (kg * ds + s) * 512, *tl = kl + (kg * ds + s) * 512;
             for (int p = 0; p < 16; p++) {
                 __m512i h, l;

@@ -83,6 +83,35 @@ static inline __attribute__((always_inline)) void rlx_cpu_exp16(rlx_cpu_v16 *v)
     *v = (rlx_cpu_v16)y;
 }
 
+/* r[i] lane j -> r[j] lane i: a 16 x 16 transpose of 32-bit values (gemm_bf16.c, attention_amx.c) */
+static inline __attribute__((target("avx512f"), always_inline)) void rlx_cpu_transpose16(__m512i r[16])
+{
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* r[4g + s] holds, in each 128-bit lane L, rows 4g..4g+3 of column 4L + s' (s' = 0, 2, 1, 3 order
+     * from the unpacks: r[4g+0] col 4L+0, r[4g+1] col 4L+1, r[4g+2] col 4L+2, r[4g+3] col 4L+3) */
+    for (int s = 0; s < 4; s++) {
+        const __m512i a0 = _mm512_shuffle_i32x4(r[s], r[4 + s], 0x88); /* lanes 0,2 of each */
+        const __m512i a1 = _mm512_shuffle_i32x4(r[s], r[4 + s], 0xdd); /* lanes 1,3 */
+        const __m512i b0 = _mm512_shuffle_i32x4(r[8 + s], r[12 + s], 0x88);
+        const __m512i b1 = _mm512_shuffle_i32x4(r[8 + s], r[12 + s], 0xdd);
+        t[s] = _mm512_shuffle_i32x4(a0, b0, 0x88);      /* lane 0: column s */
+        t[8 + s] = _mm512_shuffle_i32x4(a0, b0, 0xdd);  /* lane 2: column 8 + s */
+        t[4 + s] = _mm512_shuffle_i32x4(a1, b1, 0x88);  /* lane 1: column 4 + s */
+        t[12 + s] = _mm512_shuffle_i32x4(a1, b1, 0xdd); /* lane 3: column 12 + s */
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
 /* Minimum items per chunk handed to rlx_parallel_for, in floats touched (cheap ops), in floats
  * through expf/sinf (transcendental ops), and in multiply-adds (attention). Below these a
  * kernel runs on the calling thread: a region costs about 10-15 us of wake-up and join when the

@@ -142,35 +142,6 @@ struct gb_ctx {
     atomic_llong next;
 };
 
-/* 16 x 16 transpose of 32-bit elements: r[i] lane j -> r[j] lane i */
-GB_FN void gb_transpose16(__m512i r[16])
-{
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    /* r[4g + s] holds, in each 128-bit lane L, rows 4g..4g+3 of column 4L + s' (s' = 0, 2, 1, 3 order
-     * from the unpacks: r[4g+0] col 4L+0, r[4g+1] col 4L+1, r[4g+2] col 4L+2, r[4g+3] col 4L+3) */
-    for (int s = 0; s < 4; s++) {
-        const __m512i a0 = _mm512_shuffle_i32x4(r[s], r[4 + s], 0x88); /* lanes 0,2 of each */
-        const __m512i a1 = _mm512_shuffle_i32x4(r[s], r[4 + s], 0xdd); /* lanes 1,3 */
-        const __m512i b0 = _mm512_shuffle_i32x4(r[8 + s], r[12 + s], 0x88);
-        const __m512i b1 = _mm512_shuffle_i32x4(r[8 + s], r[12 + s], 0xdd);
-        t[s] = _mm512_shuffle_i32x4(a0, b0, 0x88);      /* lane 0: column s */
-        t[8 + s] = _mm512_shuffle_i32x4(a0, b0, 0xdd);  /* lane 2: column 8 + s */
-        t[4 + s] = _mm512_shuffle_i32x4(a1, b1, 0x88);  /* lane 1: column 4 + s */
-        t[12 + s] = _mm512_shuffle_i32x4(a1, b1, 0xdd); /* lane 3: column 12 + s */
-    }
-    for (int i = 0; i < 16; i++) r[i] = t[i];
-}
-
 /* B block: columns n0 .. n0 + nc, values k0 .. k0 + kc (kc even unless it ends at K) into dst,
  * panel by panel. */
 GB_TARGET static void gb_pack_b(uint32_t *dst, const uint16_t *b, int64_t K, int64_t N, int64_t n0, int64_t nc,
@@ -185,7 +156,7 @@ GB_TARGET static void gb_pack_b(uint32_t *dst, const uint16_t *b, int64_t K, int
                 for (int h = 0; h < 2; h++) {
                     __m512i r[16];
                     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(b + (c0 + 16 * h + i) * K + k0 + 2 * q);
-                    gb_transpose16(r);
+                    rlx_cpu_transpose16(r);
                     for (int i = 0; i < 16; i++) _mm512_storeu_si512(dst + (q + i) * 32 + 16 * h, r[i]);
                 }
         for (; q < kpb; q++)
@@ -336,7 +307,7 @@ GA_FN void ga_store(float *out, int64_t ldo, const float t[256], int64_t m0, int
 {
     __m512i r[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(t + 16 * i);
-    gb_transpose16(r); /* r[j] lane i = t[i][j] */
+    rlx_cpu_transpose16(r); /* r[j] lane i = t[i][j] */
     const __mmask16 mask = (__mmask16)(0xffffu << ifrom);
     for (int j = 0; j < 16 && m0 + j < mend; j++)
         _mm512_mask_storeu_ps(out + (m0 + j) * ldo + n0, mask, _mm512_castsi512_ps(r[j]));
