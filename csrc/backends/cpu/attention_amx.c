@@ -173,30 +173,29 @@ AX_FN void pack_v(const struct rlx_attn_args *a, int64_t k0, int64_t n, int64_t 
 /* Four tiles of sums (0: rows a x columns b, 1: a x b1, 2: a1 x b, 3: a1 x b1) += the split
  * products of two A tiles (hi at ah, ah1; lo at al, al1; rows lda bytes apart) and two B tiles (hi
  * at bh, bh1, lo at bl, bl1; 64 bytes a row): hi.hi, hi.lo, lo.hi; 10 tile loads for 12 products. */
+/* tiles of sums 0-3 += A tiles 4, 5 x B tiles 6, 7 */
+#define AMX_PRODUCTS4()                                                                                                \
+    do {                                                                                                               \
+        _tile_dpbf16ps(0, 4, 6);                                                                                       \
+        _tile_dpbf16ps(1, 4, 7);                                                                                       \
+        _tile_dpbf16ps(2, 5, 6);                                                                                       \
+        _tile_dpbf16ps(3, 5, 7);                                                                                       \
+    } while (0)
 #define AMX_SPLIT4(ah, ah1, al, al1, lda, bh, bh1, bl, bl1)                                                            \
     do {                                                                                                               \
         _tile_loadd(4, ah, lda);                                                                                       \
         _tile_loadd(5, ah1, lda);                                                                                      \
         _tile_loadd(6, bh, 64);                                                                                        \
         _tile_loadd(7, bh1, 64);                                                                                       \
-        _tile_dpbf16ps(0, 4, 6);                                                                                       \
-        _tile_dpbf16ps(1, 4, 7);                                                                                       \
-        _tile_dpbf16ps(2, 5, 6);                                                                                       \
-        _tile_dpbf16ps(3, 5, 7);                                                                                       \
+        AMX_PRODUCTS4();                                                                                               \
         _tile_loadd(6, bl, 64);                                                                                        \
         _tile_loadd(7, bl1, 64);                                                                                       \
-        _tile_dpbf16ps(0, 4, 6);                                                                                       \
-        _tile_dpbf16ps(1, 4, 7);                                                                                       \
-        _tile_dpbf16ps(2, 5, 6);                                                                                       \
-        _tile_dpbf16ps(3, 5, 7);                                                                                       \
+        AMX_PRODUCTS4();                                                                                               \
         _tile_loadd(4, al, lda);                                                                                       \
         _tile_loadd(5, al1, lda);                                                                                      \
         _tile_loadd(6, bh, 64);                                                                                        \
         _tile_loadd(7, bh1, 64);                                                                                       \
-        _tile_dpbf16ps(0, 4, 6);                                                                                       \
-        _tile_dpbf16ps(1, 4, 7);                                                                                       \
-        _tile_dpbf16ps(2, 5, 6);                                                                                       \
-        _tile_dpbf16ps(3, 5, 7);                                                                                       \
+        AMX_PRODUCTS4();                                                                                               \
     } while (0)
 
 /* S (M, np) = Q K^T from the split operands, 32 x 32 at a time */
@@ -247,6 +246,7 @@ AX_FN void values(float *O, const uint16_t *ph, const uint16_t *pl, const uint16
         }
 }
 #undef AMX_SPLIT4
+#undef AMX_PRODUCTS4
 
 /* The f32 item's masks on this layout: S row r (query i0 + r / G) at key k0 + c becomes -inf where
  * the query may not see the key (causal, window, the u8 mask) and for c >= n; the f32 mask is added
