@@ -170,9 +170,6 @@ AX_FN void pack_v(const struct rlx_attn_args *a, int64_t k0, int64_t n, int64_t 
         }
 }
 
-/* Four tiles of sums (0: rows a x columns b, 1: a x b1, 2: a1 x b, 3: a1 x b1) += the split
- * products of two A tiles (hi at ah, ah1; lo at al, al1; rows lda bytes apart) and two B tiles (hi
- * at bh, bh1, lo at bl, bl1; 64 bytes a row): hi.hi, hi.lo, lo.hi; 10 tile loads for 12 products. */
 /* tiles of sums 0-3 += A tiles 4, 5 x B tiles 6, 7 */
 #define AMX_PRODUCTS4()                                                                                                \
     do {                                                                                                               \
@@ -181,6 +178,10 @@ AX_FN void pack_v(const struct rlx_attn_args *a, int64_t k0, int64_t n, int64_t 
         _tile_dpbf16ps(2, 5, 6);                                                                                       \
         _tile_dpbf16ps(3, 5, 7);                                                                                       \
     } while (0)
+
+/* Four tiles of sums (0: rows a x columns b, 1: a x b1, 2: a1 x b, 3: a1 x b1) += the split
+ * products of two A tiles (hi at ah, ah1; lo at al, al1; rows lda bytes apart) and two B tiles (hi
+ * at bh, bh1, lo at bl, bl1; 64 bytes a row): hi.hi, hi.lo, lo.hi; 10 tile loads for 12 products. */
 #define AMX_SPLIT4(ah, ah1, al, al1, lda, bh, bh1, bl, bl1)                                                            \
     do {                                                                                                               \
         _tile_loadd(4, ah, lda);                                                                                       \
