@@ -147,7 +147,8 @@ class Model:
                       stopping_criteria=stopping_criteria)
             streams = [self.generate(p if isinstance(p, str) else list(p), max_new_tokens, stream=True, **kw)
                        for p in prompt]  # every prompt checked before any runs
-            return completions.run_concurrently([lambda s=s: "".join(s) for s in streams])
+            return completions.run_concurrently([lambda s=s: "".join(s) for s in streams],
+                                                [s.generation for s in streams])
         gen = Generation(self, completions.prompt_ids(self, prompt), GenerationOptions(
             max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repeat_penalty=repetition_penalty, do_sample=do_sample, seed=seed, stop=stop_strings or (),

@@ -20,7 +20,9 @@ Two ways in:
 - ``Batcher`` (many threads): each thread asks for its own sequence's logits; the calls that meet
   while a batch runs go together in the next one. rlx.load's Model steps every generation through
   one, so the server's concurrent requests (each on a worker thread) are batched without knowing
-  of each other.
+  of each other. A generation that runs under ``Batcher.member()`` is counted as active: a step
+  waits up to GATHER_S for every active one to ask, so threads that are between two steps
+  (sampling, decoding text) are not left to alternate in batches of one.
 
 Parity: every row of a batch is computed on its own (attention over its own cache; a product's
 rows do not mix). On cpu a product of up to 16 rows (a decode step of up to 16 sequences) runs the
@@ -41,7 +43,9 @@ whose activations are rounded to 8 bits per block; f32 within 1e-5: tests/unit/t
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from collections import deque
 from typing import Callable, Iterable
 from typing import Sequence as Seq
@@ -53,6 +57,7 @@ from rlx import _C
 __all__ = ["MAX_BATCH", "Batcher", "logits_batch", "step_batch", "generate_batch"]
 
 MAX_BATCH = 16  # RLX_MAX_BATCH in csrc/include/rlx/model.h
+GATHER_S = 0.002  # the longest a Batcher step waits for an active member that has not asked yet
 
 
 def _c_seqs(seqs) -> list:
@@ -136,7 +141,13 @@ class Batcher:
     (as seq's own cached step would); calls from several threads that meet while a batch runs go
     together in the next one (up to max_batch sequences; a prompt enters in pieces of `chunk`
     positions, so a long one does not stall the others). A lone call runs on the sequence's own
-    plans (its prefill in one pass). Sequences must belong to one model."""
+    plans (its prefill in one pass). Sequences must belong to one model.
+
+    A caller that will ask step after step (a generation) runs under ``with batcher.member():``;
+    a step then waits, up to GATHER_S, until every member has asked (or max_batch have), so the
+    members' steps go together even when their threads reach the batcher at different moments (a
+    member that is slow between steps, e.g. a client reading its stream, costs the others at
+    most GATHER_S a step)."""
 
     def __init__(self, max_batch: int = MAX_BATCH, chunk: int = 256):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or not 1 <= max_batch <= MAX_BATCH:
@@ -146,14 +157,28 @@ class Batcher:
         self._cv = threading.Condition()
         self._pending: list[_Request] = []
         self._running = False
+        self._members = 0       # callers inside member(): each will ask again soon
         self.batches = 0        # batch steps run (with more than one sequence)
         self.batched_rows = 0   # sequences those steps advanced, in all
+
+    @contextlib.contextmanager
+    def member(self):
+        """Counts the caller as active while inside: steps wait (up to GATHER_S) for its call."""
+        with self._cv:
+            self._members += 1
+        try:
+            yield self
+        finally:
+            with self._cv:
+                self._members -= 1
+                self._cv.notify_all()
 
     def logits(self, seq) -> np.ndarray:
         """seq's (vocab,) next-token logits after its history (its cache brought up to it)."""
         req = _Request(seq)
         with self._cv:
             self._pending.append(req)
+            self._cv.notify_all()  # a step gathering its members may be waiting for this call
             while not req.done:
                 if not self._running:
                     self._lead(req)
@@ -169,6 +194,12 @@ class Batcher:
         sequence at a time (a failed batch changes no sequence), so each error reaches the call
         it belongs to; Ctrl-C reaches the leading call only, the others are run again later."""
         self._running = True
+        deadline = time.monotonic() + GATHER_S
+        while len(self._pending) < min(self._members, self.max_batch):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cv.wait(left)
         batch = self._pending[:self.max_batch]
         del self._pending[:len(batch)]
         self._cv.release()

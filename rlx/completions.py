@@ -111,14 +111,22 @@ def is_prompt_batch(prompt: Any) -> bool:
         isinstance(p, str) or (isinstance(p, (list, tuple)) and not isinstance(p, str)) for p in prompt)
 
 
-def run_concurrently(fns: Sequence[Callable[[], Any]]) -> list:
+def run_concurrently(fns: Sequence[Callable[[], Any]], generations: Sequence[Generation] = ()) -> list:
     """Each fn on a thread of its own, the results in order (the first exception is raised after
-    all ended). Generations running at once share batched plan steps (rlx.batching.Batcher)."""
+    all ended). Generations running at once share batched plan steps (rlx.batching.Batcher);
+    ``generations`` (those the fns run) are enlisted before any thread starts, so each step waits
+    for all of them from the first."""
     import concurrent.futures
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(fns), thread_name_prefix="rlx-batch") as pool:
-        futures = [pool.submit(f) for f in fns]
-        concurrent.futures.wait(futures)
+    for g in generations:
+        g.enlist()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(fns), thread_name_prefix="rlx-batch") as pool:
+            futures = [pool.submit(f) for f in fns]
+            concurrent.futures.wait(futures)
+    finally:
+        for g in generations:
+            g.leave()
     return [f.result() for f in futures]
 
 
@@ -148,7 +156,7 @@ class BatchCall:
         self.generation = _Generations([c.generation for c in calls])
 
     def result(self) -> dict:
-        results = run_concurrently([c.result for c in self.calls])
+        results = run_concurrently([c.result for c in self.calls], [c.generation for c in self.calls])
         out = dict(results[0])
         out["choices"] = [dict(r["choices"][0], index=i) for i, r in enumerate(results)]
         usage = {k: sum(r["usage"][k] for r in results) for k in ("prompt_tokens", "completion_tokens",

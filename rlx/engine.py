@@ -23,6 +23,7 @@ stopping_criteria(input_ids, scores) with the new token in input_ids. Logprobs a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import secrets
 import threading
@@ -197,6 +198,7 @@ class Generation:
         self.prompt_logprobs: list[TokenLogprob] = []
         self._cancel = threading.Event()
         self._started = False
+        self._membership: contextlib.ExitStack | None = None  # inside model.batcher.member()
 
     # -- results ---------------------------------------------------------------------------------
 
@@ -220,7 +222,30 @@ class Generation:
         self._started = True
         return self._run()
 
+    def enlist(self) -> None:
+        """Counts this generation among the batcher's members now, before it runs (several
+        generations started together on threads: the first one's steps wait for the others'
+        instead of running alone while their threads start). Idempotent; ends when it has run,
+        or at leave()."""
+        if self._membership is None:
+            stack = contextlib.ExitStack()
+            stack.enter_context(self.model.batcher.member())
+            self._membership = stack
+
+    def leave(self) -> None:
+        """Ends what enlist() began (a no-op after the run, which leaves by itself)."""
+        stack, self._membership = self._membership, None
+        if stack is not None:
+            stack.close()
+
     def _run(self) -> Iterator[Piece]:
+        self.enlist()  # the other generations' steps wait for this one's
+        try:
+            yield from self._steps()
+        finally:
+            self.leave()
+
+    def _steps(self) -> Iterator[Piece]:
         model, o, ids = self.model, self.options, self.prompt_ids
         cfg = model.config
         seq = None

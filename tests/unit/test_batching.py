@@ -301,6 +301,58 @@ def test_batcher_sends_each_error_to_its_own_call():
     assert b.batches == 0  # the failed batch is not counted
 
 
+
+def test_a_step_waits_for_its_members_and_no_longer_than_gather_s(monkeypatch):
+    """Batcher.member(): a step waits for every member's call (so threads that reach the batcher at
+    different moments still share the step), for a member that leaves no longer than its leaving,
+    and for one that never asks no longer than GATHER_S."""
+    gen = rlx.Generator(QWEN, weights(QWEN, seed=3), kv_dtype="f32")
+    b = batching.Batcher()
+    a, c = gen.new_sequence(), gen.new_sequence()
+    a.prefill([1, 2, 3])
+    c.prefill([4, 5])
+    want_a = gen.new_sequence().prefill_get_last_logits([1, 2, 3])
+    want_c = gen.new_sequence().prefill_get_last_logits([4, 5])
+    got: dict = {}
+
+    def ask():
+        with b.member():
+            got["a"] = b.logits(a)
+
+    monkeypatch.setattr(batching, "GATHER_S", 60.0)
+    t0 = time.monotonic()
+    with b.member():  # this thread is a member that asks 0.2 s after the other
+        t = threading.Thread(target=ask)
+        t.start()
+        time.sleep(0.2)
+        assert "a" not in got  # its step is waiting for this member
+        got["c"] = b.logits(c)
+    t.join(30)
+    assert time.monotonic() - t0 < 30
+    assert (b.batches, b.batched_rows) == (1, 2)
+    np.testing.assert_allclose(got["a"], want_a, rtol=0, atol=TOL)
+    np.testing.assert_allclose(got["c"], want_c, rtol=0, atol=TOL)
+
+    a.append(7)
+    t0 = time.monotonic()
+    with b.member():  # a member that leaves without asking: the waiting step goes on at once
+        t = threading.Thread(target=ask)
+        t.start()
+        time.sleep(0.2)
+        assert t.is_alive()
+    t.join(30)
+    assert time.monotonic() - t0 < 30 and b.batches == 1
+
+    monkeypatch.setattr(batching, "GATHER_S", 0.05)
+    a.append(8)
+    with b.member():  # a member that never asks costs the step GATHER_S
+        t0 = time.monotonic()
+        t = threading.Thread(target=ask)
+        t.start()
+        t.join(30)
+        assert not t.is_alive() and time.monotonic() - t0 < 30
+    assert b.batches == 1 and got["a"].shape == (QWEN.vocab_size,)
+
 STORIES = __import__("pathlib").Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K" / "hf"
 
 
