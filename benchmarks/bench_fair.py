@@ -594,6 +594,7 @@ def llama_cpp_info() -> dict:
         import llama_cpp
         libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
         import re
+        out["path"] = os.path.dirname(llama_cpp.__file__)
         out["libs"] = sorted(f for f in os.listdir(libdir) if re.search(r"\.so\.\d+\.\d+\.\d+$", f))
         out["system_info"] = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
     except Exception as e:  # noqa: BLE001
@@ -698,7 +699,17 @@ def main() -> int:
     ap.add_argument("--allow-dirty", action="store_true")
     ap.add_argument("--out", help="record path (default benchmarks/results/fair-<date>-<suite>.json)")
     ap.add_argument("--readme", action="store_true", help="write the tables into benchmarks/README.md")
+    ap.add_argument("--llama-path", help="a folder holding another llama-cpp-python build (pip install --target "
+                    "DIR), put first on the path of every process: e.g. one built for AVX2 only, beside "
+                    "RLX_CPU_ISA=avx2 (its system_info and path are recorded)")
     args = ap.parse_args()
+    if args.llama_path:
+        args.llama_path = os.path.abspath(args.llama_path)
+        if not os.path.isfile(os.path.join(args.llama_path, "llama_cpp", "__init__.py")):
+            ap.error(f"--llama-path {args.llama_path}: no llama_cpp package there")
+        sys.path.insert(0, args.llama_path)
+        old = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = args.llama_path + (os.pathsep + old if old else "")
     args.fa = [f == "on" for f in args.fa]
     if args.smoke:
         args.models = args.models or ["Qwen3-0.6B"]
@@ -737,7 +748,8 @@ def main() -> int:
     record = {"schema": 1, "date": date, "suite": args.suite, "argv": sys.argv[1:], "rlx": rlx_state,
               "llama_cpp": llama_cpp_info(), "machine": machine_info(),
               "settings": {"smoke": args.smoke, "quick": args.quick, "rounds": args.rounds, "long_rounds": args.long_rounds, "steps": args.steps,
-                           "settle_s": args.settle, "fa": args.fa, "llama_extra_bufts": args.llama_extra_bufts, "pp": args.pp, "tg_ctx": args.tg_ctx,
+                           "settle_s": args.settle, "fa": args.fa, "llama_extra_bufts": args.llama_extra_bufts,
+                           "llama_path": args.llama_path, "pp": args.pp, "tg_ctx": args.tg_ctx,
                            "ttft": args.ttft, "gate_prompts": args.gate_prompts, "gate_prompt": GATE_PROMPT,
                            "gate_steps": GATE_STEPS,
                            "extend_chunk": EXTEND_CHUNK, "bootstrap_resamples": BOOT,
