@@ -195,11 +195,17 @@ class Batcher:
         it belongs to; Ctrl-C reaches the leading call only, the others are run again later."""
         self._running = True
         deadline = time.monotonic() + GATHER_S
-        while len(self._pending) < min(self._members, self.max_batch):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self._cv.wait(left)
+        try:
+            while len(self._pending) < min(self._members, self.max_batch):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
+        except BaseException:  # Ctrl-C while gathering: nothing ran; another call may lead
+            self._pending.remove(mine)
+            self._running = False
+            self._cv.notify_all()
+            raise
         batch = self._pending[:self.max_batch]
         del self._pending[:len(batch)]
         self._cv.release()

@@ -353,6 +353,19 @@ def test_a_step_waits_for_its_members_and_no_longer_than_gather_s(monkeypatch):
         assert not t.is_alive() and time.monotonic() - t0 < 30
     assert b.batches == 1 and got["a"].shape == (QWEN.vocab_size,)
 
+    def interrupted(timeout=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(batching, "GATHER_S", 60.0)
+    a.append(9)
+    with b.member(), b.member():  # Ctrl-C while a step gathers: nothing ran, the batcher stays usable
+        monkeypatch.setattr(b._cv, "wait", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            b.logits(a)
+        monkeypatch.undo()
+        assert not b._running and not b._pending
+    np.testing.assert_allclose(b.logits(a), gen.new_sequence().prefill_get_last_logits(a.tokens), rtol=0, atol=TOL)
+
 STORIES = __import__("pathlib").Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K" / "hf"
 
 
