@@ -73,7 +73,8 @@ Design (what a skeptic asks, and what this does about it):
   refused unless --allow-dirty, which is recorded), llama-cpp-python's version, ggml's library
   versions and system info, each engine's read-back settings, the CPU model and ISA flags, rlx's
   dispatch ISA, the thread settings and environment, the load average at every round, the read
-  bandwidth (C probe, common.py) per thread count, each worker's peak RSS (VmHWM of its
+  bandwidth (C probe, common.py) per thread count at the start and before / after every decode
+  cell (shared hosts' bandwidth moves within minutes), each worker's peak RSS (VmHWM of its
   own process) and the KV bytes, every timing of every round, and the gate's numbers.
 
 Suites:
@@ -423,6 +424,29 @@ def weight_pages(w: Worker, gguf: str) -> dict:
     return {"resident_mib": rss / 2**20, "huge_mib": huge / 2**20}
 
 
+_PROBE: list = []  # the read probe's 1 GiB array, made once
+
+
+def cell_probe(threads: int) -> float:
+    """The read probe (best of 5 passes) next to a decode cell: this machine's bandwidth moves
+    within minutes on shared hosts (a Zen 4 flipped between ~36 and ~60 GB/s at 2 threads), so each
+    decode cell records it before and after its rounds beside the run's start figure."""
+    if not _PROBE:
+        _PROBE.append(np.ones((1 << 30) // 4, dtype=np.float32))
+    return common.read_bandwidth(threads, reps=5, array=_PROBE[0])["gbps"]
+
+
+def decode_rounds(workers: list[Worker], n: int, ctx: int, tok: int, args, threads: int, log) -> dict:
+    """One decode cell's rounds at context ctx, with the read probe before and after them."""
+    before = cell_probe(threads)
+    r = rounds(workers, n, lambda w: w.call(cmd="decode", n=ctx, tok=tok, steps=args.steps)["s"], args.settle, log,
+               f"decode@{ctx} ({args.steps} tokens per block)")
+    r["tokens"] = args.steps
+    r["bandwidth_gbps"] = [before, cell_probe(threads)]
+    log(f"      read probe before / after: {before:.1f} / {r['bandwidth_gbps'][1]:.1f} GB/s")
+    return r
+
+
 def mem_snapshot(workers: list[Worker], gguf: str) -> dict:
     return {w.label: {**{k: v for k, v in w.call(cmd="mem").items() if k != "ok"},
                       "weight_pages": weight_pages(w, gguf)} for w in workers}
@@ -460,10 +484,7 @@ def short_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp,
             ids = prompt_ids(vocab, ctx, salt=2)
             tops = {w.label: w.call(cmd="context", ids=ids)["top1"] for w in workers}
             tok = prompt_ids(vocab, 1, salt=3)[0]
-            m[f"tg@{ctx}"] = r = rounds(workers, args.rounds,
-                                        lambda w: w.call(cmd="decode", n=ctx, tok=tok, steps=args.steps)["s"],
-                                        args.settle, log, f"decode@{ctx} ({args.steps} tokens per block)")
-            r["tokens"] = args.steps
+            m[f"tg@{ctx}"] = r = decode_rounds(workers, args.rounds, ctx, tok, args, threads, log)
             r["context_top1"] = tops
             if args.profile:
                 cell.setdefault("rlx_profile", {})[f"decode@{ctx}"] = workers[0].call(
@@ -542,10 +563,7 @@ def long_group(cell, args, model, wtype, gguf, kv, threads, facts, logdir, tmp, 
             cell["extensions"].append(ext)
             prev = ctx
             tok = prompt_ids(vocab, 1, salt=3)[0]
-            m[f"tg@{ctx}"] = r = rounds(workers, args.long_rounds,
-                                        lambda w: w.call(cmd="decode", n=ctx, tok=tok, steps=args.steps)["s"],
-                                        args.settle, log, f"decode@{ctx} ({args.steps} tokens per block)")
-            r["tokens"] = args.steps
+            m[f"tg@{ctx}"] = r = decode_rounds(workers, args.long_rounds, ctx, tok, args, threads, log)
             cell["mem"][f"ctx{ctx}"] = mem_snapshot(workers, gguf)
             if args.profile:
                 cell.setdefault("rlx_profile", {})[f"decode@{ctx}"] = workers[0].call(cmd="profile", n=ctx,

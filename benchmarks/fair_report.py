@@ -47,6 +47,11 @@ def speed(r: dict, label: str, key: str) -> float:
     return r["tokens"] / float(np.median(r["times_s"][label]))
 
 
+def cell_probe(r: dict) -> str:
+    bw = r.get("bandwidth_gbps")
+    return f"{bw[0]:.1f} / {bw[1]:.1f}" if bw else "—"
+
+
 def bytes_per_token_lines(record: dict) -> list[str]:
     """The bytes-per-decoded-token table: per decode cell, the weights a step must read (the file's
     tensor table: decode_bytes) plus the KV cache at that context, the bandwidth ceiling they give,
@@ -54,10 +59,11 @@ def bytes_per_token_lines(record: dict) -> list[str]:
     bandwidth (bandwidth / tok/s: what the engine could have read per token, an upper bound)."""
     L = ["", "Bytes per decoded token (weights a step must read, from the file's tensor table, plus the KV cache at "
          "the context; implied = read bandwidth / measured tok/s, the most an engine can have read per token; "
-         "GB = 1e9 bytes):", "",
+         "GB = 1e9 bytes; read BW: the probe at the run's start; probe at the cell: before / after its rounds, "
+         "where recorded):", "",
          "| model | KV | thr | metric | must read GB | of which weights | all weights GB | read BW GB/s "
-         "| ceiling tok/s | rlx implied GB | llama.cpp FA off implied GB | FA on implied GB |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         "| ceiling tok/s | rlx implied GB | llama.cpp FA off implied GB | FA on implied GB | probe at the cell GB/s |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = 0
     for c in record["cells"]:
         f, bw = c.get("facts", {}), record["bandwidth"].get(str(c.get("threads")), {}).get("gbps")
@@ -75,7 +81,7 @@ def bytes_per_token_lines(record: dict) -> list[str]:
             L.append(f"| {c['model']} | {c['kv']} | {c['threads']} | {metric_label(key)} | {need / 1e9:.3f} "
                      f"| {f['weights_per_token_bytes'] / 1e9:.3f} | {f['decode_bytes']['all'] / 1e9:.3f} | {bw:.1f} "
                      f"| {bw * 1e9 / need:.1f} | {implied('rlx')} | {implied('llama.cpp fa=off')} "
-                     f"| {implied('llama.cpp fa=on')} |")
+                     f"| {implied('llama.cpp fa=on')} | {cell_probe(r)} |")
             rows += 1
     return L if rows else []
 
