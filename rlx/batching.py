@@ -161,17 +161,24 @@ class Batcher:
         self.batches = 0        # batch steps run (with more than one sequence)
         self.batched_rows = 0   # sequences those steps advanced, in all
 
-    @contextlib.contextmanager
-    def member(self):
-        """Counts the caller as active while inside: steps wait (up to GATHER_S) for its call."""
+    def join(self) -> None:
+        """Counts one more member: steps wait (up to GATHER_S) for its call. Pair with leave()."""
         with self._cv:
             self._members += 1
+
+    def leave(self) -> None:
+        with self._cv:
+            self._members -= 1
+            self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def member(self):
+        """join() on entry, leave() on exit."""
+        self.join()
         try:
             yield self
         finally:
-            with self._cv:
-                self._members -= 1
-                self._cv.notify_all()
+            self.leave()
 
     def logits(self, seq) -> np.ndarray:
         """seq's (vocab,) next-token logits after its history (its cache brought up to it)."""

@@ -23,7 +23,6 @@ stopping_criteria(input_ids, scores) with the new token in input_ids. Logprobs a
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import secrets
 import threading
@@ -198,7 +197,7 @@ class Generation:
         self.prompt_logprobs: list[TokenLogprob] = []
         self._cancel = threading.Event()
         self._started = False
-        self._membership: contextlib.ExitStack | None = None  # inside model.batcher.member()
+        self._enlisted = False  # counted among model.batcher's members
 
     # -- results ---------------------------------------------------------------------------------
 
@@ -227,16 +226,15 @@ class Generation:
         generations started together on threads: the first one's steps wait for the others'
         instead of running alone while their threads start). Idempotent; ends when it has run,
         or at leave()."""
-        if self._membership is None:
-            stack = contextlib.ExitStack()
-            stack.enter_context(self.model.batcher.member())
-            self._membership = stack
+        if not self._enlisted:
+            self.model.batcher.join()
+            self._enlisted = True
 
     def leave(self) -> None:
         """Ends what enlist() began (a no-op after the run, which leaves by itself)."""
-        stack, self._membership = self._membership, None
-        if stack is not None:
-            stack.close()
+        if self._enlisted:
+            self._enlisted = False
+            self.model.batcher.leave()
 
     def _run(self) -> Iterator[Piece]:
         self.enlist()  # the other generations' steps wait for this one's
