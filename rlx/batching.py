@@ -20,7 +20,7 @@ Two ways in:
 - ``Batcher`` (many threads): each thread asks for its own sequence's logits; the calls that meet
   while a batch runs go together in the next one. rlx.load's Model steps every generation through
   one, so the server's concurrent requests (each on a worker thread) are batched without knowing
-  of each other. A generation that runs under ``Batcher.member()`` is counted as active: a step
+  of each other. A generation is counted as a member while it runs (``Batcher.join`` / ``leave``): a step
   waits up to GATHER_S for every active one to ask, so threads that are between two steps
   (sampling, decoding text) are not left to alternate in batches of one.
 
@@ -143,8 +143,9 @@ class Batcher:
     positions, so a long one does not stall the others). A lone call runs on the sequence's own
     plans (its prefill in one pass). Sequences must belong to one model.
 
-    A caller that will ask step after step (a generation) runs under ``with batcher.member():``;
-    a step then waits, up to GATHER_S, until every member has asked (or max_batch have), so the
+    A caller that will ask step after step (a generation) joins (``join`` / ``leave``, or ``with
+    batcher.member():``); a step then waits, up to GATHER_S, until every member has asked (or
+    max_batch have), so the
     members' steps go together even when their threads reach the batcher at different moments (a
     member that is slow between steps, e.g. a client reading its stream, costs the others at
     most GATHER_S a step)."""
@@ -157,7 +158,7 @@ class Batcher:
         self._cv = threading.Condition()
         self._pending: list[_Request] = []
         self._running = False
-        self._members = 0       # callers inside member(): each will ask again soon
+        self._members = 0       # joined callers: each will ask again soon
         self.batches = 0        # batch steps run (with more than one sequence)
         self.batched_rows = 0   # sequences those steps advanced, in all
 
