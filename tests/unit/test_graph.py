@@ -279,8 +279,34 @@ def test_memory_plan_reuses_buffers(device):
         expected = ref.rmsnorm(ref.silu(ref.matmul(expected, wv)), np.ones(d, np.float32), 1e-6)
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
     planned, unshared = plan.planned_bytes, plan.unshared_bytes
-    assert unshared >= 29 * 16 * d * 4  # every intermediate counted
+    # every intermediate counted, but each silu writes over its matmul's output (in place)
+    assert unshared >= 19 * 16 * d * 4
     assert 0 < planned <= unshared // 4, (planned, unshared)
+
+
+def test_swiglu_runs_in_place_and_a_live_input_is_never_overwritten(device):
+    """silu(gate) * up writes over gate or up, whichever it reads last: the MLP's arena holds two
+    (S, F) values, not three. An input still read after a pointwise op keeps its bytes."""
+    S, d, F = 16, 32, 256
+    g = rlx.Graph()
+    x = g.input("x", ("SEQ", d))
+    wg, wu, wd = g.param("wg", (F, d)), g.param("wu", (F, d)), g.param("wd", (d, F))
+    gate, up = g.matmul(x, wg, transpose_b=True), g.matmul(x, wu, transpose_b=True)
+    y = g.matmul(g.mul(g.silu(gate), up), wd, transpose_b=True)
+    s = g.silu(y)  # y is read again below: not in place over y
+    z = g.add(g.mul(s, y), y)  # mul may take s's bytes; add those of the product, not y's
+    g.output(z, "z")
+    plan = rlx.compile(g, device=device)
+    r = np.random.default_rng(5)
+    params = {"wg": randn(r, F, d) * 0.2, "wu": randn(r, F, d) * 0.2, "wd": randn(r, d, F) * 0.1}
+    for k, v in params.items():
+        plan.set_param(k, v)
+    xv = randn(r, S, d)
+    (zv,) = plan.run({"x": xv})
+    m = ref.silu_mul(xv @ params["wg"].T, xv @ params["wu"].T) @ params["wd"].T
+    np.testing.assert_allclose(zv, ref.silu(m) * m + m, rtol=1e-4, atol=1e-5)
+    # gate, up and their product: two (S, F) blocks; the (S, d) values fit beside them
+    assert plan.planned_bytes <= 2 * S * F * 4 + 4 * S * d * 4, plan.planned_bytes
 
 
 def test_planned_bytes_before_run_with_caps():
