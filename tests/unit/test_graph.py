@@ -285,8 +285,8 @@ def test_memory_plan_reuses_buffers(device):
 
 
 def test_swiglu_runs_in_place_and_a_live_input_is_never_overwritten(device):
-    """silu(gate) * up writes over gate or up, whichever it reads last: the MLP's arena holds two
-    (S, F) values, not three. An input still read after a pointwise op keeps its bytes."""
+    """silu(gate) * up writes over gate (over up, were gate read again later): the MLP's arena holds
+    two (S, F) values, not three. An input still read after a pointwise op keeps its bytes."""
     S, d, F = 16, 32, 256
     g = rlx.Graph()
     x = g.input("x", ("SEQ", d))
