@@ -24,8 +24,10 @@ rlx_status rlx_pass_shape_infer(struct rlx_graph *g);
 rlx_status rlx_pass_assign(const struct rlx_graph *g, const struct rlx_device *dev);
 
 /* Liveness of every value, in steps of the execution order (the live nodes in id order).
- * Storage: RESHAPE and CACHE_WRITE alias their (first) input, so values share a storage root;
- * only roots that are intermediates (not INPUT / PARAM / STATE) get arena space. */
+ * Storage: RESHAPE and CACHE_WRITE alias their (first) input, and a pointwise op (SILU, SILU_MUL,
+ * ADD, MUL) the input of its dtype and shape it is the last reader of (in place: memory_plan.c), so
+ * values share a storage root; only roots that are intermediates (not INPUT / PARAM / STATE) get
+ * arena space. */
 struct rlx_liveness {
     int n_nodes;
     int *root;      /* (n_nodes) storage root of each node (itself unless it aliases) */
