@@ -85,6 +85,11 @@ FN __m256i ld32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); 
 
 FN __m512i ld64(const void *p) { return _mm512_loadu_si512(p); }
 
+/* the 32 bytes at p twice: a broadcast load (VBROADCASTI64X4), where an insert of a second load
+ * takes a shuffle (Zen 4, 1 thread, cache-resident, one row: Q6_K 21.3 -> 20.5 cycles a
+ * super-block, Q5_K 22.8 -> 22.1, Q3_K 27.4 -> 26.8) */
+FN __m512i bcast32(const void *p) { return _mm512_broadcast_i64x4(ld32(p)); }
+
 /* [x | y] */
 FN __m512i cat(__m256i x, __m256i y) { return _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1); }
 
@@ -289,7 +294,7 @@ FN void kvalues(__m512i u[4], const uint8_t *p, const int wt)
     const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(3), m30 = _mm512_set1_epi8(0x30);
     if (wt == RLX_Q4_K || wt == RLX_Q5_K) {
         const uint8_t *qs = p + (wt == RLX_Q5_K ? 48 : 16);
-        const __m512i qh = wt == RLX_Q5_K ? cat(ld32(p + 16), ld32(p + 16)) : _mm512_setzero_si512();
+        const __m512i qh = wt == RLX_Q5_K ? bcast32(p + 16) : _mm512_setzero_si512();
         _Pragma("GCC unroll 2") for (int j = 0; j < 2; j++)
         {
             /* groups [4j | 4j + 2] (low nibbles) and [4j + 1 | 4j + 3] (high) */
@@ -307,17 +312,17 @@ FN void kvalues(__m512i u[4], const uint8_t *p, const int wt)
     } else if (wt == RLX_Q6_K) {
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
         {
-            const __m512i l = ld64(p + 64 * h), hh = cat(ld32(p + 128 + 32 * h), ld32(p + 128 + 32 * h));
+            const __m512i l = ld64(p + 64 * h), hh = bcast32(p + 128 + 32 * h);
             u[2 * h] =
                 _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(hh, halves16(4, 2)), m30));
             u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
                                            _mm512_and_si512(_mm512_srlv_epi16(hh, halves16(0, 2)), m30));
         }
     } else if (wt == RLX_Q3_K) {
-        const __m512i hm = cat(ld32(p), ld32(p)), four = _mm512_set1_epi8(4);
+        const __m512i hm = bcast32(p), four = _mm512_set1_epi8(4);
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
         {
-            const __m512i x = cat(ld32(p + 32 + 32 * h), ld32(p + 32 + 32 * h));
+            const __m512i x = bcast32(p + 32 + 32 * h);
             __m512i w0 = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(0, 2)), m3);
             __m512i w1 = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(4, 6)), m3);
             w0 = _mm512_mask_add_epi8(w0, _mm512_test_epi8_mask(hm, halves8(1 << (4 * h), 1 << (4 * h + 1))), w0, four);
@@ -328,7 +333,7 @@ FN void kvalues(__m512i u[4], const uint8_t *p, const int wt)
     } else { /* Q2_K */
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
         {
-            const __m512i x = cat(ld32(p + 16 + 32 * h), ld32(p + 16 + 32 * h));
+            const __m512i x = bcast32(p + 16 + 32 * h);
             u[2 * h] = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(0, 2)), m3);
             u[2 * h + 1] = _mm512_and_si512(_mm512_srlv_epi16(x, halves16(4, 6)), m3);
         }
