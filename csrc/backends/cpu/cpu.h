@@ -266,8 +266,16 @@ int rlx_cpu_quant_arrange(int wt, int vnni);
  * Zen 4, shapes of Qwen3-0.6B and Llama-3.2-1B from DRAM, 2 threads, two alternating runs, GB/s of
  * weights / the read probe beside it): Q4_K 0.81, 0.73 -> 0.97, 0.89; Q6_K 0.82, 0.84 -> 1.02,
  * 1.01; Q8_0 0.94, 0.94 -> 1.04, 1.08; cache-resident (1 thread) the hints cost 1-3 %. Not yet
- * measured on a machine whose best ISA is AVX2. */
-#define RLX_QMV_PF 6144
+ * measured on a machine whose best ISA is AVX2. 6 -> 9 KiB ahead, AMD EPYC Zen 4, weights through
+ * 2 MiB pages, decode steps at 128 positions (ms, builds alternating): 1 thread Llama-3.2-1B
+ * Q4_K_M 29.4-29.7 -> 27.5-28.1, Qwen3-0.6B Q4_K_M 16.2-16.5 -> 15.5-16.0, Q8_0 24.1-24.6 ->
+ * 21.8-23.0, Q6_K 19.1-19.5 -> 17.7-17.8, Q4_0 17.1-17.2 -> 16.3-16.5, Llama under AVX2 37.6-38.0
+ * -> 37.0-37.1; 2 threads, Llama (while the host's bandwidth held at its higher level) 16.8-16.9 ->
+ * 15.7-16.5; 12 and 16 KiB no better at 1 thread (a 1-thread Q4_K / Q6_K matvec from DRAM, GB/s:
+ * 6 KiB 28 / 31, 9 KiB 30 / 34, 12 KiB 30 / 35, 16 KiB 29-30 / 34). rlx_parallel_pieces deals
+ * each thread a contiguous range of pieces first, so the hints run past a thread's own rows only
+ * at its range's end. */
+#define RLX_QMV_PF 9216
 static inline __attribute__((always_inline)) void rlx_cpu_qmv_prefetch(const uint8_t *p, size_t n)
 {
     for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + RLX_QMV_PF + o, _MM_HINT_T1);
