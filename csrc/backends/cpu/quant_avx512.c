@@ -340,9 +340,9 @@ FN void kvalues(__m512i u[4], const uint8_t *p, const int wt)
     }
 }
 
-/* One super-block unpacked (kstep, and the AMX kernel's kbuf_row): kvalues' u, the group scales as words sw
- * (16-element groups also as s16), the minimums as words one per 16 (mdup), d, dmin and the
- * values' offset (Q6_K 32, Q3_K 4). */
+/* One super-block unpacked (kstep, and the AMX kernel's kbuf_row): kvalues' u, the group scales
+ * as words sw (16-element groups also as s16), the minimums as words one per 16 (mdup; only the
+ * AMX kernel reads them), d, dmin and the values' offset (Q6_K 32, Q3_K 4). */
 struct kblock {
     __m512i u[4], sw;
     __m256i mdup, s16;
