@@ -35,6 +35,13 @@ struct rlx_buffer {
                          only on devices that wrap host memory, only read by MATMUL_ID */
 };
 
+/* Host memory for kernels' scratch, grown on demand with realloc and freed with free(): a plan's
+ * own, or one that plans which never run at the same time share (struct rlx_shared_arena). */
+struct rlx_workspace {
+    void *data;
+    size_t bytes;
+};
+
 /* A value placed in memory for one run: contiguous row-major. */
 struct rlx_tensor {
     struct rlx_buffer *buf;
@@ -69,6 +76,10 @@ struct rlx_backend {
      * not NULL, receives each node's wall time (g->n_nodes entries; nodes not run get 0). */
     rlx_status (*plan_run)(void *ctx, void *state, const struct rlx_graph *g, const struct rlx_tensor *values,
                            double *node_seconds);
+    /* Optional (NULL where kernels need no host scratch): from now on the plan's kernels take their
+     * scratch from *ws, which outlives the state and which its owner frees (the state frees only its
+     * own). */
+    void (*plan_share_workspace)(void *ctx, void *state, struct rlx_workspace *ws);
     /* Optional (NULL for backends that always run: the host ones). usable: whether a device can be
      * opened on this machine (rlx_backends() lists only those); list_devices: one record of
      * "key=value" lines per device that can be opened, each ending with an empty line. */

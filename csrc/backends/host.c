@@ -98,6 +98,7 @@ rlx_status rlx_host_state_create(const struct rlx_kernels *k, void **state)
     struct rlx_host_state *st = rlx_calloc(1, sizeof *st);
     if (!st) return RLX_ERR_NOMEM;
     st->k = k;
+    st->ws = &st->own;
     *state = st;
     return RLX_OK;
 }
@@ -107,20 +108,33 @@ void rlx_host_state_free(void *ctx, void *state)
     (void)ctx;
     struct rlx_host_state *st = state;
     if (!st) return;
-    free(st->scratch);
+    free(st->own.data);
     free(st->experts);
     free(st);
 }
 
+void rlx_host_share_workspace(void *ctx, void *state, struct rlx_workspace *ws)
+{
+    (void)ctx;
+    struct rlx_host_state *st = state;
+    free(st->own.data);
+    st->own = (struct rlx_workspace){0};
+    st->ws = ws;
+}
+
+/* The kernels' scratch holds at least `floats` (the pointer, which may move: st->ws->data). */
 static rlx_status need_scratch(struct rlx_host_state *st, size_t floats)
 {
-    if (floats <= st->scratch_floats) return RLX_OK;
-    float *p = realloc(st->scratch, floats * sizeof *p);
+    struct rlx_workspace *ws = st->ws;
+    if (floats <= ws->bytes / sizeof(float)) return RLX_OK;
+    float *p = realloc(ws->data, floats * sizeof *p);
     if (!p) return rlx_set_error(RLX_ERR_NOMEM, "out of memory for %zu floats of kernel scratch", floats);
-    st->scratch = p;
-    st->scratch_floats = floats;
+    ws->data = p;
+    ws->bytes = floats * sizeof *p;
     return RLX_OK;
 }
+
+static float *scratch_of(const struct rlx_host_state *st) { return st->ws->data; }
 
 static rlx_status need_experts(struct rlx_host_state *st, size_t n)
 {
@@ -232,7 +246,7 @@ static rlx_status run_attention(struct rlx_host_state *st, int id, const struct 
             a.mask_u8 = ptr(m);
     }
     RLX_TRY(need_scratch(st, st->k->attention_scratch(&a)));
-    a.scratch = st->scratch;
+    a.scratch = scratch_of(st);
     st->k->attention(&a);
     return RLX_OK;
 }
@@ -282,7 +296,7 @@ static rlx_status run_matmul_id(struct rlx_host_state *st, int id, const struct 
                                       .N = N,
                                       .E = E};
     RLX_TRY(need_scratch(st, st->k->matmul_id_scratch(&args)));
-    args.scratch = st->scratch;
+    args.scratch = scratch_of(st);
     st->k->matmul_id(&args);
     return RLX_OK;
 }
@@ -333,10 +347,10 @@ static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g,
             k->matmul_f32(o, fin(v, n, 0), ptr(b), M, K, N, n->attrs.trans_b);
         } else if (is_block(b->dtype)) {
             RLX_TRY(need_scratch(st, k->matmul_quant_scratch(b->dtype, M, K, N)));
-            k->matmul_quant(o, fin(v, n, 0), ptr(b), b->dtype, M, K, N, st->scratch);
+            k->matmul_quant(o, fin(v, n, 0), ptr(b), b->dtype, M, K, N, scratch_of(st));
         } else {
             RLX_TRY(need_scratch(st, k->matmul_lowp_scratch(M, K, N)));
-            k->matmul_lowp(o, fin(v, n, 0), ptr(b), b->dtype, M, K, N, st->scratch);
+            k->matmul_lowp(o, fin(v, n, 0), ptr(b), b->dtype, M, K, N, scratch_of(st));
         }
         return RLX_OK;
     }
@@ -396,7 +410,7 @@ static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g,
         const struct rlx_tensor *x = &v[n->in[0]];
         const int64_t len = x->shape[x->ndim - 1];
         RLX_TRY(need_scratch(st, k->topk_scratch(len)));
-        k->topk_f32(ptr(out), fin(v, n, 0), rows_of(x), len, n->attrs.k, st->scratch);
+        k->topk_f32(ptr(out), fin(v, n, 0), rows_of(x), len, n->attrs.k, scratch_of(st));
         return RLX_OK;
     }
     case RLX_OP_MATMUL_ID: return run_matmul_id(st, id, n, v, out);

@@ -28,13 +28,14 @@ bool rlx_host_supports_op(void *ctx, const struct rlx_graph *g, int id);
  * needs more; never per step). */
 struct rlx_host_state {
     const struct rlx_kernels *k;
-    float *scratch;
-    size_t scratch_floats;
-    const void **experts; /* (expert_cap) MATMUL_ID's pointer per expert, grown on demand */
+    struct rlx_workspace own;
+    struct rlx_workspace *ws; /* the kernels' scratch: &own, or one shared with other plans */
+    const void **experts;     /* (expert_cap) MATMUL_ID's pointer per expert, grown on demand */
     size_t expert_cap;
 };
 rlx_status rlx_host_state_create(const struct rlx_kernels *k, void **state);
 void rlx_host_state_free(void *ctx, void *state);
+void rlx_host_share_workspace(void *ctx, void *state, struct rlx_workspace *ws);
 rlx_status rlx_host_run(void *ctx, void *state, const struct rlx_graph *g, const struct rlx_tensor *values,
                         double *node_seconds);
 

@@ -13,13 +13,15 @@
 /* An arena that plans which never run at the same time share: a model's plans, which run one at a
  * time under its lock (gen/model.c). Each run places its intermediates at the start of buf, grown
  * to the largest need a run has had, so N cached plans hold the largest one's bytes instead of
- * all of theirs. A plan's results there can be read until another plan sharing the arena runs
+ * all of theirs; their kernels' scratch likewise (ws, on backends with plan_share_workspace). A
+ * plan's results there can be read until another plan sharing the arena runs
  * (rlx_plan_read_output refuses after that). Its owner frees it (rlx_shared_arena_release) when no
  * plan is between a run and the reading of its outputs; the next run allocates it again. */
 struct rlx_shared_arena {
     struct rlx_buffer *buf;        /* NULL until a run needs it */
     size_t cap;                    /* bytes of buf */
     const struct rlx_plan *holder; /* the plan whose last run's values buf holds, or NULL */
+    struct rlx_workspace ws;       /* the kernels' scratch, empty until a run needs it */
 };
 
 /* Where a param or a state lives: a region of a device buffer. */

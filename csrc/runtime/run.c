@@ -470,11 +470,13 @@ void rlx_plan_share_arena(struct rlx_plan *p, struct rlx_shared_arena *a)
     p->arena_cap = 0;
     p->shared = a;
     p->ran = false;
+    if (p->dev->be->plan_share_workspace) p->dev->be->plan_share_workspace(p->dev->ctx, p->be_state, &a->ws);
 }
 
 void rlx_shared_arena_release(struct rlx_device *dev, struct rlx_shared_arena *a)
 {
     rlx_dev_free(dev, a->buf);
+    free(a->ws.data);
     *a = (struct rlx_shared_arena){0};
 }
 

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "backends/backend.h"
+#include "backends/host.h"
 #include "ir/graph.h"
 #include "runtime/plan.h"
 #include "rlx/rlx.h"
@@ -214,7 +215,8 @@ static rlx_status run_block(struct rlx_plan *p, int seq, const float *wg, const 
 
 /* Two plans sharing one arena (as a model's plans do): each run's results are right; the arena
  * is the larger need, not the sum; a plan's results are refused once the other ran, and readable
- * again after its own next run; a released arena is allocated again by the next run. */
+ * again after its own next run; a released arena is allocated again by the next run. On the host
+ * backends the kernels' scratch is the arena's too, never freed with a plan (valgrind / ASan). */
 static void test_shared_arena(struct rlx_device *dev)
 {
     const char *device = rlx_device_name(dev);
@@ -232,6 +234,10 @@ static void test_shared_arena(struct rlx_device *dev)
         if (!p[k]) return;
         rlx_plan_share_arena(p[k], &arena);
         set_block_params(p[k], wg, wu, wd, w);
+        if (dev->be->plan_share_workspace) {
+            const struct rlx_host_state *st = p[k]->be_state;
+            CHECK(st->ws == &arena.ws && !st->own.data, "%s: plan %d's kernel scratch is the arena's", device, k);
+        }
     }
     CHECK(run_block(p[0], 9, wg, wu, wd, w, "shared, plan 0, 9 rows") == RLX_OK, "%s run 0", device);
     const size_t big = rlx_plan_planned_bytes(p[0]);
@@ -245,7 +251,7 @@ static void test_shared_arena(struct rlx_device *dev)
           "%s: plan 0's results refused after plan 1 ran", device);
     CHECK(run_block(p[0], 5, wg, wu, wd, w, "shared, plan 0 again") == RLX_OK, "%s run 0 again", device);
     rlx_shared_arena_release(dev, &arena);
-    CHECK(!arena.buf && arena.cap == 0, "%s: released", device);
+    CHECK(!arena.buf && arena.cap == 0 && !arena.ws.data && !arena.ws.bytes, "%s: released", device);
     CHECK(run_block(p[1], 9, wg, wu, wd, w, "shared, after a release") == RLX_OK, "%s run after release", device);
     CHECK(arena.buf && arena.cap == rlx_plan_planned_bytes(p[1]), "%s: allocated again at the run's need", device);
     rlx_plan_free(p[1]);

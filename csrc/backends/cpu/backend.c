@@ -56,4 +56,5 @@ const struct rlx_backend rlx_cpu_backend = {
     .plan_compile = cpu_plan_compile,
     .plan_free = rlx_host_state_free,
     .plan_run = rlx_host_run,
+    .plan_share_workspace = rlx_host_share_workspace,
 };

@@ -62,8 +62,8 @@ static int64_t chunk_rows(int64_t M, int64_t K)
     return r < M ? r : M;
 }
 
-/* byte offsets in scratch of one chunk's arrays (mc rows, rounded up to 16 for the packed ones)
- * and of the per-thread panels */
+/* byte offsets in scratch of the packing tasks' rows, of one chunk's packed arrays (mc rows,
+ * rounded up to 16) and of the per-thread panels */
 struct qg_layout {
     size_t qn, dn, sn, ap, as, am, panels, panel, end;
 };
@@ -74,9 +74,9 @@ static struct qg_layout qg_layout(int64_t mc, int64_t K, int64_t threads)
     const int64_t m16 = (mc + QG_MB - 1) / QG_MB * QG_MB;
     size_t at = 0;
 #define ARR(f, bytes) (l.f = at, at = rlx_align_up(at + (size_t)(bytes)))
-    ARR(qn, mc * K);
-    ARR(dn, mc * (K / 32) * 4);
-    ARR(sn, mc * (K / 16) * 2);
+    ARR(qn, threads * QG_MB * K); /* qn, dn, sn: one block's rows per packing task */
+    ARR(dn, threads * QG_MB * (K / 32) * 4);
+    ARR(sn, threads * QG_MB * (K / 16) * 2);
     ARR(ap, m16 * K);
     ARR(as, m16 * (K / 16) * 4);
     ARR(am, m16 * (K / 16) * 4);
@@ -105,6 +105,8 @@ struct qg_ctx {
     int wt;
     uint32_t flip;           /* xor'd into 4 packed bytes: 0x80808080 (q + 128, VNNI) or 0 (q, AMX) */
     int64_t M, K, N, m0, mc; /* the chunk: rows m0 .. m0 + mc of a */
+    int64_t parts;           /* packing tasks (<= the pool's threads): task t packs the blocks
+                                [t * nblk / parts, (t + 1) * nblk / parts) of the chunk's nblk */
     int64_t nblocks;
     atomic_llong next;
 };
@@ -113,17 +115,20 @@ struct qg_ctx {
  * Packing the activations: blocks of 16 rows
  * ------------------------------------------------------------------------------------------- */
 
-TARGET static void qg_pack_a(void *p, int64_t b0, int64_t b1)
+/* Packing tasks [t0, t1) (one thread's range): their blocks one after another, each quantised
+ * through task t0's rows of qn / dn / sn, so the chunk needs no row-major copy of its own. */
+TARGET static void qg_pack_a(void *p, int64_t t0, int64_t t1)
 {
     const struct qg_ctx *c = p;
     const int64_t K = c->K, bs = bs_of(c->wt), G = rlx_cpu_quant_group(c->wt), nb = K / bs, ng = K / G;
-    int8_t *qn = (int8_t *)(c->base + c->l.qn);
-    float *dn = (float *)(c->base + c->l.dn);
-    int16_t *sn = (int16_t *)(c->base + c->l.sn);
-    for (int64_t mb = b0; mb < b1; mb++) {
+    const int64_t nblk = (c->mc + QG_MB - 1) / QG_MB;
+    int8_t *qn = (int8_t *)(c->base + c->l.qn) + t0 * QG_MB * K;          /* (16, K) */
+    float *dn = (float *)(c->base + c->l.dn) + t0 * QG_MB * (K / 32);     /* (16, nb) */
+    int16_t *sn = (int16_t *)(c->base + c->l.sn) + t0 * QG_MB * (K / 16); /* (16, K / 16) */
+    for (int64_t mb = t0 * nblk / c->parts; mb < t1 * nblk / c->parts; mb++) {
         const int64_t r0 = mb * QG_MB, rows = c->mc - r0 < QG_MB ? c->mc - r0 : QG_MB;
-        for (int64_t r = r0; r < r0 + rows; r++)
-            rlx_cpu_quant_row(qn + r * K, dn + r * nb, sn + r * (K / 16), c->a + (c->m0 + r) * K, K, bs);
+        for (int64_t i = 0; i < rows; i++)
+            rlx_cpu_quant_row(qn + i * K, dn + i * nb, sn + i * (K / 16), c->a + (c->m0 + r0 + i) * K, K, bs);
         /* q + 128 (VNNI) or q (AMX), 16 rows x 4 bytes per step of k */
         uint8_t *ap = (uint8_t *)(c->base + c->l.ap) + mb * QG_MB * K;
         const __mmask16 valid = (__mmask16)((1u << rows) - 1);
@@ -131,21 +136,20 @@ TARGET static void qg_pack_a(void *p, int64_t b0, int64_t b1)
                                                _mm512_set1_epi32((int)K));
         const __m512i flip = _mm512_set1_epi32((int)c->flip);
         for (int64_t t = 0; t < K / 4; t++) {
-            const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, idx, qn + r0 * K + 4 * t, 1);
+            const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, idx, qn + 4 * t, 1);
             _mm512_store_si512(ap + 64 * t, _mm512_xor_si512(v, flip));
         }
         /* per group: the rows' scales and minimum terms (0 for rows past M) */
         float *as = (float *)(c->base + c->l.as) + mb * QG_MB * (K / 32);
         float *am = (float *)(c->base + c->l.am) + mb * QG_MB * (K / 16);
         for (int64_t i = 0; i < QG_MB; i++) {
-            const int64_t r = r0 + i;
-            for (int64_t b = 0; b < nb; b++) as[b * QG_MB + i] = i < rows ? dn[r * nb + b] : 0.0f;
+            for (int64_t b = 0; b < nb; b++) as[b * QG_MB + i] = i < rows ? dn[i * nb + b] : 0.0f;
             for (int64_t g = 0; g < ng; g++) {
-                const int16_t *s = sn + r * (K / 16);
+                const int16_t *s = sn + i * (K / 16);
                 float v = 0.0f;
                 if (i < rows) {
                     if (bs == 32) /* s = d * sum q of the block, as the decode kernels */
-                        v = dn[r * nb + g] * (float)(s[2 * g] + s[2 * g + 1]);
+                        v = dn[i * nb + g] * (float)(s[2 * g] + s[2 * g + 1]);
                     else
                         v = (float)(G == 16 ? s[g] : s[2 * g] + s[2 * g + 1]);
                 }
@@ -307,20 +311,22 @@ static void qg_task(void *p, int64_t begin, int64_t end)
 #define AVX2_FN     __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 
-AVX2_TARGET static void qg_pack_a8(void *p, int64_t b0, int64_t b1)
+/* as qg_pack_a, blocks of 8 rows */
+AVX2_TARGET static void qg_pack_a8(void *p, int64_t t0, int64_t t1)
 {
     const struct qg_ctx *c = p;
     const int64_t K = c->K, bs = bs_of(c->wt), G = rlx_cpu_quant_group(c->wt), nb = K / bs, ng = K / G;
-    int8_t *qn = (int8_t *)(c->base + c->l.qn);
-    float *dn = (float *)(c->base + c->l.dn);
-    int16_t *sn = (int16_t *)(c->base + c->l.sn);
-    for (int64_t mb = b0; mb < b1; mb++) {
+    const int64_t nblk = (c->mc + QG_MB8 - 1) / QG_MB8;
+    int8_t *qn = (int8_t *)(c->base + c->l.qn) + t0 * QG_MB * K;
+    float *dn = (float *)(c->base + c->l.dn) + t0 * QG_MB * (K / 32);
+    int16_t *sn = (int16_t *)(c->base + c->l.sn) + t0 * QG_MB * (K / 16);
+    for (int64_t mb = t0 * nblk / c->parts; mb < t1 * nblk / c->parts; mb++) {
         const int64_t r0 = mb * QG_MB8, rows = c->mc - r0 < QG_MB8 ? c->mc - r0 : QG_MB8;
-        for (int64_t r = r0; r < r0 + rows; r++)
-            rlx_cpu_quant_row(qn + r * K, dn + r * nb, sn + r * (K / 16), c->a + (c->m0 + r) * K, K, bs);
+        for (int64_t i = 0; i < rows; i++)
+            rlx_cpu_quant_row(qn + i * K, dn + i * nb, sn + i * (K / 16), c->a + (c->m0 + r0 + i) * K, K, bs);
         uint8_t *ap = (uint8_t *)(c->base + c->l.ap) + mb * QG_MB8 * K;
         for (int64_t i = 0; i < QG_MB8; i++) {
-            const int8_t *q = qn + (r0 + i) * K;
+            const int8_t *q = qn + i * K;
             for (int64_t t = 0; t < K / 4; t++)
                 for (int j = 0; j < 4; j++)
                     ap[(t * QG_MB8 + i) * 4 + j] =
@@ -330,12 +336,11 @@ AVX2_TARGET static void qg_pack_a8(void *p, int64_t b0, int64_t b1)
         float *ga = (float *)(c->base + c->l.as) + mb * QG_MB8 * (K / 16);
         float *gm = (float *)(c->base + c->l.am) + mb * QG_MB8 * (K / 16);
         for (int64_t i = 0; i < QG_MB8; i++) {
-            const int64_t r = r0 + i;
             for (int64_t g = 0; g < ng; g++) {
                 float da = 0.0f, sum = 0.0f;
                 if (i < rows) {
-                    const int16_t *s = sn + r * (K / 16);
-                    da = dn[r * nb + g * G / bs];
+                    const int16_t *s = sn + i * (K / 16);
+                    da = dn[i * nb + g * G / bs];
                     sum = (float)(G == 16 ? s[g] : s[2 * g] + s[2 * g + 1]);
                 }
                 ga[g * QG_MB8 + i] = da;
@@ -606,7 +611,9 @@ void rlx_cpu_qgemm(float *out, const float *a, const void *w, int wt, int64_t M,
                            .mc = M - m0 < mc ? M - m0 : mc,
                            .nblocks = nblocks};
         atomic_init(&c.next, 0);
-        rlx_parallel_for((c.mc + mb - 1) / mb, 1, vnni ? qg_pack_a : qg_pack_a8, &c);
+        const int64_t nblk = (c.mc + mb - 1) / mb;
+        c.parts = nblk < threads ? nblk : threads;
+        rlx_parallel_for(c.parts, 1, vnni ? qg_pack_a : qg_pack_a8, &c);
         const int64_t ntasks = nblocks < threads ? nblocks : threads;
         rlx_parallel_for(ntasks, 1, amx ? qa_task : vnni ? qg_task : qg_task8, &c);
     }

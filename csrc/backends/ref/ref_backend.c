@@ -36,4 +36,5 @@ const struct rlx_backend rlx_ref_backend = {
     .plan_compile = ref_plan_compile,
     .plan_free = rlx_host_state_free,
     .plan_run = rlx_host_run,
+    .plan_share_workspace = rlx_host_share_workspace,
 };
