@@ -24,8 +24,8 @@
  * computed on zeros and not stored.
  *
  * Blocking (Zen 4: 32 KiB L1d and 1 MiB L2 per core, 32 MiB L3 shared): the pool's threads take
- * blocks of RLX_GB_NC = 128 columns in turn (an atomic counter, so a descheduled thread does not
- * stall the product); for each block of RLX_GB_KC = 512 values of k a thread packs its B block
+ * blocks of RLX_GB_NC = 128 columns, each a contiguous range of them first, then what is left of
+ * the others' (rlx_pieces, so a descheduled thread does not stall the product); for each block of RLX_GB_KC = 512 values of k a thread packs its B block
  * (128 x 512 bf16 = 128 KiB, L2-resident), then for each sub-chunk of RLX_GB_MC = 256 rows of the
  * packed A (256 x 512 bf16 = 256 KiB, L2-resident) and each 32-column panel of the B block (32 KiB)
  * runs the microkernel over the sub-chunk's row blocks. Sums over k blocks accumulate in out
@@ -35,8 +35,14 @@
  * calls prefetch the next k block's weight rows into L2, a slice per call, so the next packing
  * reads L2 instead of stalling on DRAM: measured on the Llama-3.2-1B shapes at M = 128 (2 threads,
  * weights rotated through 8 copies, i.e. from DRAM), gate/up 312 -> 342 GFLOP/s, down 302-323 ->
- * 342-346, q/o 312-323 -> 336-339; M = 512 unchanged within noise. (The first k block of each
- * column block is not prefetched: which block a thread takes next is decided by the counter.)
+ * 342-346, q/o 312-323 -> 336-339; M = 512 unchanged within noise. The last k block prefetches the
+ * first of the next column block (the task's next, unless another task takes it; with the blocks
+ * dealt in turn from one counter it was not known, and that first block's packing read DRAM):
+ * Zen 4, 2 threads, the same weights from DRAM, builds alternating three times, M = 128 gate/up
+ * 352-369 -> 381-383 GFLOP/s, down 350-372 -> 377-380, q/o 363-370 -> 363-377; M = 32 220-251 ->
+ * 261-269; 1 thread M = 128 187-188 -> 191-192; Llama-3.2-1B bf16 pp128 at 2 threads (whole
+ * prefills, best of 5, six alternating pairs) 159-167 -> 161-173 tok/s, five of the six pairs
+ * faster, by 1-6 %.
  *
  * Tuned on the Zen 4 EPYC (2 vCPUs, shared), Qwen3-0.6B shapes, GFLOP/s of the GEMM alone, 1 / 2
  * threads: M = 512: 180-207 / 340-408; M = 128: 170-194 / 310-377 (widen + sgemm: 76-93 / 81-152;
@@ -139,7 +145,7 @@ struct gb_ctx {
     struct gb_apack pa; /* the current chunk (mr = RLX_GB_MR, kpp = (K + 1) / 2) */
     uint32_t *bpack;    /* GB_B_UNITS per task */
     int64_t nblocks;
-    atomic_llong next;
+    struct rlx_pieces blocks; /* the column blocks: a contiguous range per task, then the others' */
 };
 
 /* B block: columns n0 .. n0 + nc, values k0 .. k0 + kc (kc even unless it ends at K) into dst,
@@ -206,24 +212,29 @@ GB_FN void gb_micro(float *c, int64_t ldc, const uint32_t *ap, const uint32_t *b
     }
 }
 
-/* One task: takes column blocks in turn; its B block lives at bpack + begin * GB_B_UNITS. */
+/* One task t (= begin): takes column blocks from c->blocks; its B block lives at bpack + t *
+ * GB_B_UNITS. */
 GB_TARGET static void gb_task(void *p, int64_t begin, int64_t end)
 {
     struct gb_ctx *c = p;
     (void)end;
     uint32_t *bpack = c->bpack + begin * GB_B_UNITS;
     const int64_t K = c->pa.K, N = c->N, nrb = (c->pa.mrows + RLX_GB_MR - 1) / RLX_GB_MR;
-    for (;;) {
-        const int64_t nb = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-        if (nb >= c->nblocks) return;
+    for (int64_t nb; (nb = rlx_pieces_take(&c->blocks, (int)begin)) >= 0;) {
         const int64_t n0 = nb * RLX_GB_NC, nc = N - n0 < RLX_GB_NC ? N - n0 : RLX_GB_NC;
         for (int64_t k0 = 0; k0 < K; k0 += RLX_GB_KC) {
             const int64_t kc = K - k0 < RLX_GB_KC ? K - k0 : RLX_GB_KC, kpb = (kc + 1) / 2;
             gb_pack_b(bpack, c->b, K, N, n0, nc, k0, kc);
-            /* the next k block's weights (nc rows x kn values), fetched into L2 a slice per
-             * microkernel call while this block computes */
-            const int64_t kn = K - k0 - kc < RLX_GB_KC ? K - k0 - kc : RLX_GB_KC;
-            const int64_t lines_per_row = (kn * 2 + 63) / 64, lines = nc * lines_per_row;
+            /* the weights the next packing reads (nc rows from pn0 x kn values from pk0), fetched
+             * into L2 a slice per microkernel call while this block computes: the next k block,
+             * or after the last one the first k block of the next column block (the task's next
+             * unless another task took it) */
+            int64_t pn0 = n0, pnc = nc, pk0 = k0 + kc, kn = K - pk0 < RLX_GB_KC ? K - pk0 : RLX_GB_KC;
+            if (kn == 0 && nb + 1 < c->nblocks) {
+                pn0 = n0 + RLX_GB_NC, pk0 = 0, kn = K < RLX_GB_KC ? K : RLX_GB_KC;
+                pnc = N - pn0 < RLX_GB_NC ? N - pn0 : RLX_GB_NC;
+            }
+            const int64_t lines_per_row = (kn * 2 + 63) / 64, lines = pnc * lines_per_row;
             const int64_t calls = nrb * ((nc + 31) / 32);
             const int64_t per_call = kn > 0 ? (lines + calls - 1) / calls : 0;
             int64_t next_line = 0;
@@ -236,7 +247,7 @@ GB_TARGET static void gb_task(void *p, int64_t begin, int64_t end)
                         const int64_t r0 = ib * RLX_GB_MR;
                         const int rows = (int)(c->pa.mrows - r0 < RLX_GB_MR ? c->pa.mrows - r0 : RLX_GB_MR);
                         for (int64_t e = next_line + per_call; next_line < e && next_line < lines; next_line++)
-                            _mm_prefetch((const char *)(c->b + (n0 + next_line / lines_per_row) * K + k0 + kc) +
+                            _mm_prefetch((const char *)(c->b + (pn0 + next_line / lines_per_row) * K + pk0) +
                                              64 * (next_line % lines_per_row),
                                          _MM_HINT_T1);
                         gb_micro(c->out + (c->pa.m0 + r0) * N + n0 + j * 32, N,
@@ -441,12 +452,13 @@ void rlx_cpu_gemm_bf16(float *out, const float *a, const uint16_t *b, int64_t M,
                        .bpack = (uint32_t *)scratch + arows * kp,
                        .nblocks = (N + RLX_GB_NC - 1) / RLX_GB_NC};
     const int64_t threads = rlx_pool_threads();
-    const int64_t ntasks = c.nblocks < threads ? c.nblocks : threads;
+    int64_t ntasks = c.nblocks < threads ? c.nblocks : threads;
+    ntasks = ntasks < RLX_PIECES_MAX_PARTS ? ntasks : RLX_PIECES_MAX_PARTS;
     for (int64_t m0 = 0; m0 < M; m0 += chunk) {
         c.pa.m0 = m0;
         c.pa.mrows = M - m0 < chunk ? M - m0 : chunk;
         gb_pack_chunk(&c.pa);
-        atomic_init(&c.next, 0);
+        rlx_pieces_init(&c.blocks, c.nblocks, (int)ntasks);
         rlx_parallel_for(ntasks, 1, gb_task, &c);
     }
 }
