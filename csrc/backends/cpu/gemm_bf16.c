@@ -25,10 +25,11 @@
  *
  * Blocking (Zen 4: 32 KiB L1d and 1 MiB L2 per core, 32 MiB L3 shared): the pool's threads take
  * blocks of RLX_GB_NC = 128 columns, each a contiguous range of them first, then what is left of
- * the others' (rlx_pieces, so a descheduled thread does not stall the product); for each block of RLX_GB_KC = 512 values of k a thread packs its B block
- * (128 x 512 bf16 = 128 KiB, L2-resident), then for each sub-chunk of RLX_GB_MC = 256 rows of the
- * packed A (256 x 512 bf16 = 256 KiB, L2-resident) and each 32-column panel of the B block (32 KiB)
- * runs the microkernel over the sub-chunk's row blocks. Sums over k blocks accumulate in out
+ * the others' (rlx_pieces, so a descheduled thread does not stall the product); for each block of
+ * RLX_GB_KC = 512 values of k a thread packs its B block (128 x 512 bf16 = 128 KiB, L2-resident),
+ * then for each sub-chunk of RLX_GB_MC = 256 rows of the packed A (256 x 512 bf16 = 256 KiB,
+ * L2-resident) and each 32-column panel of the B block (32 KiB) runs the microkernel over the
+ * sub-chunk's row blocks. Sums over k blocks accumulate in out
  * (f32): the first k block stores, the next ones add. A is packed (rounded) by all threads in a
  * region of its own before each chunk's product. B is packed once per call (per A chunk: K > 2048
  * with M > 2 * 524288 / K rows takes several chunks). While a block computes, its microkernel
