@@ -127,7 +127,10 @@ static rlx_status need_scratch(struct rlx_host_state *st, size_t floats)
 {
     struct rlx_workspace *ws = st->ws;
     if (floats <= ws->bytes / sizeof(float)) return RLX_OK;
-    float *p = realloc(ws->data, floats * sizeof *p);
+    /* grown empty: nothing reads the old contents, which realloc would copy on a move */
+    free(ws->data);
+    ws->data = NULL, ws->bytes = 0;
+    float *p = malloc(floats * sizeof *p);
     if (!p) return rlx_set_error(RLX_ERR_NOMEM, "out of memory for %zu floats of kernel scratch", floats);
     ws->data = p;
     ws->bytes = floats * sizeof *p;

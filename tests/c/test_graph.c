@@ -260,6 +260,91 @@ static void test_shared_arena(struct rlx_device *dev)
     rlx_shared_arena_release(dev, &arena);
 }
 
+/* y (seq, QN) = x (seq, QK) @ W^T, W (QN, QK) of block type wt, on plan p; returns the status */
+enum { QK = 1024, QN = 24, QSEQ = 40 };
+static rlx_status run_quant(struct rlx_plan *p, int seq, const float *x, float *y)
+{
+    struct rlx_host_tensor t = {.data = x, .dtype = RLX_F32, .ndim = 2, .shape = {seq, QK}};
+    rlx_status s = rlx_plan_set_input(p, 0, &t);
+    if (s == RLX_OK) s = rlx_plan_run(p);
+    if (s == RLX_OK) s = rlx_plan_read_output(p, 0, y, sizeof(float) * (size_t)seq * QN);
+    return s;
+}
+
+/* Two plans of a matmul over packed weights sharing one arena, and so one kernel scratch (the
+ * quantised activations, and the GEMM's packed panels at QSEQ rows): run in turn at 1 and QSEQ
+ * rows (the scratch grows, and may move, under the plan that ran before), each result bitwise a
+ * plan of its own's on the same input (the oracle for the sharing; test_quant_kernels checks the
+ * kernels against the ref table) and near the product of the dequantised weights in double (so
+ * that both are not equally wrong). A stale scratch pointer is a read of freed memory: valgrind
+ * and ASan run this file. */
+static void test_shared_scratch_quant(struct rlx_device *dev, enum rlx_dtype wt)
+{
+    const char *device = rlx_device_name(dev);
+    static float wf[QN * QK], wdq[QN * QK], x[QSEQ * QK], y[QSEQ * QN], yo[QSEQ * QN];
+    static uint8_t wq[QN * QK * 2];
+    for (int i = 0; i < QN * QK; i++) wf[i] = frand();
+    CHECK(rlx_quantize(wt, wf, QN, QK, wq) == RLX_OK, "quantize: %s", rlx_last_error());
+    rlx_dtype_traits(wt)->to_f32(wdq, wq, QN * QK);
+    struct rlx_plan *p[3] = {NULL, NULL, NULL}; /* 0, 1 sharing; 2 alone, the oracle */
+    struct rlx_shared_arena arena = {0};
+    for (int k = 0; k < 3; k++) {
+        struct rlx_graph *g;
+        rlx_graph_create(&g);
+        int xi, wi, yi;
+        rlx_graph_input(g, "x", RLX_F32, 2, (struct rlx_dim[]){rlx_dim_sym(RLX_SYM_SEQ), rlx_dim_const(QK)}, &xi);
+        rlx_graph_param(g, "w", wt, 2, (struct rlx_dim[]){rlx_dim_const(QN), rlx_dim_const(QK)}, &wi);
+        rlx_graph_op(g, RLX_OP_MATMUL, 2, (int[]){xi, wi}, &(struct rlx_attrs){.trans_b = 1}, &yi);
+        rlx_graph_output(g, yi, "y");
+        struct rlx_compile_opts o = rlx_compile_opts_default();
+        CHECK(rlx_compile(g, dev, &o, &p[k]) == RLX_OK, "compile %s: %s", device, rlx_last_error());
+        rlx_graph_free(g);
+        if (!p[k]) goto out;
+        if (k < 2) rlx_plan_share_arena(p[k], &arena);
+        int idx;
+        struct rlx_host_tensor t = {.data = wq, .dtype = wt, .ndim = 2, .shape = {QN, QK}};
+        CHECK(rlx_plan_param_index(p[k], "w", &idx) == RLX_OK && rlx_plan_set_param(p[k], idx, &t) == RLX_OK,
+              "set w (%s)", device);
+    }
+    const int seqs[] = {1, QSEQ, 1, 7, QSEQ};
+    for (int r = 0; r < 5; r++) {
+        const int seq = seqs[r], k = r % 2;
+        for (int i = 0; i < seq * QK; i++) x[i] = frand() * 2;
+        CHECK(run_quant(p[k], seq, x, y) == RLX_OK && run_quant(p[2], seq, x, yo) == RLX_OK, "%s %s run %d: %s", device,
+              rlx_dtype_name(wt), r, rlx_last_error());
+        CHECK(memcmp(y, yo, sizeof(float) * (size_t)seq * QN) == 0,
+              "%s %s run %d (plan %d, %d rows): bitwise the unshared plan's", device, rlx_dtype_name(wt), r, k, seq);
+        /* test_quant_kernels' bound: the cpu rounds each block of bs activations to 8 bits, at most
+         * A (1 + 2^-14) / 254 per element (A: the block's largest |x|), and its f32 sums add gamma A
+         * (|Ws| + |Wz|) per element, the scaled part and the offset / minimum taken apart; here
+         * |Ws| + |Wz| <= 3 max |W| of the block (either part at most the block's range) */
+        const int64_t bs = wt == RLX_Q8_0 ? 32 : 256;
+        const double gamma = (QK + 32) * 0x1p-23;
+        double worst = 0;
+        for (int m = 0; m < seq; m++)
+            for (int n = 0; n < QN; n++) {
+                double ref = 0, bound = 0;
+                for (int b = 0; b < QK / bs; b++) {
+                    double A = 0, wsum = 0, wmax = 0;
+                    for (int64_t i = b * bs; i < (b + 1) * bs; i++) {
+                        ref += (double)x[m * QK + i] * wdq[n * QK + i];
+                        A = fmax(A, fabs(x[m * QK + i]));
+                        wsum += fabs(wdq[n * QK + i]), wmax = fmax(wmax, fabs(wdq[n * QK + i]));
+                    }
+                    bound += A * (wsum * (1 + 0x1p-14) / 254 + gamma * 3 * (double)bs * wmax);
+                }
+                worst = fmax(worst, fabs(y[m * QN + n] - ref) / (bound + 1e-30));
+            }
+        CHECK(worst <= 1, "%s %s run %d: near the dequantised product (%g of the bound)", device, rlx_dtype_name(wt), r,
+              worst);
+    }
+    if (dev->be->plan_share_workspace)
+        CHECK(arena.ws.data && arena.ws.bytes > 0, "%s: the kernels' scratch is the arena's", device);
+out:
+    for (int k = 0; k < 3; k++) rlx_plan_free(p[k]);
+    rlx_shared_arena_release(dev, &arena);
+}
+
 static void test_log_callback(struct rlx_device *cpu)
 {
     rlx_set_log_callback(count_logs, &log_count);
@@ -597,6 +682,8 @@ int main(void)
         for (int f = 0; f < 2; f++) test_block(devs[d], f);
         test_state(devs[d]);
         test_shared_arena(devs[d]);
+        test_shared_scratch_quant(devs[d], RLX_Q8_0);
+        test_shared_scratch_quant(devs[d], RLX_Q4_K);
     }
     test_errors(devs[0]);
     test_log_callback(devs[0]);
