@@ -41,7 +41,18 @@
  * of copies) both 31-33 -> 36.2 GB/s (the read probe 37-39); Qwen3-0.6B whole decode steps at 128
  * positions, old and new builds alternating, Q4_K_M 16.3-16.5 -> 15.8 ms, Q4_0 15.4-17.1 ->
  * 13.9-15.3 ms (2 threads: within the noise).
- * Each output: a fixed sequence of operations whatever M, the row range or the thread count.
+ * The row kernels (row4, row8, rowk) leave a row's sums in one vector per row of activations; the
+ * instance (the dispatch section) adds the 16 lanes in one order (hsum4), four vectors at a time:
+ * four weight rows' at M = 1, four activation rows' otherwise. A horizontal sum per output
+ * (VEXTRACT and add, four times) had cost as much as a fifth of a row of K = 1024 (Qwen3-0.6B's
+ * hidden size: 8 groups of Q4_0, 4 super-blocks). Zen 4, 1 thread, 256 x 1024 cache-resident, us a
+ * call, M = 1: Q4_0 5.8 -> 5.4, Q8_0 7.2 -> 6.6, Q4_K 5.0 -> 4.6, Q6_K 5.9 -> 5.5 (from DRAM, 2 MiB
+ * pages, GB/s: +2-4 %); M = 8 and 16 2-4 % faster, M = 2 and 3 within 2 %; the matmuls of whole
+ * decode steps at 128 positions, 1 thread, builds alternating three times, ms: Qwen3-0.6B Q4_K_M
+ * 16.1-16.8 -> 14.5-16.0, Q8_0 23.9-25.0 -> 23.1-25.2, Llama-3.2-1B Q4_K_M 30.3-32.7 -> 27.6-32.7.
+ * Processing the four weight rows interleaved (sharing the activations' loads) was faster still
+ * for Q4_0 from DRAM (+5 %) but slower for Q8_0 (-7 %) and Q6_K (-18 %): four streams instead of
+ * one. Each output: a fixed sequence of operations whatever M, the row range or the thread count.
  * Must never read past a weight row (an odd last block is read alone; activations past it are
  * masked; the prefetches (rlx_cpu_qmv_prefetch) may reach past the weights) and never
  * allocate.
@@ -174,14 +185,42 @@ FN void group4(__m512 *acc, __m128 *macc, const struct rlx_cpu_qact *a, const ui
     }
 }
 
+/* The sums of a, b, c and d's 16 lanes (lanes 0..3 of the result): each vector's 256-bit halves
+ * added, then pairs (VHADDPS twice), then the 128-bit halves. Each sum depends on its own vector
+ * alone: with zeros in the other places one vector's sum has the same bits. */
+FN __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+#define HALVES(x)                                                                                                      \
+    _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)))
+    const __m256 ab = _mm256_hadd_ps(HALVES(a), HALVES(b)), cd = _mm256_hadd_ps(HALVES(c), HALVES(d));
+#undef HALVES
+    const __m256 s = _mm256_hadd_ps(ab, cd);
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+/* out[m * ldo] = the sum of acc[m]'s lanes (hsum4's order), m < M: four at a time */
+FN void store_sums(float *out, int64_t ldo, const __m512 *acc, const int M)
+{
+    const __m512 z = _mm512_setzero_ps();
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; m += 4)
+    {
+        const int n = M - m < 4 ? M - m : 4;
+        const __m128 s = hsum4(acc[m], n > 1 ? acc[m + 1] : z, n > 2 ? acc[m + 2] : z, n > 3 ? acc[m + 3] : z);
+        _mm_store_ss(out + m * ldo, s);
+        if (n > 1) _mm_store_ss(out + (m + 1) * ldo, _mm_movehdup_ps(s));
+        if (n > 2) _mm_store_ss(out + (m + 2) * ldo, _mm_movehl_ps(s, s));
+        if (n > 3) _mm_store_ss(out + (m + 3) * ldo, _mm_shuffle_ps(s, s, 3));
+    }
+}
+
 FN __mmask64 bytes_mask(int64_t n) { return n >= 64 ? ~(__mmask64)0 : n <= 0 ? 0 : ((__mmask64)1 << n) - 1; }
 
-FN void row4(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
-             const struct idx32 *ix, const int wt, const int M)
+/* The sums of weight row r against the M rows of activations into acc[0 .. M) (row8, rowk too) */
+FN void row4(__m512 *acc, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r, const struct idx32 *ix,
+             const int wt, const int M)
 {
     const int64_t nb = K / 32, tb = (int64_t)tsize(wt), gb = 4 * tb;
     const uint8_t *row = w + r * nb * tb;
-    __m512 acc[MAX_M];
     __m128 macc[MAX_M];
     _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps(), macc[m] = _mm_setzero_ps();
     const __mmask64 k1 = bytes_mask(gb - 64);
@@ -204,11 +243,9 @@ FN void row4(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
         const int64_t n = (nb - 4 * g) * tb;
         group4(acc, macc, a, row + g * gb, bytes_mask(n), bytes_mask(n - 64), g, (int)(nb - 4 * g), ix, wt, M);
     }
-    _Pragma("GCC unroll 16") for (int m = 0; m < M; m++)
-    {
-        if (wt == RLX_Q4_1 || wt == RLX_Q5_1) acc[m] = _mm512_add_ps(acc[m], _mm512_castps128_ps512(macc[m]));
-        out[m * ldo + r] = _mm512_reduce_add_ps(acc[m]);
-    }
+    if (wt == RLX_Q4_1 || wt == RLX_Q5_1)
+        _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] =
+            _mm512_add_ps(acc[m], _mm512_castps128_ps512(macc[m]));
 }
 
 /* Q8_0: the block at p (and the next one, at p + 34, when two): |w| from two 32-byte runs of int8
@@ -235,13 +272,12 @@ FN void pair8(__m512 *acc, const struct rlx_cpu_qact *a, const uint8_t *p, int64
     }
 }
 
-FN void row8(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
-             const struct idx32 *ix, const int wt, const int M)
+FN void row8(__m512 *acc, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r, const struct idx32 *ix,
+             const int wt, const int M)
 {
     (void)ix, (void)wt;
     const int64_t nb = K / 32;
     const uint8_t *row = w + r * nb * RLX_Q8_0_BYTES;
-    __m512 acc[MAX_M];
     _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     int64_t b = 0;
     _Pragma("GCC unroll 2") for (; b + 2 <= nb; b += 2)
@@ -250,7 +286,6 @@ FN void row8(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
         pair8(acc, a, row + b * RLX_Q8_0_BYTES, b, 1, M);
     }
     if (b < nb) pair8(acc, a, row + b * RLX_Q8_0_BYTES, b, 0, M);
-    _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) out[m * ldo + r] = _mm512_reduce_add_ps(acc[m]);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -525,14 +560,13 @@ FN void kpair(__m512 *acc, const struct rlx_cpu_qact *a, const uint8_t *p, int64
     }
 }
 
-FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r,
-             const struct idx32 *ix, const int wt, const int M)
+FN void rowk(__m512 *acc, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r, const struct idx32 *ix,
+             const int wt, const int M)
 {
     (void)ix;
     const int64_t nb = K / 256;
     const size_t tb = tsize(wt);
     const uint8_t *row = w + (size_t)r * (size_t)nb * tb;
-    __m512 acc[MAX_M];
     _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     if (wt == RLX_Q6_K || wt == RLX_Q3_K) {
         const __m512i sidx0 = _mm512_loadu_si512(SCALE_IDX16[0]), sidx1 = _mm512_loadu_si512(SCALE_IDX16[1]);
@@ -550,7 +584,6 @@ FN void rowk(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_
         for (; b + 2 <= nb; b += 2) kpair(acc, a, row + (size_t)b * tb, b, sidx, wt, 1, M);
         if (b < nb) kpair(acc, a, row + (size_t)b * tb, b, sidx, wt, 0, M);
     }
-    _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) out[m * ldo + r] = _mm512_reduce_add_ps(acc[m]);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -809,7 +842,16 @@ VNNI_TARGET void rlx_cpu_qact_tiles(const struct rlx_cpu_qact *a, int wt, int M)
     {                                                                                                                  \
         struct idx32 ix;                                                                                               \
         if (WT == RLX_Q4_0 || WT == RLX_Q4_1 || WT == RLX_Q5_0 || WT == RLX_Q5_1) idx32_init(&ix, WT);                 \
-        for (int64_t r = r0; r < r1; r++) KERNEL(out, ldo, a, w, K, r, &ix, WT, MM);                                   \
+        __m512 acc[MM == 1 ? 4 : MM]; /* the rows' sums, four rows at a time at MM = 1 */                                \
+        int64_t r = r0;                                                                                                \
+        for (; MM == 1 && r + 4 <= r1; r += 4) {                                                                       \
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) KERNEL(acc + i, a, w, K, r + i, &ix, WT, 1);            \
+            _mm_storeu_ps(out + r, hsum4(acc[0], acc[1], acc[2], acc[3]));                                             \
+        }                                                                                                              \
+        for (; r < r1; r++) {                                                                                          \
+            KERNEL(acc, a, w, K, r, &ix, WT, MM);                                                                      \
+            store_sums(out + r, ldo, acc, MM);                                                                         \
+        }                                                                                                              \
     }
 #define INSTANCES(WT, KERNEL)                                                                                          \
     INSTANCE(WT, 1, KERNEL) INSTANCE(WT, 2, KERNEL) INSTANCE(WT, 3, KERNEL) INSTANCE(WT, 4, KERNEL)                    \
