@@ -307,7 +307,7 @@ int rlx_cpu_qmv_amx_groups(int M);
  * pp128 303 -> 408, pp256 347 -> 387, pp512 369 -> 345. */
 #define RLX_CPU_QMV_AMX_MAX_M 128
 /* rlx_cpu_qmv_avx512's product for the K types (Q2_K .. Q6_K) on AMX-INT8 tiles, any M <=
- * RLX_CPU_QMV_AMX_MAX_M in one pass, from a->tq, td, tg (quant_avx512.c); only where
+ * RLX_CPU_QMV_AMX_MAX_M in one pass, from a->tq, td, tg (quant_amx.c); only where
  * rlx_cpu_amx_int8(). */
 void rlx_cpu_qmv_amx(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,
                      int64_t r0, int64_t r1);

@@ -44,7 +44,7 @@
  *     146 through the GEMM, whose panel unpacking is not paid back at 16 rows (Zen 4, with the rows
  *     in groups of 4; one group of 16 since: Intel Xeon 150 -> 122 ms); and each sequence then
  *     gets the bits it gets alone); except, where the machine has AMX-INT8, the K types' products
- *     of RLX_CPU_QMV_AMX_MIN_M (5) .. 16 rows: quant_avx512.c's AMX kernel (rlx_cpu_qmv_amx, tile
+ *     of RLX_CPU_QMV_AMX_MIN_M (5) .. 16 rows: quant_amx.c's AMX kernel (rlx_cpu_qmv_amx, tile
  *     products per group; Qwen3-0.6B Q4_K_M, 2 threads, Intel Xeon: 8 sequences 48-49 -> 37-40 ms
  *     a step, 16 91 -> 64), whose f32 sums of the same integers run in another order than the
  *     row kernels': a sequence in such a batch no longer gets its bits alone (and a difference in
