@@ -25,7 +25,8 @@
  * Also: the documented quantisation bit for bit (identity weights: out = RN(q * d) exactly) on
  * every path and M; the AMX GEMM bitwise the VNNI GEMM; results bitwise identical at 1 and 2 threads (but for the scalar path's
  * prefill, which is OpenBLAS's sgemm) and, on the blocked passes, each row of M bitwise its product
- * alone (M = 1); weights and `a` placed against
+ * alone (M = 1) (same_outputs: any NaN matches any NaN, whose payload the operands' order decides);
+ * weights and `a` placed against
  * an unreadable page (an over-read faults); out and scratch guarded (no write past them); M = 0 /
  * N = 0 leave out alone; embedding_quant bit-exact with the ref table (random bytes, NaN included).
  * Prints one line per failure, then "N passed, M failed".
@@ -256,6 +257,17 @@ static const char *path_name(void)
 
 /* cpu (M, N) at the current thread count into o (guarded), scratch guarded; returns 0 if the
  * scratch guard broke */
+/* x and y (n floats) the same: bit for bit, except that any NaN matches any NaN (which NaN an
+ * addition of two keeps follows the order of its operands, which the compiler may swap between two
+ * instances of one kernel: IEEE 754 leaves the payload open; the weights' random bytes hold NaN
+ * scales) */
+static int same_outputs(const float *x, const float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&x[i], &y[i], sizeof(float)) != 0 && !(isnan(x[i]) && isnan(y[i]))) return 0;
+    return 1;
+}
+
 static int run_cpu(float *o, const float *a, const void *w, int wt, int64_t M, int64_t K, int64_t N)
 {
     const int64_t ns = (int64_t)CPU->matmul_quant_scratch(wt, M, K, N);
@@ -293,9 +305,8 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
            (long long)M, (long long)K, (long long)N, path_name());
     /* every path but the scalar prefill (sgemm: OpenBLAS's own split of the work) */
     if (rlx_cpu_isa() >= RLX_CPU_ISA_AVX2 || M <= 4)
-        result(memcmp(o1, o2, (size_t)(M * N) * sizeof(float)) == 0,
-               "matmul_quant %s M=%lld K=%lld N=%lld [%s]: 2 threads differ from 1", tn, (long long)M, (long long)K,
-               (long long)N, path_name());
+        result(same_outputs(o1, o2, M * N), "matmul_quant %s M=%lld K=%lld N=%lld [%s]: 2 threads differ from 1", tn,
+               (long long)M, (long long)K, (long long)N, path_name());
     /* the AMX GEMM (prefill, M > 16; K types above RLX_CPU_QMV_AMX_MAX_M) computes the VNNI GEMM's
      * integers with its f32 steps (quant_gemm.c): the same bits */
     if (rlx_cpu_amx_int8() && M > 16 && (bs == 32 || M > RLX_CPU_QMV_AMX_MAX_M)) {
@@ -303,7 +314,7 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
         const int prev = rlx_cpu_isa_cap(RLX_CPU_ISA_AVX512_BF16);
         run_cpu(o3, a, w, wt, M, K, N);
         rlx_cpu_isa_cap(prev);
-        result(memcmp(o3, o1, (size_t)(M * N) * sizeof(float)) == 0,
+        result(same_outputs(o3, o1, M * N),
                "matmul_quant %s M=%lld K=%lld N=%lld: the AMX GEMM differs from the VNNI GEMM", tn, (long long)M,
                (long long)K, (long long)N);
         free(o3);
@@ -319,8 +330,7 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
         memcpy(rot, a + K, (size_t)((M - 1) * K) * sizeof(float));
         memcpy(rot + (M - 1) * K, a, (size_t)K * sizeof(float));
         run_cpu(orot, rot, w, wt, M, K, N);
-        result(memcmp(orot, o1 + N, (size_t)((M - 1) * N) * sizeof(float)) == 0 &&
-                   memcmp(orot + (M - 1) * N, o1, (size_t)N * sizeof(float)) == 0,
+        result(same_outputs(orot, o1 + N, (M - 1) * N) && same_outputs(orot + (M - 1) * N, o1, N),
                "matmul_quant %s M=%lld K=%lld N=%lld [%s]: rows rotated by one give other bits", tn, (long long)M,
                (long long)K, (long long)N, path_name());
         free(rot);
@@ -331,7 +341,7 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
         int same = 1;
         for (int64_t m = 0; m < M && same; m++) {
             run_cpu(row, a + m * K, w, wt, 1, K, N);
-            same = memcmp(row, o1 + m * N, (size_t)N * sizeof(float)) == 0;
+            same = same_outputs(row, o1 + m * N, N);
         }
         result(same, "matmul_quant %s M=%lld K=%lld N=%lld [%s]: a row differs from its product alone", tn,
                (long long)M, (long long)K, (long long)N, path_name());

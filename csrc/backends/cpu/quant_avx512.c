@@ -191,7 +191,7 @@ FN void row4(__m512 *acc, const struct rlx_cpu_qact *a, const uint8_t *w, int64_
     }
     if (wt == RLX_Q4_1 || wt == RLX_Q5_1)
         _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] =
-            _mm512_add_ps(acc[m], _mm512_castps128_ps512(macc[m]));
+            _mm512_add_ps(acc[m], _mm512_zextps128_ps512(macc[m]));
 }
 
 /* Q8_0: the block at p (and the next one, at p + 34, when two): |w| from two 32-byte runs of int8
