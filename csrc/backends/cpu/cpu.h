@@ -8,6 +8,7 @@
 #define RLX_BACKENDS_CPU_CPU_H
 
 #include "backends/kernels.h"
+#include "core/quants.h"
 
 #include <immintrin.h>
 #include <stddef.h>
@@ -22,6 +23,23 @@
 #else
 #define RLX_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
+
+/* bytes per block of the block type wt (Q8_0 .. Q6_K; a constant where wt is): the row kernels' */
+static inline size_t rlx_cpu_qblock_bytes(int wt)
+{
+    switch (wt) {
+    case RLX_Q8_0: return RLX_Q8_0_BYTES;
+    case RLX_Q4_0: return RLX_Q4_0_BYTES;
+    case RLX_Q4_1: return RLX_Q4_1_BYTES;
+    case RLX_Q5_0: return RLX_Q5_0_BYTES;
+    case RLX_Q5_1: return RLX_Q5_1_BYTES;
+    case RLX_Q2_K: return RLX_Q2_K_BYTES;
+    case RLX_Q3_K: return RLX_Q3_K_BYTES;
+    case RLX_Q4_K: return RLX_Q4_K_BYTES;
+    case RLX_Q5_K: return RLX_Q5_K_BYTES;
+    default: return RLX_Q6_K_BYTES;
+    }
+}
 
 /* 16 floats: one zmm on avx512f, two ymm on avx2, four xmm on the baseline. Loaded and stored
  * with memcpy, so pointers need no alignment. */

@@ -113,7 +113,7 @@ AMX_FN void amx_block(float *out, int64_t ldo, const struct rlx_cpu_qact *a, con
     const int G = wt == RLX_Q4_K || wt == RLX_Q5_K ? 32 : 16, nops = 256 / (P * G);
     const int mins = wt == RLX_Q2_K || wt == RLX_Q4_K || wt == RLX_Q5_K;
     const int64_t nb = K / 256;
-    const size_t tb = tsize(wt), rb = (size_t)nb * tb;
+    const size_t tb = rlx_cpu_qblock_bytes(wt), rb = (size_t)nb * tb;
     const int ncg = (M + 15) / 16; /* column groups: copies of tq, td, tg */
     const int64_t tq_cs = K * 16, td_cs = nb * 16, tg_cs = nb * nops * 16;
     for (int cg = 0; cg < ncg; cg++)

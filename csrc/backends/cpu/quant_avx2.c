@@ -54,23 +54,6 @@ FN __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d)
     return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
-/* bytes per block of wt (a constant in each instance) */
-FN size_t tsize(const int wt)
-{
-    switch (wt) {
-    case RLX_Q8_0: return RLX_Q8_0_BYTES;
-    case RLX_Q4_0: return RLX_Q4_0_BYTES;
-    case RLX_Q4_1: return RLX_Q4_1_BYTES;
-    case RLX_Q5_0: return RLX_Q5_0_BYTES;
-    case RLX_Q5_1: return RLX_Q5_1_BYTES;
-    case RLX_Q2_K: return RLX_Q2_K_BYTES;
-    case RLX_Q3_K: return RLX_Q3_K_BYTES;
-    case RLX_Q4_K: return RLX_Q4_K_BYTES;
-    case RLX_Q5_K: return RLX_Q5_K_BYTES;
-    default: return RLX_Q6_K_BYTES;
-    }
-}
-
 FN __m256i ld(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
 /* 32 nibbles of 16 bytes: low ones then high ones */
@@ -136,7 +119,7 @@ FN void chunk32(__m256 *acc, __m256 *macc, const struct rlx_cpu_qact *a, const u
                 const int64_t n, const int wt, const int M)
 {
     const int64_t nb = K / 32, Q = a->ldq;
-    const size_t tb = tsize(wt);
+    const size_t tb = rlx_cpu_qblock_bytes(wt);
     const int off = wt == RLX_Q4_0 ? 8 : wt == RLX_Q5_0 ? 16 : 0, mins = wt == RLX_Q4_1 || wt == RLX_Q5_1;
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0));
@@ -173,12 +156,12 @@ FN void row32(__m256 *acc, const struct rlx_cpu_qact *a, const uint8_t *w, int64
               const int M)
 {
     const int64_t nb = K / 32;
-    const uint8_t *row = w + (size_t)r * (size_t)nb * tsize(wt);
+    const uint8_t *row = w + (size_t)r * (size_t)nb * rlx_cpu_qblock_bytes(wt);
     __m256 macc[4];
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps(), macc[m] = _mm256_setzero_ps();
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
-        rlx_cpu_qmv_prefetch(row + (size_t)b * tsize(wt), 8 * tsize(wt));
+        rlx_cpu_qmv_prefetch(row + (size_t)b * rlx_cpu_qblock_bytes(wt), 8 * rlx_cpu_qblock_bytes(wt));
         chunk32(acc, macc, a, row, K, b, 8, wt, M);
     }
     if (b < nb) chunk32(acc, macc, a, row, K, b, nb - b, wt, M);
@@ -236,7 +219,7 @@ FN void rowk(__m256 *acc, const struct rlx_cpu_qact *a, const uint8_t *w, int64_
              const int M)
 {
     const int64_t nb = K / 256;
-    const size_t tb = tsize(wt);
+    const size_t tb = rlx_cpu_qblock_bytes(wt);
     const uint8_t *row = w + (size_t)r * (size_t)nb * tb;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3);
     _Pragma("GCC unroll 4") for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
@@ -376,7 +359,7 @@ FN void put32(int8_t *dst, int32_t *ws, __m256i v, int g16)
 
 FN void unpack_units(int8_t *v, float *dw, float *mw, int32_t *ws, const uint8_t *src, int64_t n, const int wt)
 {
-    const size_t tb = tsize(wt);
+    const size_t tb = rlx_cpu_qblock_bytes(wt);
     const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3);
     for (int64_t u = 0; u < n; u++) {
         const uint8_t *p = src + (size_t)u * tb;

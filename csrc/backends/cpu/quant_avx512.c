@@ -78,7 +78,10 @@ struct idx32 {
  * scale, word 4 + j its f16 minimum (Q4_1, Q5_1: the word after the scale) */
 FN void idx32_init(struct idx32 *ix, const int wt)
 {
-    const int tw = (int)tsize(wt) / 2, no = wt == RLX_Q4_0 ? 1 : wt == RLX_Q4_1 ? 2 : wt == RLX_Q5_0 ? 3 : 4;
+    const int tw = (int)rlx_cpu_qblock_bytes(wt) / 2, no = wt == RLX_Q4_0   ? 1
+                                                           : wt == RLX_Q4_1 ? 2
+                                                           : wt == RLX_Q5_0 ? 3
+                                                                            : 4;
     const int ho = wt == RLX_Q5_0 ? 1 : 2;
     uint16_t nib[32], qh[32], sc[32];
     for (int w = 0; w < 32; w++) {
@@ -165,7 +168,7 @@ FN __mmask64 bytes_mask(int64_t n) { return n >= 64 ? ~(__mmask64)0 : n <= 0 ? 0
 FN void row4(__m512 *acc, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r, const struct idx32 *ix,
              const int wt, const int M)
 {
-    const int64_t nb = K / 32, tb = (int64_t)tsize(wt), gb = 4 * tb;
+    const int64_t nb = K / 32, tb = (int64_t)rlx_cpu_qblock_bytes(wt), gb = 4 * tb;
     const uint8_t *row = w + r * nb * tb;
     __m128 macc[MAX_M];
     _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps(), macc[m] = _mm_setzero_ps();
@@ -257,7 +260,7 @@ FN void kstep(__m512 *acc, const struct rlx_cpu_qact *a, const uint8_t *p, int64
 {
     const int64_t K = a->K, nb = K / 256;
     const __m512i zero = _mm512_setzero_si512();
-    rlx_cpu_qmv_prefetch(p, tsize(wt));
+    rlx_cpu_qmv_prefetch(p, rlx_cpu_qblock_bytes(wt));
     struct kblock k;
     kunpack(&k, p, wt);
     const __m512i sv0 = _mm512_permutexvar_epi16(sidx0, k.sw), sv1 = _mm512_permutexvar_epi16(sidx1, k.sw);
@@ -350,7 +353,7 @@ FN void kpair(__m512 *acc, const struct rlx_cpu_qact *a, const uint8_t *p, int64
               const int wt, const int two, const int M)
 {
     const int64_t K = a->K, nb = K / 256;
-    const size_t tb = tsize(wt);
+    const size_t tb = rlx_cpu_qblock_bytes(wt);
     const uint8_t *p1 = two ? p + tb : p;
     const __m512i zero = _mm512_setzero_si512();
     const __m512i spread = _mm512_set_epi32(2, 2, 0, 0, 2, 2, 0, 0, 2, 2, 0, 0, 2, 2, 0, 0);
@@ -387,7 +390,7 @@ FN void rowk(__m512 *acc, const struct rlx_cpu_qact *a, const uint8_t *w, int64_
 {
     (void)ix;
     const int64_t nb = K / 256;
-    const size_t tb = tsize(wt);
+    const size_t tb = rlx_cpu_qblock_bytes(wt);
     const uint8_t *row = w + (size_t)r * (size_t)nb * tb;
     _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     if (wt == RLX_Q6_K || wt == RLX_Q3_K) {

@@ -24,22 +24,6 @@ FN float f16s(const uint8_t *p)
     return _cvtsh_ss(h);
 }
 
-FN size_t tsize(const int wt)
-{
-    switch (wt) {
-    case RLX_Q8_0: return RLX_Q8_0_BYTES;
-    case RLX_Q4_0: return RLX_Q4_0_BYTES;
-    case RLX_Q4_1: return RLX_Q4_1_BYTES;
-    case RLX_Q5_0: return RLX_Q5_0_BYTES;
-    case RLX_Q5_1: return RLX_Q5_1_BYTES;
-    case RLX_Q2_K: return RLX_Q2_K_BYTES;
-    case RLX_Q3_K: return RLX_Q3_K_BYTES;
-    case RLX_Q4_K: return RLX_Q4_K_BYTES;
-    case RLX_Q5_K: return RLX_Q5_K_BYTES;
-    default: return RLX_Q6_K_BYTES;
-    }
-}
-
 FN __m256i ld32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
 FN __m512i ld64(const void *p) { return _mm512_loadu_si512(p); }
