@@ -41,6 +41,18 @@ static inline size_t rlx_cpu_qblock_bytes(int wt)
     }
 }
 
+/* Q3_K: the 16 scales (6 bits, minus 32) of the 12 bytes at s, as 16 signed bytes (SSE2) */
+static inline __m128i rlx_cpu_k3_scales(const uint8_t *s)
+{
+    uint32_t a0, a1, a2;
+    memcpy(&a0, s, 4), memcpy(&a1, s + 4, 4), memcpy(&a2, s + 8, 4);
+    const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    const __m128i v = _mm_set_epi32((int)(((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4)),
+                                    (int)(((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4)),
+                                    (int)((a1 & m4) | (((a2 >> 2) & m2) << 4)), (int)((a0 & m4) | ((a2 & m2) << 4)));
+    return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
 /* 16 floats: one zmm on avx512f, two ymm on avx2, four xmm on the baseline. Loaded and stored
  * with memcpy, so pointers need no alignment. */
 typedef float rlx_cpu_v16 __attribute__((vector_size(64)));

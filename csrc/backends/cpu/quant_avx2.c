@@ -196,18 +196,6 @@ FN __m128i k4_scales(const uint8_t *s)
     return _mm_set_epi32((int)mn47, (int)mn03, (int)sc47, (int)sc03);
 }
 
-/* Q3_K: the 16 scales (6 bits, minus 32) of the 12 bytes at s, as 16 signed bytes */
-FN __m128i k3_scales(const uint8_t *s)
-{
-    uint32_t a0, a1, a2;
-    memcpy(&a0, s, 4), memcpy(&a1, s + 4, 4), memcpy(&a2, s + 8, 4);
-    const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
-    const __m128i v = _mm_set_epi32((int)(((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4)),
-                                    (int)(((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4)),
-                                    (int)((a1 & m4) | (((a2 >> 2) & m2) << 4)), (int)((a0 & m4) | ((a2 & m2) << 4)));
-    return _mm_sub_epi8(v, _mm_set1_epi8(32));
-}
-
 /* bit `from` of each byte of x moved to bit `to` (other bits cleared) */
 FN __m256i bit_to(__m256i x, int from, int to)
 {
@@ -281,7 +269,7 @@ FN void rowk(__m256 *acc, const struct rlx_cpu_qact *a, const uint8_t *w, int64_
                 DOT32(k3, 4 * h + 3, pair_bcast(sh, 3))
             }
         } else if (wt == RLX_Q3_K) {
-            s16 = _mm256_cvtepi8_epi16(k3_scales(p + 96));
+            s16 = _mm256_cvtepi8_epi16(rlx_cpu_k3_scales(p + 96));
             d = f16s(p + 108), offs = 4;
             const __m256i hm = ld(p);
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
@@ -412,7 +400,7 @@ FN void unpack_units(int8_t *v, float *dw, float *mw, int32_t *ws, const uint8_t
                     put32(o + 128 * h + 32 * j, ws + 16 * u + 8 * h + 2 * j, _mm256_sub_epi8(k[j], k32), 1);
             }
         } else if (wt == RLX_Q3_K) {
-            _mm_storeu_si128((__m128i *)sm, k3_scales(p + 96));
+            _mm_storeu_si128((__m128i *)sm, rlx_cpu_k3_scales(p + 96));
             const float d = f16s(p + 108);
             for (int g = 0; g < 16; g++) dw[16 * u + g] = d * (float)(int8_t)sm[g], mw[16 * u + g] = 0.0f;
             const __m256i hm = ld(p), k4 = _mm256_set1_epi8(4);

@@ -65,18 +65,6 @@ FN __m256i k4_scales(const uint8_t *s0, const uint8_t *s1)
     return _mm256_blend_epi32(_mm256_and_si256(a, _mm256_set1_epi8(0x3f)), hi, 0xaa);
 }
 
-/* Q3_K: the 16 scales (6 bits, minus 32) of the 12 bytes at s, as 16 signed bytes */
-FN __m128i k3_scales(const uint8_t *s)
-{
-    uint32_t a0, a1, a2;
-    memcpy(&a0, s, 4), memcpy(&a1, s + 4, 4), memcpy(&a2, s + 8, 4);
-    const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
-    const __m128i v = _mm_set_epi32((int)(((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4)),
-                                    (int)(((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4)),
-                                    (int)((a1 & m4) | (((a2 >> 2) & m2) << 4)), (int)((a0 & m4) | ((a2 & m2) << 4)));
-    return _mm_sub_epi8(v, _mm_set1_epi8(32));
-}
-
 /* The 256 values of the super-block at p as 4 vectors of unsigned bytes u[v]: u[v] meets the
  * activations at 64 v of the super-block (natural order, except Q4_K / Q5_K, whose 32-element
  * groups are in the order 0, 2, 1, 3 of each 128, as act_rows arranges them). */
@@ -159,7 +147,7 @@ FN void kunpack(struct kblock *k, const uint8_t *p, const int wt)
         k->sw = _mm512_zextsi256_si512(k->s16);
         k->d = f16s(p + 208), k->offs = 32;
     } else if (wt == RLX_Q3_K) {
-        k->s16 = _mm256_cvtepi8_epi16(k3_scales(p + 96));
+        k->s16 = _mm256_cvtepi8_epi16(rlx_cpu_k3_scales(p + 96));
         k->sw = _mm512_zextsi256_si512(k->s16);
         k->d = f16s(p + 108), k->offs = 4;
     } else { /* Q2_K */
