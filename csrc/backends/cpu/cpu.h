@@ -258,8 +258,9 @@ void rlx_cpu_gemm_bf16(float *out, const float *a, const uint16_t *b, int64_t M,
 void rlx_cpu_gemm16_prep(float *dst, const float *a, int64_t M, int64_t K);
 void rlx_cpu_gemm16_avx2(float *out, const float *a, const uint16_t *b, int wt, int64_t M, int64_t K, int64_t N);
 
-/* Block-type (GGUF) weights (quant.c: activation quantisation, dispatch, threads; quant_avx2.c and
- * quant_avx512.c: the per-ISA row kernels; quant_gemm.c: the VNNI GEMM). Rows of `a` quantised
+/* Block-type (GGUF) weights (quant.c: the function computed, dispatch, threads; quant_act.c: the
+ * activations quantised; quant_avx2.c and quant_avx512.c: the per-ISA row kernels; quant_gemm.c:
+ * the VNNI GEMM; quant_amx.c: the AMX-INT8 kernel). Rows of `a` quantised
  * once per call as quant.c describes; row m of each array below starts at m times its row length.
  * Natural element order unless stated. */
 struct rlx_cpu_qact {
@@ -348,7 +349,8 @@ void rlx_cpu_qmv_amx(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int 
 void rlx_cpu_qunpack_avx2(int8_t *v, float *dw, float *mw, int32_t *wsum, const void *src, int wt, int64_t n);
 /* 16 for Q2_K, Q3_K, Q6_K (their groups of 16), else 32 */
 int rlx_cpu_quant_group(int wt);
-/* The activation quantisation of quant.c, one row: q (K), d (K / bs), sums of each 16 q (K / 16) */
+/* The activation quantisation quant.c defines, one row (quant_act.c): q (K), d (K / bs), sums of
+ * each 16 q (K / 16) */
 void rlx_cpu_quant_row(int8_t *q, float *d, int16_t *sums, const float *x, int64_t K, int64_t bs);
 /* The AVX-512 VNNI GEMM (quant_gemm.c): out (M, N) = the rows of `a` quantised as quant.c states .
  * W^T; scratch rlx_cpu_qgemm_scratch(wt, M, K, N) floats (for the pool's thread count then). */
