@@ -195,10 +195,12 @@ static void lowp_case(int dtype, int64_t M, int64_t K, int64_t N)
 
 static void test_matmul_lowp(void)
 {
-    const int64_t Ms[] = {1, 2, 3, 4, 5, 17, 64}, Ks[] = {1, 5, 16, 33, 77, 300}, Ns[] = {1, 7, 130};
+    /* M = 9, 14: the bf16 GEMM's one-vector blocks (from 9 rows without AMX); 40: a two-vector
+     * block then a one-vector block */
+    const int64_t Ms[] = {1, 2, 3, 4, 5, 9, 14, 17, 40, 64}, Ks[] = {1, 5, 16, 33, 77, 300}, Ns[] = {1, 7, 130};
     for (int dt = 0; dt < 2; dt++) {
         const int dtype = dt ? RLX_F16 : RLX_BF16;
-        for (int mi = 0; mi < 7; mi++)
+        for (int mi = 0; mi < 10; mi++)
             for (int ki = 0; ki < 6; ki++)
                 for (int ni = 0; ni < 3; ni++) lowp_case(dtype, Ms[mi], Ks[ki], Ns[ni]);
         lowp_case(dtype, 1, 1000, 701); /* the matvec split over threads */

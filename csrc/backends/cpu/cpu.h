@@ -231,22 +231,8 @@ void rlx_cpu_pack_bf16(uint16_t *dst, const float *src, int64_t n);
 
 /* The AVX-512 BF16 GEMM (gemm_bf16.c): out (M, N) = bf16(a) (M, K) @ b^T, b (N, K) bf16; only
  * when rlx_cpu_isa() >= RLX_CPU_ISA_AVX512_BF16 (with AMX tiles where rlx_cpu_isa() is
- * RLX_CPU_ISA_AMX, N >= 32 and K >= 32). VDPBF16PS blocking: RLX_GB_MR rows x 32 columns per
- * microkernel, column blocks of RLX_GB_NC per thread, k blocks of RLX_GB_KC (even), sub-chunks
- * of RLX_GB_MC rows (a multiple of RLX_GB_MR), packed A chunks of at most RLX_GB_A_UNITS 32-bit
- * units (whole row blocks). The #ifndef lets a tuning build override them with -D. */
-#ifndef RLX_GB_MR
-#define RLX_GB_MR 8
-#endif
-#ifndef RLX_GB_NC
-#define RLX_GB_NC 128
-#endif
-#ifndef RLX_GB_KC
-#define RLX_GB_KC 512
-#endif
-#ifndef RLX_GB_MC
-#define RLX_GB_MC 256
-#endif
+ * RLX_CPU_ISA_AMX, N >= 32 and K >= 32), rows of `a` packed in chunks of at most RLX_GB_A_UNITS
+ * 32-bit units (whole row blocks). */
 #define RLX_GB_A_UNITS (512 * 1024)
 size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N);
 void rlx_cpu_gemm_bf16(float *out, const float *a, const uint16_t *b, int64_t M, int64_t K, int64_t N, float *scratch);

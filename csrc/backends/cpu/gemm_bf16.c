@@ -13,50 +13,38 @@
  * sums to.
  *
  * Layout. The K dimension is taken in pairs (VDPBF16PS multiplies pairs): a "unit" is 32 bits
- * holding the bf16 values at k and k+1 (k even; the second is 0 past an odd K).
- *  - packed A (per chunk of up to RLX_GB_A_UNITS units of rows): for each block of RLX_GB_MR rows
- *    (rows past M are zero), for each pair p of the whole K, RLX_GB_MR units: A[i][p][r].
- *  - packed B (per thread, for one block of up to RLX_GB_NC columns n and RLX_GB_KC values of k):
- *    for each panel of 32 columns (columns past N are zero), for each pair p of the block, 32 units:
- *    B[j][p][c] = (w[n0 + 32 j + c][k0 + 2p], w[..][k0 + 2p + 1]), i.e. two zmm per pair.
- * Microkernel: RLX_GB_MR = 8 rows x 32 columns of out in 16 zmm accumulators; per pair, two zmm
- * of B loaded, each A unit broadcast into two VDPBF16PS. Rows past M and columns past N are
- * computed on zeros and not stored.
+ * holding the bf16 values at k and k+1 (k even; the second is 0 past an odd K). `a` is packed
+ * (rounded) chunk by chunk (up to RLX_GB_A_UNITS units of rows; all threads pack, in a region of
+ * their own before the chunk's product): for each block of mr rows (rows past M are zero), for
+ * each pair q of the whole K, mr units: A[i][q][r] (gb_apack; mr = GW_MB = 32 here, GA_MB for AMX).
+ * The weights are read where they lie: nothing of b is packed.
  *
- * Blocking (Zen 4: 32 KiB L1d and 1 MiB L2 per core, 32 MiB L3 shared): the pool's threads take
- * blocks of RLX_GB_NC = 128 columns, each a contiguous range of them first, then what is left of
- * the others' (rlx_pieces, so a descheduled thread does not stall the product); for each block of
- * RLX_GB_KC = 512 values of k a thread packs its B block (128 x 512 bf16 = 128 KiB, L2-resident),
- * then for each sub-chunk of RLX_GB_MC = 256 rows of the packed A (256 x 512 bf16 = 256 KiB,
- * L2-resident) and each 32-column panel of the B block (32 KiB) runs the microkernel over the
- * sub-chunk's row blocks. Sums over k blocks accumulate in out
- * (f32): the first k block stores, the next ones add. A is packed (rounded) by all threads in a
- * region of its own before each chunk's product. B is packed once per call (per A chunk: K > 2048
- * with M > 2 * 524288 / K rows takes several chunks). While a block computes, its microkernel
- * calls prefetch the next k block's weight rows into L2, a slice per call, so the next packing
- * reads L2 instead of stalling on DRAM: measured on the Llama-3.2-1B shapes at M = 128 (2 threads,
- * weights rotated through 8 copies, i.e. from DRAM), gate/up 312 -> 342 GFLOP/s, down 302-323 ->
- * 342-346, q/o 312-323 -> 336-339; M = 512 unchanged within noise. The last k block prefetches the
- * first of the next column block (the task's next, unless another task takes it; with the blocks
- * dealt in turn from one counter it was not known, and that first block's packing read DRAM):
- * Zen 4, 2 threads, the same weights from DRAM, builds alternating three times, M = 128 gate/up
- * 352-369 -> 381-383 GFLOP/s, down 350-372 -> 377-380, q/o 363-370 -> 363-377; M = 32 220-251 ->
- * 261-269; 1 thread M = 128 187-188 -> 191-192; Llama-3.2-1B bf16 pp128 at 2 threads (whole
- * prefills, best of 5, six alternating pairs) 159-167 -> 161-173 tok/s, five of the six pairs
- * faster, by 1-6 %.
+ * VDPBF16PS path: the lanes of a vector are rows of `a`, and each weight pair is broadcast (a
+ * 32-bit load from the weight row, VPBROADCASTD): per pair, two zmm of A (32 rows) and GW_NB = 8
+ * weight rows give 16 VDPBF16PS into 16 accumulators (out^T: 32 rows of a x 8 weight rows), over
+ * the whole K, transposed on the way out (a block of at most 16 rows of a takes one zmm of A and
+ * 8 instructions a pair). The pool's threads take blocks of 8 weight rows as the matrix-vector
+ * products take their pieces (rlx_parallel_pieces: a contiguous range each, then the others'); a
+ * block runs over every 32-row block of the chunk (its 8 rows x K stay in L1 / L2 after the first)
+ * and fetches the next block's rows into L2, a slice per 32 pairs. Rows past N read row N - 1 and
+ * are not stored; an odd K's last value is broadcast alone (nothing read past a row).
  *
- * Tuned on the Zen 4 EPYC (2 vCPUs, shared), Qwen3-0.6B shapes, GFLOP/s of the GEMM alone, 1 / 2
- * threads: M = 512: 180-207 / 340-408; M = 128: 170-194 / 310-377 (widen + sgemm: 76-93 / 81-152;
- * f32 sgemm 83-99 / 140-183). MR = 6, 8, 12, KC = 256, 512, NC = 128, 256, MC = 64, 128, 256
- * all measured within noise of each other (+-5%); 8 / 512 / 128 / 256 kept. One thread's 200
- * GFLOP/s is 2x its f32 sgemm, as VDPBF16PS's doubled multiply-adds allow (the VM's clock
- * under boost is not known, so not as a fraction of peak). OpenBLAS threads still spinning after an sgemm
- * elsewhere (attention) halve the 2-thread numbers while they spin.
+ * This replaced (2026-12-06) a GEMM that packed b per thread into 128-column x 512-k blocks and
+ * ran an 8 x 32 microkernel on them: at 1 thread the packing (a 16 x 16 transpose of each 16 rows
+ * x 32 values of k) took ~13 % of the product at M = 128. Measured on the Zen 4 EPYC (2 vCPUs),
+ * whole prefills from a GGUF file (KV f16, best of 3-4, the two kernels alternating in one
+ * sitting), tok/s packed -> here: Llama-3.2-1B bf16 pp128 1 thread 87.5-88.6 -> 103.8-104.1, 2
+ * threads 165-170 -> 186-203; pp512 2 threads 180-182 -> 187-188; Qwen3-0.6B bf16 pp32 1 / 2
+ * threads 134-135 -> 166-197 / 218-222 -> 321-325, pp128 186-188 -> 193-198 / 347-357 -> 351-372,
+ * pp512 176 -> 173-178 / 341-344 -> 322-354 (attention a larger share). And batched decode steps
+ * of Qwen3-0.6B bf16 (weights from DRAM, read once for all rows) with this GEMM from 9 rows up
+ * instead of the matrix-vector passes: 16 sequences 131-140 -> 78-86 ms a step, 12: 92-109 -> 74-81,
+ * 13: 101-137 -> 75-93; 8: 83-94 against 71-92 (even), 4: 53-57 against 73-99, 2: 37-39 against
+ * 64-91 (the passes win; matmul.c's RLX_MV_BF16_MAX_M).
  *
- * Scratch (floats = 32-bit units): the packed A chunk plus one B block per pool thread; the
- * thread count must not change between rlx_cpu_gemm_bf16_scratch and the call (as attention's).
- * Results depend only on the shapes, not on the thread count (each out element is one fixed
- * sequence of instructions: its k blocks in order).
+ * Scratch (floats = 32-bit units): the packed A chunk. Results depend only on K, not on the
+ * thread count, M or N (each out element is one fixed sequence of instructions in its own lane:
+ * its pairs in order over the whole K; the AMX path: its tiles of k in order).
  *
  * Must never allocate, and must never run unless cpuid reports AVX512_BF16 (matmul.c checks).
  */
@@ -65,7 +53,6 @@
 #include "backends/cpu/pool.h"
 
 #include <immintrin.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #define GB_FN     __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"), always_inline)) static inline
@@ -74,17 +61,6 @@
 /* ---------------------------------------------------------------------------------------------
  * Sizes
  * ------------------------------------------------------------------------------------------- */
-
-static int64_t gb_a_rows(int64_t K)
-{
-    /* rows per A chunk: RLX_GB_A_UNITS units, whole row blocks, at least one block */
-    const int64_t kp = (K + 1) / 2;
-    int64_t rows = RLX_GB_A_UNITS / (kp > 0 ? kp : 1) / RLX_GB_MR * RLX_GB_MR;
-    return rows < RLX_GB_MR ? RLX_GB_MR : rows;
-}
-
-/* units of one thread's B block */
-#define GB_B_UNITS ((int64_t)RLX_GB_NC * (RLX_GB_KC / 2))
 
 /* ---------------------------------------------------------------------------------------------
  * Packing
@@ -102,7 +78,7 @@ GB_FN __m256i gb_round16(__m512 v)
 struct gb_apack {
     const float *a;       /* (M, K) */
     int64_t K, m0, mrows; /* the chunk: rows m0 .. m0 + mrows */
-    int64_t mr, kpp;      /* rows per block (RLX_GB_MR, or GA_MB for AMX), pairs per block */
+    int64_t mr, kpp;      /* rows per block (GW_MB, or GA_MB for AMX), pairs per block */
     uint32_t *dst;        /* (row blocks, kpp, mr) units */
 };
 
@@ -139,123 +115,120 @@ static void gb_pack_chunk(struct gb_apack *pa)
     rlx_parallel_for(nrb, rlx_cpu_row_grain(65536, pa->mr * pa->K), gb_pack_a, pa);
 }
 
-struct gb_ctx {
+/* ---------------------------------------------------------------------------------------------
+ * VDPBF16PS: rows of a in the lanes, weight pairs broadcast
+ * ------------------------------------------------------------------------------------------- */
+
+#define GW_MB 32 /* rows of a per microkernel: two zmm of lanes */
+#define GW_NB 8  /* weight rows per block */
+
+struct gw_ctx {
     float *out;
     const uint16_t *b;
     int64_t N;
-    struct gb_apack pa; /* the current chunk (mr = RLX_GB_MR, kpp = (K + 1) / 2) */
-    uint32_t *bpack;    /* GB_B_UNITS per task */
-    int64_t nblocks;
-    struct rlx_pieces blocks; /* the column blocks: a contiguous range per task, then the others' */
+    struct gb_apack pa; /* the current chunk (mr = GW_MB, kpp = (K + 1) / 2) */
 };
 
-/* B block: columns n0 .. n0 + nc, values k0 .. k0 + kc (kc even unless it ends at K) into dst,
- * panel by panel. */
-GB_TARGET static void gb_pack_b(uint32_t *dst, const uint16_t *b, int64_t K, int64_t N, int64_t n0, int64_t nc,
-                                int64_t k0, int64_t kc)
+/* out rows 0 .. min(rows, 16 nv), columns 0 .. cols (<= GW_NB), ld ldo = the block of a at ap
+ * (kpp pairs x GW_MB units; the first 16 nv rows used) . the weight rows w[0 .. GW_NB) over all of
+ * K; lanes are rows of a, each weight pair broadcast. Prefetches `per_step` lines of `next` (lpr
+ * lines a row, rows `stride` bytes apart; lines in all) per 32 pairs, from *line on. */
+GB_FN void gw_micro(float *o, int64_t ldo, const uint32_t *ap, const uint16_t *const w[GW_NB], int64_t K, int64_t rows,
+                    int64_t cols, int nv, const char *next, int64_t stride, int64_t lpr, int64_t lines,
+                    int64_t per_step, int64_t *line)
 {
-    const int64_t kpb = (kc + 1) / 2, full = kc / 2; /* pairs, pairs with both values inside K */
-    for (int64_t j = 0; j * 32 < nc; j++, dst += kpb * 32) {
-        const int64_t c0 = n0 + j * 32, cols = N - c0 < 32 ? N - c0 : 32;
-        int64_t q = 0;
-        if (cols == 32)
-            for (; q + 16 <= full; q += 16)
-                for (int h = 0; h < 2; h++) {
-                    __m512i r[16];
-                    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(b + (c0 + 16 * h + i) * K + k0 + 2 * q);
-                    rlx_cpu_transpose16(r);
-                    for (int i = 0; i < 16; i++) _mm512_storeu_si512(dst + (q + i) * 32 + 16 * h, r[i]);
-                }
-        for (; q < kpb; q++)
-            for (int64_t cc = 0; cc < 32; cc++) {
-                uint32_t u = 0;
-                if (cc < cols) {
-                    const uint16_t *w = b + (c0 + cc) * K + k0 + 2 * q;
-                    u = w[0] | (k0 + 2 * q + 1 < K ? (uint32_t)w[1] << 16 : 0);
-                }
-                dst[q * 32 + cc] = u;
+    const int64_t full = K / 2;
+    __m512 acc[GW_NB][2];
+    for (int j = 0; j < GW_NB; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    int64_t l = *line;
+    for (int64_t q0 = 0; q0 < full; q0 += 32) {
+        for (int64_t e = l + per_step; l < e && l < lines; l++)
+            _mm_prefetch(next + l / lpr * stride + 64 * (l % lpr), _MM_HINT_T1);
+        const int64_t q1 = full - q0 < 32 ? full : q0 + 32;
+        for (int64_t q = q0; q < q1; q++) {
+            const __m512bh a0 = (__m512bh)_mm512_loadu_si512(ap + q * GW_MB);
+            const __m512bh a1 = nv > 1 ? (__m512bh)_mm512_loadu_si512(ap + q * GW_MB + 16) : a0;
+            _Pragma("GCC unroll 8") for (int j = 0; j < GW_NB; j++)
+            {
+                uint32_t u;
+                memcpy(&u, w[j] + 2 * q, sizeof u);
+                const __m512bh wv = (__m512bh)_mm512_set1_epi32((int)u);
+                acc[j][0] = _mm512_dpbf16_ps(acc[j][0], a0, wv);
+                if (nv > 1) acc[j][1] = _mm512_dpbf16_ps(acc[j][1], a1, wv);
             }
+        }
+    }
+    *line = l;
+    if (K % 2) { /* the last value of k alone: its pair's second half is zero in a; nothing read past the row */
+        const __m512bh a0 = (__m512bh)_mm512_loadu_si512(ap + full * GW_MB);
+        const __m512bh a1 = (__m512bh)_mm512_loadu_si512(ap + full * GW_MB + 16);
+        for (int j = 0; j < GW_NB; j++) {
+            const __m512bh wv = (__m512bh)_mm512_set1_epi32((int)w[j][K - 1]);
+            acc[j][0] = _mm512_dpbf16_ps(acc[j][0], a0, wv);
+            if (nv > 1) acc[j][1] = _mm512_dpbf16_ps(acc[j][1], a1, wv);
+        }
+    }
+    /* lanes are rows of a: transposed on the way out, cols columns per row of out */
+    const __mmask16 mask = (__mmask16)((1u << cols) - 1);
+    for (int h = 0; h < nv; h++) {
+        __m512i r[16];
+        for (int j = 0; j < 16; j++) r[j] = j < GW_NB ? _mm512_castps_si512(acc[j][h]) : _mm512_setzero_si512();
+        rlx_cpu_transpose16(r); /* r[i] lane j = row 16 h + i, weight row j */
+        for (int i = 0; i < 16 && 16 * h + i < rows; i++)
+            _mm512_mask_storeu_ps(o + (16 * h + i) * ldo, mask, _mm512_castsi512_ps(r[i]));
     }
 }
 
-/* ---------------------------------------------------------------------------------------------
- * Microkernel
- * ------------------------------------------------------------------------------------------- */
-
-/* out rows 0 .. rows (<= MR), columns 0 .. cols (<= 32), ld ldc: (+)= A block (kp pairs x MR) .
- * B panel (kp pairs x 32). */
-GB_FN void gb_micro(float *c, int64_t ldc, const uint32_t *ap, const uint32_t *bp, int64_t kp, int rows, int cols,
-                    int accumulate)
+/* Blocks [begin, end) of GW_NB weight rows (rows past N read row N - 1 and are not stored) times
+ * every block of GW_MB rows of the chunk: lanes are rows of a, each weight pair broadcast. */
+GB_TARGET static void gw_blocks(void *p, int64_t begin, int64_t end)
 {
-    __m512 acc[RLX_GB_MR][2];
-    for (int r = 0; r < RLX_GB_MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    for (int64_t q = 0; q < kp; q++) {
-        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * 32);
-        const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + q * 32 + 16);
-        _Pragma("GCC unroll 16") for (int r = 0; r < RLX_GB_MR; r++)
-        {
-            const __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[q * RLX_GB_MR + r]);
-            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
-            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+    const struct gw_ctx *c = p;
+    const int64_t K = c->pa.K, N = c->N, kpp = c->pa.kpp, full = K / 2;
+    const int64_t mblocks = (c->pa.mrows + GW_MB - 1) / GW_MB, nblocks = (N + GW_NB - 1) / GW_NB;
+    const int64_t stride = K * (int64_t)sizeof(uint16_t), lpr = (stride + 63) / 64;
+    for (int64_t nb = begin; nb < end; nb++) {
+        const int64_t n0 = nb * GW_NB, cols = N - n0 < GW_NB ? N - n0 : GW_NB;
+        const uint16_t *w[GW_NB];
+        for (int j = 0; j < GW_NB; j++) w[j] = c->b + (n0 + (j < cols ? j : cols - 1)) * K;
+        /* the next block's rows, fetched into L2 a slice per 32 pairs while this block computes */
+        const char *next = nb + 1 < nblocks ? (const char *)(c->b + (nb + 1) * GW_NB * K) : NULL;
+        const int64_t nrows = next ? (N - (nb + 1) * GW_NB < GW_NB ? N - (nb + 1) * GW_NB : GW_NB) : 0;
+        const int64_t lines = nrows * lpr, steps = mblocks * ((full + 31) / 32) + 1;
+        const int64_t per_step = (lines + steps - 1) / steps;
+        int64_t line = 0;
+        for (int64_t ib = 0; ib < mblocks; ib++) {
+            const int64_t m0 = c->pa.m0 + ib * GW_MB, mend = c->pa.m0 + c->pa.mrows;
+            const uint32_t *ap = c->pa.dst + ib * kpp * GW_MB;
+            if (mend - m0 > 16)
+                gw_micro(c->out + m0 * N + n0, N, ap, w, K, mend - m0, cols, 2, next, stride, lpr, lines, per_step,
+                         &line);
+            else
+                gw_micro(c->out + m0 * N + n0, N, ap, w, K, mend - m0, cols, 1, next, stride, lpr, lines, per_step,
+                         &line);
         }
-    }
-    const __mmask16 m0 = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1);
-    const __mmask16 m1 = cols >= 32 ? (__mmask16)0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
-    for (int r = 0; r < rows; r++) {
-        float *o = c + r * ldc;
-        __m512 v0 = acc[r][0], v1 = acc[r][1];
-        if (accumulate) {
-            v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, o));
-            v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, o + 16));
-        }
-        _mm512_mask_storeu_ps(o, m0, v0);
-        _mm512_mask_storeu_ps(o + 16, m1, v1);
     }
 }
 
-/* One task t (= begin): takes column blocks from c->blocks; its B block lives at bpack + t *
- * GB_B_UNITS. */
-GB_TARGET static void gb_task(void *p, int64_t begin, int64_t end)
+static int64_t gw_a_rows(int64_t K)
 {
-    struct gb_ctx *c = p;
-    (void)end;
-    uint32_t *bpack = c->bpack + begin * GB_B_UNITS;
-    const int64_t K = c->pa.K, N = c->N, nrb = (c->pa.mrows + RLX_GB_MR - 1) / RLX_GB_MR;
-    for (int64_t nb; (nb = rlx_pieces_take(&c->blocks, (int)begin)) >= 0;) {
-        const int64_t n0 = nb * RLX_GB_NC, nc = N - n0 < RLX_GB_NC ? N - n0 : RLX_GB_NC;
-        for (int64_t k0 = 0; k0 < K; k0 += RLX_GB_KC) {
-            const int64_t kc = K - k0 < RLX_GB_KC ? K - k0 : RLX_GB_KC, kpb = (kc + 1) / 2;
-            gb_pack_b(bpack, c->b, K, N, n0, nc, k0, kc);
-            /* the weights the next packing reads (nc rows from pn0 x kn values from pk0), fetched
-             * into L2 a slice per microkernel call while this block computes: the next k block,
-             * or after the last one the first k block of the next column block (the task's next
-             * unless another task took it) */
-            int64_t pn0 = n0, pnc = nc, pk0 = k0 + kc, kn = K - pk0 < RLX_GB_KC ? K - pk0 : RLX_GB_KC;
-            if (kn == 0 && nb + 1 < c->nblocks) {
-                pn0 = n0 + RLX_GB_NC, pk0 = 0, kn = K < RLX_GB_KC ? K : RLX_GB_KC;
-                pnc = N - pn0 < RLX_GB_NC ? N - pn0 : RLX_GB_NC;
-            }
-            const int64_t lines_per_row = (kn * 2 + 63) / 64, lines = pnc * lines_per_row;
-            const int64_t calls = nrb * ((nc + 31) / 32);
-            const int64_t per_call = kn > 0 ? (lines + calls - 1) / calls : 0;
-            int64_t next_line = 0;
-            for (int64_t i0 = 0; i0 < nrb; i0 += RLX_GB_MC / RLX_GB_MR)
-                for (int64_t j = 0; j * 32 < nc; j++) {
-                    const int cols = (int)(nc - j * 32 < 32 ? nc - j * 32 : 32);
-                    const uint32_t *bp = bpack + j * kpb * 32;
-                    const int64_t i1 = i0 + RLX_GB_MC / RLX_GB_MR < nrb ? i0 + RLX_GB_MC / RLX_GB_MR : nrb;
-                    for (int64_t ib = i0; ib < i1; ib++) {
-                        const int64_t r0 = ib * RLX_GB_MR;
-                        const int rows = (int)(c->pa.mrows - r0 < RLX_GB_MR ? c->pa.mrows - r0 : RLX_GB_MR);
-                        for (int64_t e = next_line + per_call; next_line < e && next_line < lines; next_line++)
-                            _mm_prefetch((const char *)(c->b + (pn0 + next_line / lines_per_row) * K + pk0) +
-                                             64 * (next_line % lines_per_row),
-                                         _MM_HINT_T1);
-                        gb_micro(c->out + (c->pa.m0 + r0) * N + n0 + j * 32, N,
-                                 c->pa.dst + (ib * c->pa.kpp + k0 / 2) * RLX_GB_MR, bp, kpb, rows, cols, k0 > 0);
-                    }
-                }
-        }
+    const int64_t kp = (K + 1) / 2;
+    const int64_t rows = RLX_GB_A_UNITS / (kp > 0 ? kp : 1) / GW_MB * GW_MB;
+    return rows < GW_MB ? GW_MB : rows;
+}
+
+static void gemm_vdp(float *out, const float *a, const uint16_t *b, int64_t M, int64_t K, int64_t N, float *scratch)
+{
+    const int64_t chunk = gw_a_rows(K);
+    struct gw_ctx c = {.out = out,
+                       .b = b,
+                       .N = N,
+                       .pa = {.a = a, .K = K, .mr = GW_MB, .kpp = (K + 1) / 2, .dst = (uint32_t *)scratch}};
+    for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+        c.pa.m0 = m0;
+        c.pa.mrows = M - m0 < chunk ? M - m0 : chunk;
+        gb_pack_chunk(&c.pa);
+        rlx_parallel_pieces((N + GW_NB - 1) / GW_NB, 1, gw_blocks, &c);
     }
 }
 
@@ -281,7 +254,8 @@ GB_TARGET static void gb_task(void *p, int64_t begin, int64_t end)
  * per thread; released, a context switch does not save its 8 KiB).
  *
  * Measured on the Intel Xeon (2 vCPUs, AMX-BF16; /tmp/gemm.py through rlx.compile: bf16 weights
- * in cache between repetitions, best of 5), GFLOP/s at 1 / 2 threads, AMX against VDPBF16PS:
+ * in cache between repetitions, best of 5), GFLOP/s at 1 / 2 threads, AMX against the VDPBF16PS
+ * GEMM of then (b packed):
  *   M = 128, K 1024 -> N 2048: 444 / 750 against 89 / 90;  1024 -> 3072: 738 / 1086 against 88 / 115
  *   M = 128, 3072 -> 1024: 763 / 1162 against 91 / 113;  2048 -> 8192: 472 / 853 against 89 / 174
  *   M = 512, 1024 -> 3072: 558 / 817 against 93 / 174;  3072 -> 1024: 618 / 1084 against 93 / 183
@@ -422,11 +396,11 @@ size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N)
 {
     (void)N;
     if (M <= 0 || K <= 0) return 0;
-    /* VDPBF16PS: the packed chunk and a B block per thread */
-    int64_t rows = gb_a_rows(K);
-    const int64_t mpad = (M + RLX_GB_MR - 1) / RLX_GB_MR * RLX_GB_MR;
+    /* VDPBF16PS: the packed chunk, whole row blocks */
+    int64_t rows = gw_a_rows(K);
+    const int64_t mpad = (M + GW_MB - 1) / GW_MB * GW_MB;
     rows = rows < mpad ? rows : mpad;
-    const size_t vdp = (size_t)(rows * ((K + 1) / 2) + (int64_t)rlx_pool_threads() * GB_B_UNITS);
+    const size_t vdp = (size_t)(rows * ((K + 1) / 2));
     /* AMX: the packed chunk, whole pairs of row blocks */
     int64_t arows = ga_a_rows(K);
     const int64_t apad = (M + 2 * GA_MB - 1) / (2 * GA_MB) * (2 * GA_MB);
@@ -439,27 +413,8 @@ size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N)
  * rlx_cpu_gemm_bf16_scratch(M, K, N) floats. */
 void rlx_cpu_gemm_bf16(float *out, const float *a, const uint16_t *b, int64_t M, int64_t K, int64_t N, float *scratch)
 {
-    if (use_amx(K, N)) {
+    if (use_amx(K, N))
         gemm_amx(out, a, b, M, K, N, scratch);
-        return;
-    }
-    const int64_t chunk = gb_a_rows(K), kp = (K + 1) / 2;
-    const int64_t mpad = (M + RLX_GB_MR - 1) / RLX_GB_MR * RLX_GB_MR;
-    const int64_t arows = chunk < mpad ? chunk : mpad;
-    struct gb_ctx c = {.out = out,
-                       .b = b,
-                       .N = N,
-                       .pa = {.a = a, .K = K, .mr = RLX_GB_MR, .kpp = kp, .dst = (uint32_t *)scratch},
-                       .bpack = (uint32_t *)scratch + arows * kp,
-                       .nblocks = (N + RLX_GB_NC - 1) / RLX_GB_NC};
-    const int64_t threads = rlx_pool_threads();
-    int64_t ntasks = c.nblocks < threads ? c.nblocks : threads;
-    ntasks = ntasks < RLX_PIECES_MAX_PARTS ? ntasks : RLX_PIECES_MAX_PARTS;
-    for (int64_t m0 = 0; m0 < M; m0 += chunk) {
-        c.pa.m0 = m0;
-        c.pa.mrows = M - m0 < chunk ? M - m0 : chunk;
-        gb_pack_chunk(&c.pa);
-        rlx_pieces_init(&c.blocks, c.nblocks, (int)ntasks);
-        rlx_parallel_for(ntasks, 1, gb_task, &c);
-    }
+    else
+        gemm_vdp(out, a, b, M, K, N, scratch);
 }

@@ -26,10 +26,12 @@
  * result is the same sequence of operations whatever M, so a sequence decoded in a batch gets the
  * bits it gets alone. Where the machine has AMX, bf16 products of more than RLX_MV_AMX_MAX_M = 6
  * rows take the AMX GEMM instead (2x the passes' speed at 16 rows; a row then differs from its
- * product alone by f32 summation order).
+ * product alone by f32 summation order); where it has AVX512_BF16 without AMX, more than
+ * RLX_MV_BF16_MAX_M = 8 rows take the VDPBF16PS GEMM (since it reads the weights where they lie,
+ * 2026-12-06: 1.2-1.7x the passes' speed at 12-16 rows; the same summation-order difference).
  *
  * Prefill (more rows), bf16 weights on a machine with AVX512_BF16: gemm_bf16.c (`a` rounded to
- * bf16 and packed, weights packed per block, VDPBF16PS microkernel, our pool's threads; on a
+ * bf16 and packed, weights read where they lie, VDPBF16PS, our pool's threads; on a
  * machine with AMX, tiles multiply the weights where they lie: 4-8x the VDPBF16PS kernel there).
  * 16-bit weights where AVX2 is the best ISA: gemm16_avx2.c on our pool (`a` rounded to bf16 and
  * arranged in chunks of rows for bf16 weights; weights widened in registers, not packed). Measured
@@ -47,7 +49,8 @@
  * keeping it off the pool means no pool worker spins while OpenBLAS starts, and OpenBLAS's own
  * threads (which spin, yielding, for a while after each sgemm) never delay a pool region here.
  *
- * Measured, bf16 weights, GFLOP/s (/tmp/gbb/bench.c: Zen 4 EPYC, 2 vCPUs, at a quiet moment
+ * Measured before gemm_bf16.c read the weights in place (it packed them then), bf16 weights,
+ * GFLOP/s (/tmp/gbb/bench.c: Zen 4 EPYC, 2 vCPUs, at a quiet moment
  * (load < 1); best of 5; Qwen3-0.6B shapes K -> N = 1024 -> 2048 / 1024 / 3072, 3072 -> 1024;
  * the weights (2-6 MB) stay in L3 between repetitions), 1 thread / 2 threads:
  *   M = 512:  gemm_bf16 186-199 / 381-412   (widen+sgemm 76-93 / 81-152, f32 sgemm 84-99 / 140-183)
@@ -130,7 +133,13 @@
  * 60.9, 8 83.1 / 110.4, 16 99.3 / 177.5 (llama.cpp's own batched decode of Llama-3.2-1B at B = 16:
  * 53.6). At one row the tiles stream the weights at 0.6x the passes' speed (16 rows of W read at
  * once, K * 2 bytes apart), so the passes keep the smaller batches. */
-#define RLX_MV_AMX_MAX_M 6
+#define RLX_MV_AMX_MAX_M  6
+/* The same for bf16 weights where the machine has AVX512_BF16 but not AMX: above it the
+ * VDPBF16PS GEMM (gemm_bf16.c), which reads each weight once for all the rows, broadcast against
+ * 16 rows of `a` a vector. Measured on the Zen 4 EPYC, 2 threads, whole batched decode steps of
+ * Qwen3-0.6B bf16 (ms a step, passes / GEMM): 16 sequences 131-140 / 78-86, 12 92-109 / 74-81, 8
+ * 83-94 / 71-92, 6 67-86 / 71-81, 4 53-57 / 73-99, 2 37-39 / 64-91. */
+#define RLX_MV_BF16_MAX_M 8
 
 /* ---------------------------------------------------------------------------------------------
  * Matvec kernels: out[m * N + r] = sum_k a[m * K + k] * b[r * K + k] for rows r of a range,
@@ -504,7 +513,11 @@ void rlx_cpu_matmul_lowp(float *out, const float *a, const void *bv, int b_dtype
         return;
     }
     const int bf16 = b_dtype == RLX_BF16, isa = rlx_cpu_isa();
-    if (M <= (bf16 && isa >= RLX_CPU_ISA_AMX ? RLX_MV_AMX_MAX_M : RLX_MV_PASSES_MAX_M)) {
+    const int64_t passes = !bf16                            ? RLX_MV_PASSES_MAX_M
+                           : isa >= RLX_CPU_ISA_AMX         ? RLX_MV_AMX_MAX_M
+                           : isa >= RLX_CPU_ISA_AVX512_BF16 ? RLX_MV_BF16_MAX_M
+                                                            : RLX_MV_PASSES_MAX_M;
+    if (M <= passes) {
         /* the matvec (groups of up to RLX_MV_MAX_M rows per block of weights); bf16: a rounded once
          * (packed to bf16 halves for VDPBF16PS where the machine has it) */
         uint16_t *a16 = NULL;
