@@ -32,7 +32,8 @@ exactly the bits it gets alone, for bf16, f16 and block-type weights (block type
 sequences with AVX-512 VNNI, 12 with AVX2, 4 on the scalar path, the K types (Q2_K .. Q6_K) 4
 where the CPU has AMX-INT8, whose tile kernel runs batches of 5 .. 16 with the same integers
 summed in another order (Qwen3-0.6B Q4_K_M: 1.36x the aggregate at 8 sequences, 1.55x at 16);
-bf16: up to 6 where the CPU has AMX, whose tile GEMM runs larger batches twice as fast; beyond,
+bf16: up to 6 where the CPU has AMX, whose tile GEMM runs larger batches twice as fast, and 8
+where it has AVX512_BF16 without AMX, whose VDPBF16PS GEMM runs 16 sequences 1.7x as fast; beyond,
 their GEMMs) and f32 weights up to 4 sequences (beyond, sgemm: within 1e-5). Prefill chunks that
 make a product of more than 16 rows take the prefill kernels (sgemm, the bf16 and integer GEMMs), whose
 summation order differs from the decode kernels': a sequence entering beside others then agrees

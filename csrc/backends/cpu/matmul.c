@@ -19,7 +19,7 @@
  * f32 with FMA (bf16: `a` rounded as floats, so the products are the same exact ones).
  * Products of up to RLX_MV_PASSES_MAX_M = 16 rows (a batched decode step of up to RLX_MAX_BATCH
  * sequences) run as the matvec, each block of 16 weight rows read from DRAM once for every group
- * of up to 4 rows of `a`: measured faster than both the GEMM below (which must pack the weights)
+ * of up to 4 rows of `a`: measured faster than both the GEMM below (which then packed the weights)
  * and widen + sgemm there (Qwen3-0.6B bf16, 2 threads, a step of 8 / 12 / 16 sequences: 96 / 120 /
  * 169 ms, against 100 / - / 195 ms through the GEMM above 8 rows and 162 ms (49.4 tok/s, the
  * bench_batch record) for 8 rows as separate passes of 4 that read the weights twice). A row's
