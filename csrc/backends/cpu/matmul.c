@@ -28,7 +28,7 @@
  * rows take the AMX GEMM instead (2x the passes' speed at 16 rows; a row then differs from its
  * product alone by f32 summation order); where it has AVX512_BF16 without AMX, more than
  * RLX_MV_BF16_MAX_M = 8 rows take the VDPBF16PS GEMM (since it reads the weights where they lie,
- * 2026-12-06: 1.2-1.7x the passes' speed at 12-16 rows; the same summation-order difference).
+ * 2026-12-06: 1.1-1.5x the passes' speed at 12 rows, 1.5-1.8x at 16; the same summation-order difference).
  *
  * Prefill (more rows), bf16 weights on a machine with AVX512_BF16: gemm_bf16.c (`a` rounded to
  * bf16 and packed, weights read where they lie, VDPBF16PS, our pool's threads; on a
