@@ -23,7 +23,8 @@
  * must be non-finite too, and finite where ref is.
  *
  * Also: the documented quantisation bit for bit (identity weights: out = RN(q * d) exactly) on
- * every path and M; the AMX GEMM bitwise the VNNI GEMM; results bitwise identical at 1 and 2 threads (but for the scalar path's
+ * every path and M; the AMX GEMM and the lanes kernel (K types, 7 .. 128 rows, VNNI without AMX)
+ * bitwise the VNNI GEMM; results bitwise identical at 1 and 2 threads (but for the scalar path's
  * prefill, which is OpenBLAS's sgemm) and, on the blocked passes, each row of M bitwise its product
  * alone (M = 1) (same_outputs: any NaN matches any NaN, whose payload the operands' order decides);
  * weights and `a` placed against
@@ -325,6 +326,7 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
      * them: rows rotated by one give the same rows (the ref bound below holds it to the function) */
     const int64_t passes = rlx_cpu_avx512_vnni() ? 16 : rlx_cpu_isa() >= RLX_CPU_ISA_AVX2 ? 12 : 4;
     const int amx_k = rlx_cpu_amx_int8() && bs == 256 && M >= RLX_CPU_QMV_AMX_MIN_M;
+    const int lanes_k = rlx_cpu_avx512_vnni() && !rlx_cpu_amx_int8() && bs == 256 && rlx_cpu_qmv_lanes_takes(M);
     if (M > 1 && M <= passes) {
         float *rot = malloc((size_t)(M * K) * sizeof(float)), *orot = buf(M * N);
         memcpy(rot, a + K, (size_t)((M - 1) * K) * sizeof(float));
@@ -336,7 +338,20 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
         free(rot);
         free(orot);
     }
-    if (M > 1 && M <= passes && !amx_k) {
+    /* the lanes kernel computes the VNNI GEMM's function (quant_lanes.c): the same rows inside a
+     * product of more rows than it takes (the GEMM) give the same bits */
+    if (lanes_k) {
+        const int64_t M2 = RLX_CPU_QMV_LANES_MAX_M + 1;
+        float *a2 = malloc((size_t)(M2 * K) * sizeof(float)), *o3 = buf(M2 * N);
+        for (int64_t m = 0; m < M2; m++) memcpy(a2 + m * K, a + (m % M) * K, (size_t)K * sizeof(float));
+        run_cpu(o3, a2, w, wt, M2, K, N);
+        result(same_outputs(o3, o1, M * N),
+               "matmul_quant %s M=%lld K=%lld N=%lld: the lanes kernel differs from the VNNI GEMM", tn, (long long)M,
+               (long long)K, (long long)N);
+        free(a2);
+        free(o3);
+    }
+    if (M > 1 && M <= passes && !amx_k && !lanes_k) {
         float *row = buf(N);
         int same = 1;
         for (int64_t m = 0; m < M && same; m++) {

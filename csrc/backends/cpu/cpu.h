@@ -258,8 +258,9 @@ struct rlx_cpu_qact {
     const int16_t *bsums; /* (M, K / 16) sums of each 16 q (natural order): 256-element blocks */
     const int32_t *bias;  /* (M, K / 32) -off * (sum of the block's q), off = rlx_cpu_quant_off(wt):
                               the weights' offset, added to one int32 lane of each block */
-    /* The AMX kernel's copies (rlx_cpu_qmv_amx), filled by rlx_cpu_qact_tiles only where it runs.
-     * Columns past M's rows are zeros. */
+    /* The AMX kernel's copies (rlx_cpu_qmv_amx), filled by rlx_cpu_qact_tiles only where it runs, or
+     * the lanes kernel's (rlx_cpu_qmv_lanes, rlx_cpu_qact_lanes: per 8 rows, in 16 lanes, the same
+     * sizes). Columns past M's rows are zeros. */
     const int8_t *tq; /* per 16 rows (K / 4, 16, 4): per 4 values of q (the order of q) a row of columns */
     const float *td;  /* per 16 rows (K / 256, 16): per super-block the columns' d */
     const float *tg;  /* per 16 rows (K / (P G), 16): per product of P groups the columns' group sums */
@@ -328,6 +329,21 @@ int rlx_cpu_qmv_amx_groups(int M);
  * rlx_cpu_amx_int8(). */
 void rlx_cpu_qmv_amx(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,
                      int64_t r0, int64_t r1);
+/* The most rows of `a` the lanes kernel takes (rlx_cpu_qmv_lanes, in one pass), and whether quant.c
+ * multiplies a K type's M rows through it on AVX-512 VNNI without AMX, rather than through the row
+ * kernels (up to 16 rows) or the VNNI GEMM (above): 7, 8 and 11 .. 128 rows (measured:
+ * quant_lanes.c). */
+#define RLX_CPU_QMV_LANES_MAX_M 128
+int rlx_cpu_qmv_lanes_takes(int64_t M);
+/* Fills a->tq, td, tg from rows [0, M) (M <= RLX_CPU_QMV_LANES_MAX_M) of *a for weight dtype wt (a
+ * K type) for the lanes kernel: per 8 rows, each row's twice (lanes 2 i and 2 i + 1), (K / 4, 16, 4)
+ * values, (K / 256, 16) scales, (K / G, 16) group sums; AVX-512 VNNI. */
+void rlx_cpu_qact_lanes(const struct rlx_cpu_qact *a, int wt, int M);
+/* rlx_cpu_qmv_avx512's product for the K types with the activation rows in the lanes of a vector,
+ * any M <= RLX_CPU_QMV_LANES_MAX_M in one pass, from a->tq, td, tg (quant_lanes.c): the VNNI GEMM's
+ * function (quant_gemm.c) bit for bit; only where rlx_cpu_avx512_vnni(). */
+void rlx_cpu_qmv_lanes(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,
+                       int64_t r0, int64_t r1);
 /* The weights of n whole blocks at src (n * bs elements, bs = 32 or 256) as signed integers v
  * (natural order) and per group of G elements (G = rlx_cpu_quant_group(wt)): the value of element
  * k is dw[k / G] * v[k] + mw[k / G] (each product exact in f32), and wsum[k / G] = sum of the

@@ -52,7 +52,12 @@
  *     the last bit may carry an activation of the next product across a step of its 8-bit grid:
  *     test_batching); and prompts of up to
  *     RLX_CPU_QMV_AMX_MAX_M (128) rows, in one pass (each weight unpacked once for all of them),
- *     where the GEMM's fixed cost (its panels unpacked per call) was not paid back;
+ *     where the GEMM's fixed cost (its panels unpacked per call) was not paid back; and where it
+ *     has VNNI without AMX, the K types' products of 7, 8 and 11 .. RLX_CPU_QMV_LANES_MAX_M (128)
+ *     rows (rlx_cpu_qmv_lanes_takes), batches and prompts: quant_lanes.c's kernel (the activation
+ *     rows in the lanes of a vector, each weight unpacked once for all of them; measured there),
+ *     which computes the VNNI GEMM's function bit for bit: a sequence in a batch of such a size
+ *     no longer gets its bits alone, as on AMX, but a prompt gets the GEMM's;
  *   AVX2: M <= 12 the blocked passes with quant_avx2.c's row kernels, above quant_gemm.c's AVX2
  *     GEMM; both beat dequantising panels for sgemm at every M measured, 16 .. 512.
  *     (16 sequences of Qwen3-0.6B Q4_K_M under RLX_CPU_ISA=avx2 on the Zen 4, 2 threads, ran 161 ms
@@ -112,8 +117,9 @@
 #define RLX_QSG_A_FLOATS     (1 << 19)
 #define RLX_QSG_PANEL_FLOATS (1 << 19)
 
-/* PATH_AMX: the VNNI path with the K types' batches on AMX-INT8 tiles (rlx_cpu_qmv_amx) */
-enum { PATH_SCALAR, PATH_AVX2, PATH_VNNI, PATH_AMX };
+/* PATH_AMX: the VNNI path with the K types' batches on AMX-INT8 tiles (rlx_cpu_qmv_amx); PATH_LANES:
+ * with them in the lanes kernel (rlx_cpu_qmv_lanes) */
+enum { PATH_SCALAR, PATH_AVX2, PATH_VNNI, PATH_AMX, PATH_LANES };
 
 static int64_t block_of(int wt)
 {
@@ -154,11 +160,13 @@ static struct act_layout act_layout(int64_t M, int64_t K)
     ARR(s, M * (K / 32) * 4);
     ARR(bsums, M * (K / 16) * 2);
     ARR(bias, M * (K / 32) * 4);
-    /* the AMX kernel's copies, one per 16 rows (up to RLX_CPU_QMV_AMX_MAX_M) */
+    /* the AMX kernel's copies, one per 16 rows (up to RLX_CPU_QMV_AMX_MAX_M), or the lanes kernel's,
+     * one as large per 8 rows (up to RLX_CPU_QMV_LANES_MAX_M) */
     const int64_t cg = (M < RLX_CPU_QMV_AMX_MAX_M ? M + 15 : RLX_CPU_QMV_AMX_MAX_M) / 16;
-    ARR(tq, cg * Kp * 16);
-    ARR(td, cg * (K / 256) * 16 * 4);
-    ARR(tg, cg * (K / 16) * 16 * 4);
+    const int64_t lg = M <= RLX_CPU_QMV_LANES_MAX_M ? (M + 7) / 8 : 0, copies = cg > lg ? cg : lg;
+    ARR(tq, copies * Kp * 16);
+    ARR(td, copies * (K / 256) * 16 * 4);
+    ARR(tg, copies * (K / 16) * 16 * 4);
 #undef ARR
     l.end = at;
     return l;
@@ -387,6 +395,10 @@ static void qmv_rows(void *p, int64_t r0, int64_t r1)
         rlx_cpu_qmv_amx(c->out, c->N, c->a, (int)c->M, c->w, c->wt, c->K, r0, r1);
         return;
     }
+    if (c->path == PATH_LANES) {
+        rlx_cpu_qmv_lanes(c->out, c->N, c->a, (int)c->M, c->w, c->wt, c->K, r0, r1);
+        return;
+    }
     for (int64_t m0 = 0, mm; m0 < c->M; m0 += mm) {
         mm = group_rows(c->path, c->M - m0);
         const struct rlx_cpu_qact a = act_part(c->a, m0, c->wt);
@@ -521,8 +533,11 @@ size_t rlx_cpu_matmul_quant_scratch(int wt, int64_t M, int64_t K, int64_t N)
 {
     if (M <= 0 || K <= 0 || N <= 0) return 0;
     /* the largest of the paths this M may take (the ISA a test may cap to is not an argument): the
-     * passes' chunks, the AMX kernel's one pass (K types up to RLX_CPU_QMV_AMX_MAX_M rows) */
-    const int64_t mc = mv_chunk(M, K), rows = M <= RLX_CPU_QMV_AMX_MAX_M && M > mc ? M : mc;
+     * passes' chunks, the AMX or lanes kernel's one pass (K types up to RLX_CPU_QMV_AMX_MAX_M /
+     * RLX_CPU_QMV_LANES_MAX_M rows) */
+    const int64_t one =
+        RLX_CPU_QMV_AMX_MAX_M > RLX_CPU_QMV_LANES_MAX_M ? RLX_CPU_QMV_AMX_MAX_M : RLX_CPU_QMV_LANES_MAX_M;
+    const int64_t mc = mv_chunk(M, K), rows = M <= one && M > mc ? M : mc;
     size_t need = (act_layout(rows, K).end + RLX_ALIGN + 3) / 4;
     if (M > RLX_QMV_MAX_M) {
         const size_t sg = sg_scratch(M, K, N), qg = rlx_cpu_qgemm_scratch(wt, M, K, N);
@@ -545,7 +560,9 @@ void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int
      * rows in one pass */
     const int amx = path == PATH_VNNI && block_of(wt) == 256 && M >= RLX_CPU_QMV_AMX_MIN_M &&
                     M <= RLX_CPU_QMV_AMX_MAX_M && rlx_cpu_amx_int8();
-    const int v = amx ? VIA_PASSES : via(path, M);
+    /* K types on VNNI without AMX, the rows rlx_cpu_qmv_lanes_takes: the lanes kernel, in one pass */
+    const int lanes = path == PATH_VNNI && block_of(wt) == 256 && rlx_cpu_qmv_lanes_takes(M) && !rlx_cpu_amx_int8();
+    const int v = amx || lanes ? VIA_PASSES : via(path, M);
     if (v == VIA_QGEMM) {
         rlx_cpu_qgemm(out, a, w, wt, M, K, N, scratch);
         return;
@@ -554,13 +571,14 @@ void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int
         matmul_sgemm(out, a, w, wt, M, K, N, scratch);
         return;
     }
-    const int64_t mc = amx ? M : mv_chunk(M, K);
+    const int64_t mc = amx || lanes ? M : mv_chunk(M, K);
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t rows = M - m0 < mc ? M - m0 : mc;
-        const int p = amx ? PATH_AMX : path;
+        const int p = amx ? PATH_AMX : lanes ? PATH_LANES : path;
         const struct rlx_cpu_qact act = act_at(scratch, rows, K, wt, p);
         act_rows(&act, a + m0 * K, wt, p, 0, rows);
         if (p == PATH_AMX) rlx_cpu_qact_tiles(&act, wt, (int)rows);
+        if (p == PATH_LANES) rlx_cpu_qact_lanes(&act, wt, (int)rows);
         qmatvec(out + m0 * N, &act, w, wt, p, rows, K, N);
     }
 }

@@ -34,12 +34,6 @@
 
 int rlx_cpu_qmv_amx_groups(int M) { return M <= 8 ? 2 : 1; }
 
-/* the natural group of the G-value chunk at position c of kunpack's order */
-static int kgroup(int c, int wt)
-{
-    return wt == RLX_Q4_K || wt == RLX_Q5_K ? (c & 4) | ((c & 1) << 1) | ((c >> 1) & 1) : c;
-}
-
 /* one block of 16 weight rows: a super-block's values and scales, the tile sums, the outputs */
 struct kbuf {
     _Alignas(64) int8_t v[16][256];       /* signed values, in kunpack's order */
@@ -239,7 +233,7 @@ VNNI_TARGET void rlx_cpu_qact_tiles(const struct rlx_cpu_qact *a, int wt, int M)
                 const int m = l / P, j = l % P;
                 td[b * 16 + l] = m < mr ? a->d[(m0 + m) * nb + b] : 0.0f;
                 for (int o = 0; o < nops; o++) {
-                    const int g = kgroup(o * P + j, wt);
+                    const int g = rlx_cpu_kgroup(o * P + j, wt);
                     const int16_t *s = a->bsums + (m0 + m) * (K / 16) + 16 * b;
                     tg[(b * nops + o) * 16 + l] = m >= mr ? 0.0f : (float)(G == 16 ? s[g] : s[2 * g] + s[2 * g + 1]);
                 }

@@ -119,6 +119,13 @@ FN void kvalues(__m512i u[4], const uint8_t *p, const int wt)
     }
 }
 
+/* The natural group of the G-value chunk at position c of kvalues' order (Q4_K / Q5_K: 0, 2, 1, 3 of
+ * each 128; the other types their own order) */
+static inline int rlx_cpu_kgroup(int c, int wt)
+{
+    return wt == RLX_Q4_K || wt == RLX_Q5_K ? (c & 4) | ((c & 1) << 1) | ((c >> 1) & 1) : c;
+}
+
 /* One super-block unpacked (kstep, and the AMX kernel's kbuf_row): kvalues' u, the group scales
  * as words sw (16-element groups also as s16), the minimums as words one per 16 (mdup; only the
  * AMX kernel reads them), d, dmin and the values' offset (Q6_K 32, Q3_K 4). */

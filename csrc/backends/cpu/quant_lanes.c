@@ -1,0 +1,253 @@
+/*
+ * quant_lanes.c - the K types' products of 7 .. 128 rows on AVX-512 VNNI without AMX (batched decode
+ * steps and short prompts; rlx_cpu_qmv_lanes, rlx_cpu_qact_lanes): the activation rows in the lanes
+ * of a vector and the weights broadcast, where the row kernels (quant_avx512.c) keep 64 weights in a
+ * vector and pay each group's scaling once per activation row, and where the VNNI GEMM
+ * (quant_gemm.c) unpacks its panels at ~100 cycles a super-block. Only called where
+ * rlx_cpu_avx512_vnni() and not rlx_cpu_amx_int8() (quant.c). Must never allocate.
+ *
+ * Blocks of NR = 16 weight rows, one super-block at a time. The rows' super-blocks are unpacked by
+ * the row kernels' kunpack (quant_unpack.h) into an L1 buffer, in pairs of rows: per 4 values of
+ * kvalues' order, the two rows' 4 unsigned bytes side by side (one two-source dword permute per
+ * 64 values), with per natural group each row's f32 scale dw = d sc and minimum mw = -(dmin m).
+ * A zmm's 16 lanes are 8 activation rows x the 2 rows of a pair (lane 2 i + h: activation row i,
+ * weight row 2 P + h), so one VPDPBUSD takes the pair's 8 bytes broadcast as a qword (the unsigned
+ * operand) against 8 rows' 4 values each twice (rlx_cpu_qact_lanes' copy, the signed operand: no
+ * + 128, no correction): 4 values x 16 outputs, 8 pairs (8 independent chains: Zen 4 retires one
+ * such VPDPBUSD a cycle, where ymm with 8 chains and broadcast loads reached 1.35 a cycle). The
+ * offset types (Q6_K 32, Q3_K 4) start each group's sum at -offs * (the row's sum of q over the
+ * group), so the exact int32 sum is that of q (u - offs). Then per lane the VNNI GEMM's f32 steps
+ * in its order (per natural group fsb += cvt(sum) * dw [then + bsum * mw], per super-block acc +=
+ * fsb * da): the GEMM's integers and operations, so the same bits as the GEMM for every row
+ * (test_quant_kernels), whatever the other rows, their places, the row range or the thread count.
+ * Prompts of 9 .. 128 rows (but 9 and 10) and batches of 8 rows per lane group, against the same
+ * unpacked block; each weight read once per call.
+ *
+ * Measured on the AMD EPYC Zen 4 (2 vCPUs, a host whose speed moved during the runs: figures are
+ * minimums of 3 alternating runs), cycles per super-block and activation row at 3.64 GHz, weights
+ * from DRAM (30 copies): 1 thread against the row kernels, Q4_K 3072 x 1024, M = 7 10.2 / 11.5, 8
+ * 9.3 / 12.0, 12 10.1 / 11.3, 16 7.7 / 10.7; Q6_K 7 10.7 / 13.0, 8 9.3 / 12.8, 12 9.8 / 12.5, 16
+ * 7.6 / 10.8 (cache-resident, 1024 x 2048: 9 and 10 rows 12.0 / 10.5 and 10.7 / 10.4, 6 rows 10.5 /
+ * 10.0: those stay on the row kernels); 2 threads against the VNNI GEMM, Q4_K: 17 4.9 / 8.3, 24
+ * 3.6 / 6.0, 32 3.5 / 4.5, 64 3.3 / 3.9, 128 3.3 / 3.7; Q6_K: 17 4.8 / 9.6, 32 3.4 / 5.5, 64 3.3 /
+ * 4.2, 128 3.3 / 3.8; in chunks of 128 rows, 256 3.7 / 3.5 and 512 3.7 / 3.3 (each chunk unpacks
+ * the weights again, and the activations' copy is one thread's): the GEMM keeps those. Whole
+ * decode steps, Q4_K_M files, ms a step, this kernel against the row kernels: 2 threads, Qwen3-0.6B
+ * 8 sequences 35.7-37.6 / 41.6-48.2, 16 59.7-72.8 / 78.8-95.8, Llama-3.2-1B 8 65.8-67.6 /
+ * 69.0-83.7, 16 94.8-97.1 / 140.6-150.4; 1 thread, Llama 8 sequences 95.7-98.4 / 128.3-130.2.
+ * Prefill, tok/s against the GEMM (and the row kernels for 16 rows), 2 threads: Qwen3-0.6B pp16
+ * 392-407 / 314-315, pp32 455-467 / 341-343, pp128 484-494 / 399-476; Llama-3.2-1B pp16 200-204 /
+ * 145, pp32 241-247 / 172-175, pp128 249-255 / 234-252; 1 thread pp128 Qwen3 264-272 / 264-268,
+ * Llama 141 / 131-132. The first version (blocks of 8 rows, 8 activation rows x 2 groups in the
+ * lanes, its own f32 order) was as fast but, its bits neither the row kernels' nor the GEMM's, it
+ * made one more of test_quant_models' 20 models cross a step of its activations' grid between the
+ * cached and the naive path (qwen3 q6_k); this one gives both paths the GEMM's bits.
+ */
+#include "backends/cpu/quant_unpack.h"
+
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+#define LN   8        /* activation rows per lane group: 16 int32 lanes of a zmm, two per row */
+#define NR   16       /* weight rows per block */
+#define NP   (NR / 2) /* pairs of weight rows: lane 2 i + h is activation row i x weight row 2 P + h */
+#define MAXG (RLX_CPU_QMV_LANES_MAX_M / LN)
+
+/* one block of NR weight rows: a super-block's values and scales, the outputs' sums */
+struct lbuf {
+    _Alignas(64) uint8_t v[NP][64][8];         /* per pair and 4 values t of kvalues' order: the two
+                                                  rows' 4 unsigned bytes */
+    _Alignas(64) float dw[NP][16][2];          /* per pair and natural group: the two rows' d * sc */
+    _Alignas(64) float mw[NP][16][2];          /* -(dmin * m) (types with minimums) */
+    _Alignas(64) float accm[MAXG][NP][2 * LN]; /* per lane group the sums over super-blocks */
+};
+
+/* the natural groups' scales (and minimums) of one super-block: 16 floats each, the order of kunpack's
+ * sw / s16 (Q4_K / Q5_K: 8 of each) */
+FN void kscales(__m512 *dw, __m512 *mw, const struct kblock *k, const int wt)
+{
+    *mw = _mm512_setzero_ps();
+    if (wt == RLX_Q4_K || wt == RLX_Q5_K) { /* sw: 8 scales, then 8 minimums */
+        const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(k->sw)));
+        *dw = _mm512_mul_ps(f, _mm512_set1_ps(k->d));
+        *mw = _mm512_mul_ps(_mm512_shuffle_f32x4(f, f, 0xee), _mm512_set1_ps(-k->dmin));
+    } else {
+        *dw = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(k->s16)), _mm512_set1_ps(k->d));
+        if (wt == RLX_Q2_K)
+            *mw = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(k->mdup)), _mm512_set1_ps(-k->dmin));
+    }
+}
+
+/* rows 2 P and 2 P + 1's super-blocks at p0 and p1 (NULL: past the matrix, zeros) into pair P */
+FN void lbuf_pair(struct lbuf *lb, int P, const uint8_t *p0, const uint8_t *p1, const int wt)
+{
+    struct kblock k0, k1;
+    kunpack(&k0, p0, wt);
+    __m512 dw0, mw0, dw1 = _mm512_setzero_ps(), mw1 = _mm512_setzero_ps();
+    kscales(&dw0, &mw0, &k0, wt);
+    if (p1) {
+        kunpack(&k1, p1, wt);
+        kscales(&dw1, &mw1, &k1, wt);
+    } else {
+        for (int v = 0; v < 4; v++) k1.u[v] = _mm512_setzero_si512();
+    }
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
+    {
+        _mm512_store_si512(lb->v[P][16 * v], _mm512_permutex2var_epi32(k0.u[v], lo, k1.u[v]));
+        _mm512_store_si512(lb->v[P][16 * v + 8], _mm512_permutex2var_epi32(k0.u[v], hi, k1.u[v]));
+    }
+    _mm512_store_ps(lb->dw[P][0], _mm512_permutex2var_ps(dw0, lo, dw1));
+    _mm512_store_ps(lb->dw[P][8], _mm512_permutex2var_ps(dw0, hi, dw1));
+    if (wt == RLX_Q2_K || wt == RLX_Q4_K || wt == RLX_Q5_K) {
+        _mm512_store_ps(lb->mw[P][0], _mm512_permutex2var_ps(mw0, lo, mw1));
+        _mm512_store_ps(lb->mw[P][8], _mm512_permutex2var_ps(mw0, hi, mw1));
+    }
+}
+
+/* the 8 bytes at p in every qword */
+FN __m512i bcast8(const void *p)
+{
+    int64_t x;
+    memcpy(&x, p, 8);
+    return _mm512_set1_epi64(x);
+}
+
+/* the two floats at p in every pair of lanes */
+FN __m512 pair2(const float *p)
+{
+    double x;
+    memcpy(&x, p, 8);
+    return _mm512_castpd_ps(_mm512_set1_pd(x));
+}
+
+/* out[m * ldo + r0 + n] for m < M, n < nr (<= NR): weight rows r0 .. r0 + nr against a->tq, td, tg.
+ * Per lane, the VNNI GEMM's operations (quant_gemm.c, qg_tile): per natural group g, fsb +=
+ * cvt(sum) * dw [then + bsum * mw]; per super-block acc += fsb * da. */
+FN void lanes_block(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r0,
+                    int64_t nr, struct lbuf *lb, const int wt, const int M)
+{
+    const int G = wt == RLX_Q4_K || wt == RLX_Q5_K ? 32 : 16, ng = 256 / G;
+    const int mins = wt == RLX_Q2_K || wt == RLX_Q4_K || wt == RLX_Q5_K, offs = wt == RLX_Q6_K || wt == RLX_Q3_K;
+    const int64_t nb = K / 256;
+    const size_t tb = rlx_cpu_qblock_bytes(wt), rb = (size_t)nb * tb;
+    const int nlg = (M + LN - 1) / LN;
+    for (int l = 0; l < nlg; l++)
+        for (int P = 0; P < NP; P++) _mm512_store_ps(lb->accm[l][P], _mm512_setzero_ps());
+    if (nr < NR) { /* pairs past the matrix: zeros, never output */
+        const int live = (int)(nr + 1) / 2;
+        memset(lb->v[live], 0, (size_t)(NP - live) * sizeof lb->v[0]);
+        memset(lb->dw[live], 0, (size_t)(NP - live) * sizeof lb->dw[0]);
+        memset(lb->mw[live], 0, (size_t)(NP - live) * sizeof lb->mw[0]);
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        for (int64_t n = 0; n < nr; n += 2) {
+            const uint8_t *p = w + (size_t)(r0 + n) * rb + (size_t)b * tb;
+            /* the same super-block of the next block's rows (quant_amx.c says why not a distance) */
+            for (size_t o = 0; o < tb; o += 64) {
+                _mm_prefetch((const char *)p + NR * rb + o, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + (NR + 1) * rb + o, _MM_HINT_T1);
+            }
+            lbuf_pair(lb, (int)n / 2, p, n + 1 < nr ? p + rb : NULL, wt);
+        }
+        for (int l = 0; l < nlg; l++) {
+            const int8_t *q = a->tq + (l * nb + b) * 256 * 2 * LN; /* (64, 2 LN, 4) */
+            const float *gs = a->tg + (l * nb + b) * ng * 2 * LN;  /* (ng, 2 LN) */
+            __m512 fsb[NP];
+            _Pragma("GCC unroll 8") for (int P = 0; P < NP; P++) fsb[P] = _mm512_setzero_ps();
+            for (int g = 0; g < ng; g++) {
+                const int t0 = rlx_cpu_kgroup(g, wt) * (G / 4); /* the group's place in kvalues' order */
+                /* offset types: -offs * the rows' group sums (int32) */
+                const __m512i start = offs ? _mm512_load_si512(gs + g * 2 * LN) : _mm512_setzero_si512();
+                __m512i is[NP];
+                _Pragma("GCC unroll 8") for (int P = 0; P < NP; P++) is[P] = start;
+                _Pragma("GCC unroll 8") for (int t = 0; t < G / 4; t++)
+                {
+                    const __m512i A = _mm512_load_si512(q + (t0 + t) * 8 * LN);
+                    _Pragma("GCC unroll 8") for (int P = 0; P < NP; P++) is[P] =
+                        _mm512_dpbusd_epi32(is[P], bcast8(lb->v[P][t0 + t]), A);
+                }
+                const __m512 bsum = mins ? _mm512_load_ps(gs + g * 2 * LN) : _mm512_setzero_ps();
+                _Pragma("GCC unroll 8") for (int P = 0; P < NP; P++)
+                {
+                    fsb[P] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[P]), pair2(lb->dw[P][g]), fsb[P]);
+                    if (mins) fsb[P] = _mm512_fmadd_ps(bsum, pair2(lb->mw[P][g]), fsb[P]);
+                }
+            }
+            const __m512 da = _mm512_load_ps(a->td + (l * nb + b) * 2 * LN);
+            _Pragma("GCC unroll 8") for (int P = 0; P < NP; P++)
+                _mm512_store_ps(lb->accm[l][P], _mm512_fmadd_ps(fsb[P], da, _mm512_load_ps(lb->accm[l][P])));
+        }
+    }
+    for (int m = 0; m < M; m++)
+        for (int64_t n = 0; n < nr; n++) out[m * ldo + r0 + n] = lb->accm[m / LN][n / 2][2 * (m % LN) + n % 2];
+}
+
+int rlx_cpu_qmv_lanes_takes(int64_t M) { return M >= 7 && M <= RLX_CPU_QMV_LANES_MAX_M && M != 9 && M != 10; }
+
+#define LANES_INSTANCE(WT)                                                                                             \
+    VNNI_TARGET static void lanes_##WT(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const uint8_t *w, \
+                                       int64_t K, int64_t r0, int64_t r1)                                              \
+    {                                                                                                                  \
+        struct lbuf lb;                                                                                                \
+        for (int64_t r = r0; r < r1; r += NR)                                                                          \
+            lanes_block(out, ldo, a, w, K, r, r1 - r < NR ? r1 - r : NR, &lb, WT, M);                                  \
+    }
+LANES_INSTANCE(RLX_Q2_K)
+LANES_INSTANCE(RLX_Q3_K)
+LANES_INSTANCE(RLX_Q4_K)
+LANES_INSTANCE(RLX_Q5_K)
+LANES_INSTANCE(RLX_Q6_K)
+#undef LANES_INSTANCE
+
+void rlx_cpu_qmv_lanes(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,
+                       int64_t r0, int64_t r1)
+{
+    switch (wt) {
+    case RLX_Q2_K: lanes_RLX_Q2_K(out, ldo, a, M, w, K, r0, r1); break;
+    case RLX_Q3_K: lanes_RLX_Q3_K(out, ldo, a, M, w, K, r0, r1); break;
+    case RLX_Q4_K: lanes_RLX_Q4_K(out, ldo, a, M, w, K, r0, r1); break;
+    case RLX_Q5_K: lanes_RLX_Q5_K(out, ldo, a, M, w, K, r0, r1); break;
+    default: lanes_RLX_Q6_K(out, ldo, a, M, w, K, r0, r1); break;
+    }
+}
+
+/* The activations' copies for the lanes kernel, per group of LN rows (rows past M: zeros), lanes 2 i
+ * and 2 i + 1 row i's: per 4 values of q (the order of q) 16 lanes x 4 bytes; per super-block the
+ * lanes' d; per super-block and natural group the lanes' group sums (f32; offset types: -offs * the
+ * sum, int32) */
+VNNI_TARGET void rlx_cpu_qact_lanes(const struct rlx_cpu_qact *a, int wt, int M)
+{
+    const int64_t K = a->K, nb = K / 256;
+    const int G = rlx_cpu_quant_group(wt), ng = 256 / G;
+    const int offs = wt == RLX_Q6_K ? 32 : wt == RLX_Q3_K ? 4 : 0;
+    for (int m0 = 0; m0 < M; m0 += LN) {
+        const int mr = M - m0 < LN ? M - m0 : LN, l = m0 / LN;
+        int8_t *tq = (int8_t *)a->tq + l * nb * 256 * 2 * LN;
+        float *td = (float *)a->td + l * nb * 2 * LN, *tg = (float *)a->tg + l * nb * ng * 2 * LN;
+        const int8_t *q = a->q + m0 * a->ldq;
+        int32_t ix[16];
+        for (int j = 0; j < 16; j++) ix[j] = (int32_t)((j / 2) * a->ldq);
+        const __m512i idx = _mm512_loadu_si512(ix);
+        const __mmask16 live = (__mmask16)((1u << (2 * mr)) - 1);
+        for (int64_t t = 0; t < K / 4; t++)
+            _mm512_store_si512(tq + 64 * t,
+                               _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx, q + 4 * t, 1));
+        for (int64_t b = 0; b < nb; b++)
+            for (int j = 0; j < 2 * LN; j++) {
+                const int i = j / 2;
+                td[b * 2 * LN + j] = i < mr ? a->d[(m0 + i) * nb + b] : 0.0f;
+                const int16_t *s = a->bsums + (m0 + i) * (K / 16) + 16 * b;
+                for (int g = 0; g < ng; g++) {
+                    const int sum = i >= mr ? 0 : G == 16 ? s[g] : s[2 * g] + s[2 * g + 1];
+                    float *slot = tg + (b * ng + g) * 2 * LN + j;
+                    if (offs) {
+                        const int32_t v = -offs * sum;
+                        memcpy(slot, &v, 4);
+                    } else {
+                        *slot = (float)sum;
+                    }
+                }
+            }
+    }
+}
