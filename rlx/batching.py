@@ -32,9 +32,9 @@ exactly the bits it gets alone, for bf16, f16 and block-type weights (block type
 sequences with AVX-512 VNNI, 12 with AVX2, 4 on the scalar path, the K types (Q2_K .. Q6_K) 4
 where the CPU has AMX-INT8, whose tile kernel runs batches of 5 .. 16 with the same integers
 summed in another order (Qwen3-0.6B Q4_K_M: 1.36x the aggregate at 8 sequences, 1.55x at 16),
-and 6 (and 9, 10) where it has AVX-512 VNNI without AMX, whose lanes kernel runs batches of 7, 8
-and 11 .. 16 with the VNNI GEMM's integers and f32 steps (quant_lanes.c: Llama-3.2-1B Q4_K_M
-steps of 8 sequences 1.2-1.3x as fast, of 16 1.5x);
+and every block type 6 (and 9, 10) where it has AVX-512 VNNI without AMX, whose lanes kernel runs
+batches of 7, 8 and 11 .. 16 with the VNNI GEMM's integers and f32 steps (quant_lanes.c: steps of
+16 sequences 1.5x as fast with Llama-3.2-1B Q4_K_M, 1.6x with Qwen3-0.6B Q8_0);
 bf16: up to 6 where the CPU has AMX, whose tile GEMM runs larger batches twice as fast, and 8
 where it has AVX512_BF16 without AMX, whose VDPBF16PS GEMM runs 16 sequences 1.7x as fast; beyond,
 their GEMMs) and f32 weights up to 4 sequences (beyond, sgemm: within 1e-5). Prefill chunks that

@@ -23,8 +23,8 @@
  * must be non-finite too, and finite where ref is.
  *
  * Also: the documented quantisation bit for bit (identity weights: out = RN(q * d) exactly) on
- * every path and M; the AMX GEMM and the lanes kernel (K types, 7 .. 128 rows, VNNI without AMX)
- * bitwise the VNNI GEMM; results bitwise identical at 1 and 2 threads (but for the scalar path's
+ * every path and M; the AMX GEMM and the lanes kernel (7 .. 128 rows, VNNI without AMX) bitwise
+ * the VNNI GEMM; results bitwise identical at 1 and 2 threads (but for the scalar path's
  * prefill, which is OpenBLAS's sgemm) and, on the blocked passes, each row of M bitwise its product
  * alone (M = 1) (same_outputs: any NaN matches any NaN, whose payload the operands' order decides);
  * weights and `a` placed against
@@ -326,7 +326,7 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
      * them: rows rotated by one give the same rows (the ref bound below holds it to the function) */
     const int64_t passes = rlx_cpu_avx512_vnni() ? 16 : rlx_cpu_isa() >= RLX_CPU_ISA_AVX2 ? 12 : 4;
     const int amx_k = rlx_cpu_amx_int8() && bs == 256 && M >= RLX_CPU_QMV_AMX_MIN_M;
-    const int lanes_k = rlx_cpu_avx512_vnni() && !rlx_cpu_amx_int8() && bs == 256 && rlx_cpu_qmv_lanes_takes(M);
+    const int lanes_k = rlx_cpu_avx512_vnni() && !rlx_cpu_amx_int8() && rlx_cpu_qmv_lanes_takes(M);
     if (M > 1 && M <= passes) {
         float *rot = malloc((size_t)(M * K) * sizeof(float)), *orot = buf(M * N);
         memcpy(rot, a + K, (size_t)((M - 1) * K) * sizeof(float));

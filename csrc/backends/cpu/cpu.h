@@ -251,8 +251,9 @@ void rlx_cpu_gemm16_avx2(float *out, const float *a, const uint16_t *b, int wt, 
  * Natural element order unless stated. */
 struct rlx_cpu_qact {
     const int8_t *q;      /* (M, ldq) quantised values: natural order, except on the VNNI path for
-                              Q4_K / Q5_K (the 32-element groups of each 128 in the order 0, 2, 1, 3)
-                              and Q4_0 .. Q5_1 (rlx_cpu_quant_arrange: each 128 in 4 blocks' halves) */
+                              Q4_K / Q5_K (the 32-element groups of each 128 in the order 0, 2, 1, 3;
+                              the AMX and lanes paths too) and Q4_0 .. Q5_1 (the row kernels only:
+                              rlx_cpu_quant_arrange, each 128 in 4 blocks' halves) */
     const float *d;       /* (M, K / bs) the scale of each block of bs = 32 or 256: value = q * d */
     const float *s;       /* (M, K / 32) d * (sum of the block's q): 32-element blocks */
     const int16_t *bsums; /* (M, K / 16) sums of each 16 q (natural order): 256-element blocks */
@@ -260,7 +261,8 @@ struct rlx_cpu_qact {
                               the weights' offset, added to one int32 lane of each block */
     /* The AMX kernel's copies (rlx_cpu_qmv_amx), filled by rlx_cpu_qact_tiles only where it runs, or
      * the lanes kernel's (rlx_cpu_qmv_lanes, rlx_cpu_qact_lanes: per 8 rows, in 16 lanes, the same
-     * sizes). Columns past M's rows are zeros. */
+     * sizes but td for the 32-element types, one scale per block of 32). Columns past M's rows are
+     * zeros. */
     const int8_t *tq; /* per 16 rows (K / 4, 16, 4): per 4 values of q (the order of q) a row of columns */
     const float *td;  /* per 16 rows (K / 256, 16): per super-block the columns' d */
     const float *tg;  /* per 16 rows (K / (P G), 16): per product of P groups the columns' group sums */
@@ -330,18 +332,19 @@ int rlx_cpu_qmv_amx_groups(int M);
 void rlx_cpu_qmv_amx(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,
                      int64_t r0, int64_t r1);
 /* The most rows of `a` the lanes kernel takes (rlx_cpu_qmv_lanes, in one pass), and whether quant.c
- * multiplies a K type's M rows through it on AVX-512 VNNI without AMX, rather than through the row
- * kernels (up to 16 rows) or the VNNI GEMM (above): 7, 8 and 11 .. 128 rows (measured:
+ * multiplies M rows of a block type through it on AVX-512 VNNI without AMX, rather than through the
+ * row kernels (up to 16 rows) or the VNNI GEMM (above): 7, 8 and 11 .. 128 rows (measured:
  * quant_lanes.c). */
 #define RLX_CPU_QMV_LANES_MAX_M 128
 int rlx_cpu_qmv_lanes_takes(int64_t M);
 /* Fills a->tq, td, tg from rows [0, M) (M <= RLX_CPU_QMV_LANES_MAX_M) of *a for weight dtype wt (a
- * K type) for the lanes kernel: per 8 rows, each row's twice (lanes 2 i and 2 i + 1), (K / 4, 16, 4)
- * values, (K / 256, 16) scales, (K / G, 16) group sums; AVX-512 VNNI. */
+ * block type) for the lanes kernel: per 8 rows, each row's twice (lanes 2 i and 2 i + 1), (K / 4,
+ * 16, 4) values, (K / bs, 16) scales, (K / G, 16) group terms (quant_lanes.c); AVX-512 VNNI. The
+ * 32-element types' rows of q must be in natural order (not rlx_cpu_quant_arrange's). */
 void rlx_cpu_qact_lanes(const struct rlx_cpu_qact *a, int wt, int M);
-/* rlx_cpu_qmv_avx512's product for the K types with the activation rows in the lanes of a vector,
- * any M <= RLX_CPU_QMV_LANES_MAX_M in one pass, from a->tq, td, tg (quant_lanes.c): the VNNI GEMM's
- * function (quant_gemm.c) bit for bit; only where rlx_cpu_avx512_vnni(). */
+/* rlx_cpu_qmv_avx512's product for every block type with the activation rows in the lanes of a
+ * vector, any M <= RLX_CPU_QMV_LANES_MAX_M in one pass, from a->tq, td, tg (quant_lanes.c): the VNNI
+ * GEMM's function (quant_gemm.c) bit for bit; only where rlx_cpu_avx512_vnni(). */
 void rlx_cpu_qmv_lanes(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,
                        int64_t r0, int64_t r1);
 /* The weights of n whole blocks at src (n * bs elements, bs = 32 or 256) as signed integers v

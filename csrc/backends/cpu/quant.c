@@ -53,11 +53,11 @@
  *     test_batching); and prompts of up to
  *     RLX_CPU_QMV_AMX_MAX_M (128) rows, in one pass (each weight unpacked once for all of them),
  *     where the GEMM's fixed cost (its panels unpacked per call) was not paid back; and where it
- *     has VNNI without AMX, the K types' products of 7, 8 and 11 .. RLX_CPU_QMV_LANES_MAX_M (128)
- *     rows (rlx_cpu_qmv_lanes_takes), batches and prompts: quant_lanes.c's kernel (the activation
- *     rows in the lanes of a vector, each weight unpacked once for all of them; measured there),
- *     which computes the VNNI GEMM's function bit for bit: a sequence in a batch of such a size
- *     no longer gets its bits alone, as on AMX, but a prompt gets the GEMM's;
+ *     has VNNI without AMX, every block type's products of 7, 8 and 11 .. RLX_CPU_QMV_LANES_MAX_M
+ *     (128) rows (rlx_cpu_qmv_lanes_takes), batches and prompts: quant_lanes.c's kernel (the
+ *     activation rows in the lanes of a vector, each weight unpacked once for all of them; measured
+ *     there), which computes the VNNI GEMM's function bit for bit: a sequence in a batch of such a
+ *     size no longer gets its bits alone, as on AMX, but a prompt gets the GEMM's;
  *   AVX2: M <= 12 the blocked passes with quant_avx2.c's row kernels, above quant_gemm.c's AVX2
  *     GEMM; both beat dequantising panels for sgemm at every M measured, 16 .. 512.
  *     (16 sequences of Qwen3-0.6B Q4_K_M under RLX_CPU_ISA=avx2 on the Zen 4, 2 threads, ran 161 ms
@@ -118,7 +118,7 @@
 #define RLX_QSG_PANEL_FLOATS (1 << 19)
 
 /* PATH_AMX: the VNNI path with the K types' batches on AMX-INT8 tiles (rlx_cpu_qmv_amx); PATH_LANES:
- * with them in the lanes kernel (rlx_cpu_qmv_lanes) */
+ * with the batches and short prompts in the lanes kernel (rlx_cpu_qmv_lanes) */
 enum { PATH_SCALAR, PATH_AVX2, PATH_VNNI, PATH_AMX, PATH_LANES };
 
 static int64_t block_of(int wt)
@@ -165,7 +165,7 @@ static struct act_layout act_layout(int64_t M, int64_t K)
     const int64_t cg = (M < RLX_CPU_QMV_AMX_MAX_M ? M + 15 : RLX_CPU_QMV_AMX_MAX_M) / 16;
     const int64_t lg = M <= RLX_CPU_QMV_LANES_MAX_M ? (M + 7) / 8 : 0, copies = cg > lg ? cg : lg;
     ARR(tq, copies * Kp * 16);
-    ARR(td, copies * (K / 256) * 16 * 4);
+    ARR(td, copies * (K / 32) * 16 * 4);
     ARR(tg, copies * (K / 16) * 16 * 4);
 #undef ARR
     l.end = at;
@@ -181,7 +181,7 @@ int rlx_cpu_quant_arrange(int wt, int vnni)
 static struct rlx_cpu_qact act_at(void *scratch, int64_t M, int64_t K, int wt, int path)
 {
     const struct act_layout l = act_layout(M, K);
-    const int arr = rlx_cpu_quant_arrange(wt, path >= PATH_VNNI);
+    const int arr = rlx_cpu_quant_arrange(wt, path == PATH_VNNI);
     char *p = (char *)(((uintptr_t)scratch + RLX_ALIGN - 1) & ~(uintptr_t)(RLX_ALIGN - 1)); /* whole lines */
     return (struct rlx_cpu_qact){.q = (const int8_t *)(p + l.q),
                                  .d = (const float *)(p + l.d),
@@ -225,7 +225,7 @@ static void act_rows(const struct rlx_cpu_qact *c, const float *a, int wt, int p
             s[b] = d[b] * (float)sum;
             bias[b] = -off * sum;
         }
-        if (!rlx_cpu_quant_arrange(wt, vnni)) continue;
+        if (!rlx_cpu_quant_arrange(wt, path == PATH_VNNI)) continue;
         /* groups of 4 blocks as [b0 0..15, b1 0..15, b2 0..15, b3 0..15, b0 16..31, ..], zeros past K */
         for (int64_t g = 0; g < padded(K) / 128; g++) {
             int8_t t[128];
@@ -560,8 +560,9 @@ void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int
      * rows in one pass */
     const int amx = path == PATH_VNNI && block_of(wt) == 256 && M >= RLX_CPU_QMV_AMX_MIN_M &&
                     M <= RLX_CPU_QMV_AMX_MAX_M && rlx_cpu_amx_int8();
-    /* K types on VNNI without AMX, the rows rlx_cpu_qmv_lanes_takes: the lanes kernel, in one pass */
-    const int lanes = path == PATH_VNNI && block_of(wt) == 256 && rlx_cpu_qmv_lanes_takes(M) && !rlx_cpu_amx_int8();
+    /* every block type on VNNI without AMX, the rows rlx_cpu_qmv_lanes_takes: the lanes kernel, in one
+     * pass */
+    const int lanes = path == PATH_VNNI && rlx_cpu_qmv_lanes_takes(M) && !rlx_cpu_amx_int8();
     const int v = amx || lanes ? VIA_PASSES : via(path, M);
     if (v == VIA_QGEMM) {
         rlx_cpu_qgemm(out, a, w, wt, M, K, N, scratch);

@@ -1,47 +1,56 @@
 /*
- * quant_lanes.c - the K types' products of 7 .. 128 rows on AVX-512 VNNI without AMX (batched decode
- * steps and short prompts; rlx_cpu_qmv_lanes, rlx_cpu_qact_lanes): the activation rows in the lanes
- * of a vector and the weights broadcast, where the row kernels (quant_avx512.c) keep 64 weights in a
- * vector and pay each group's scaling once per activation row, and where the VNNI GEMM
+ * quant_lanes.c - the block types' products of 7 .. 128 rows on AVX-512 VNNI without AMX (batched
+ * decode steps and short prompts; rlx_cpu_qmv_lanes, rlx_cpu_qact_lanes): the activation rows in the
+ * lanes of a vector and the weights broadcast, where the row kernels (quant_avx512.c) keep 64 weights
+ * in a vector and pay each group's scaling once per activation row, and where the VNNI GEMM
  * (quant_gemm.c) unpacks its panels at ~100 cycles a super-block. Only called where
  * rlx_cpu_avx512_vnni() and not rlx_cpu_amx_int8() (quant.c). Must never allocate.
  *
- * Blocks of NR = 16 weight rows, one super-block at a time. The rows' super-blocks are unpacked by
- * the row kernels' kunpack (quant_unpack.h) into an L1 buffer, in pairs of rows: per 4 values of
- * kvalues' order, the two rows' 4 unsigned bytes side by side (one two-source dword permute per
- * 64 values), with per natural group each row's f32 scale dw = d sc and minimum mw = -(dmin m).
- * A zmm's 16 lanes are 8 activation rows x the 2 rows of a pair (lane 2 i + h: activation row i,
- * weight row 2 P + h), so one VPDPBUSD takes the pair's 8 bytes broadcast as a qword (the unsigned
- * operand) against 8 rows' 4 values each twice (rlx_cpu_qact_lanes' copy, the signed operand: no
- * + 128, no correction): 4 values x 16 outputs, 8 pairs (8 independent chains: Zen 4 retires one
- * such VPDPBUSD a cycle, where ymm with 8 chains and broadcast loads reached 1.35 a cycle). The
- * offset types (Q6_K 32, Q3_K 4) start each group's sum at -offs * (the row's sum of q over the
- * group), so the exact int32 sum is that of q (u - offs). Then per lane the VNNI GEMM's f32 steps
- * in its order (per natural group fsb += cvt(sum) * dw [then + bsum * mw], per super-block acc +=
- * fsb * da): the GEMM's integers and operations, so the same bits as the GEMM for every row
- * (test_quant_kernels), whatever the other rows, their places, the row range or the thread count.
- * Prompts of 9 .. 128 rows (but 9 and 10) and batches of 8 rows per lane group, against the same
- * unpacked block; each weight read once per call.
+ * Blocks of NR = 16 weight rows, 256 values of k at a time (a K type's super-block, or 8 blocks of
+ * a 32-element type). The rows' values are unpacked (K types: the row kernels' kunpack,
+ * quant_unpack.h; 32-element types: ublock below) into an L1 buffer as unsigned bytes, in pairs of
+ * rows: per 4 values, the two rows' 4 bytes side by side (one dword permute per 64 values), with per
+ * group each row's f32 scale dw and minimum mw (K types: d sc and -(dmin m) per natural group; the
+ * 32-element types: the block's d and m). A zmm's 16 lanes are 8 activation rows x the 2 rows of a
+ * pair (lane 2 i + h: activation row i, weight row 2 P + h), so one VPDPBUSD takes the pair's 8 bytes
+ * broadcast as a qword (the unsigned operand) against 8 rows' 4 values each twice (rlx_cpu_qact_lanes'
+ * copy, the signed operand: no + 128, no correction): 4 values x 16 outputs, 8 pairs (8 independent
+ * chains: Zen 4 retires one such VPDPBUSD a cycle, where ymm with 8 chains and broadcast loads
+ * reached 1.35 a cycle). The offset types (Q6_K 32, Q3_K 4, Q8_0 128 (its values stored as w + 128),
+ * Q4_0 8, Q5_0 16) start each group's sum at -off * (the row's sum of q over the group), so the
+ * exact int32 sum is that of q (u - off). Then per lane the VNNI GEMM's f32 steps in its order (K
+ * types: per natural group fsb += cvt(sum) * dw [then + bsum * mw], per super-block acc += fsb * da;
+ * 32-element types: per block acc += cvt(sum) * (da * dw) [then + s * mw]): the GEMM's integers and
+ * operations, so the same bits as the GEMM for every row (test_quant_kernels), whatever the other
+ * rows, their places, the row range or the thread count. Prompts of up to 128 rows in lane groups
+ * of 8 against the same unpacked block; each weight read once per call.
  *
  * Measured on the AMD EPYC Zen 4 (2 vCPUs, a host whose speed moved during the runs: figures are
- * minimums of 3 alternating runs), cycles per super-block and activation row at 3.64 GHz, weights
- * from DRAM (30 copies): 1 thread against the row kernels, Q4_K 3072 x 1024, M = 7 10.2 / 11.5, 8
+ * minimums of 3 alternating runs), cycles per 256 values and activation row at 3.64 GHz, weights
+ * from DRAM (20-30 copies): 1 thread against the row kernels, 3072 x 1024, Q4_K M = 7 10.2 / 11.5, 8
  * 9.3 / 12.0, 12 10.1 / 11.3, 16 7.7 / 10.7; Q6_K 7 10.7 / 13.0, 8 9.3 / 12.8, 12 9.8 / 12.5, 16
- * 7.6 / 10.8 (cache-resident, 1024 x 2048: 9 and 10 rows 12.0 / 10.5 and 10.7 / 10.4, 6 rows 10.5 /
- * 10.0: those stay on the row kernels); 2 threads against the VNNI GEMM, Q4_K: 17 4.9 / 8.3, 24
- * 3.6 / 6.0, 32 3.5 / 4.5, 64 3.3 / 3.9, 128 3.3 / 3.7; Q6_K: 17 4.8 / 9.6, 32 3.4 / 5.5, 64 3.3 /
- * 4.2, 128 3.3 / 3.8; in chunks of 128 rows, 256 3.7 / 3.5 and 512 3.7 / 3.3 (each chunk unpacks
- * the weights again, and the activations' copy is one thread's): the GEMM keeps those. Whole
- * decode steps, Q4_K_M files, ms a step, this kernel against the row kernels: 2 threads, Qwen3-0.6B
- * 8 sequences 35.7-37.6 / 41.6-48.2, 16 59.7-72.8 / 78.8-95.8, Llama-3.2-1B 8 65.8-67.6 /
- * 69.0-83.7, 16 94.8-97.1 / 140.6-150.4; 1 thread, Llama 8 sequences 95.7-98.4 / 128.3-130.2.
- * Prefill, tok/s against the GEMM (and the row kernels for 16 rows), 2 threads: Qwen3-0.6B pp16
- * 392-407 / 314-315, pp32 455-467 / 341-343, pp128 484-494 / 399-476; Llama-3.2-1B pp16 200-204 /
- * 145, pp32 241-247 / 172-175, pp128 249-255 / 234-252; 1 thread pp128 Qwen3 264-272 / 264-268,
- * Llama 141 / 131-132. The first version (blocks of 8 rows, 8 activation rows x 2 groups in the
- * lanes, its own f32 order) was as fast but, its bits neither the row kernels' nor the GEMM's, it
- * made one more of test_quant_models' 20 models cross a step of its activations' grid between the
- * cached and the naive path (qwen3 q6_k); this one gives both paths the GEMM's bits.
+ * 7.6 / 10.8; Q8_0 7 10.6 / 16.7, 8 9.3 / 16.4, 16 7.7 / 16.3; Q4_0 7 10.3 / 11.3, 8 9.2 / 11.1, 16
+ * 7.6 / 10.4 (K types cache-resident, 1024 x 2048: 9 and 10 rows 12.0 / 10.5 and 10.7 / 10.4, 6
+ * rows 10.5 / 10.0: those stay on the row kernels; Q8_0's row kernel is slower, but one rule
+ * serves every type). Against the VNNI GEMM: 2 threads, Q4_K 17 rows 4.9 / 8.3, 24 3.6 / 6.0, 32
+ * 3.5 / 4.5, 64 3.3 / 3.9, 128 3.3 / 3.7; Q6_K 17 4.8 / 9.6, 32 3.4 / 5.5, 64 3.3 / 4.2, 128 3.3 /
+ * 3.8; 1 thread, Q8_0 32 6.9 / 9.5, 64 6.5 / 7.5, 128 6.4 / 6.5; Q4_0 32 6.9 / 8.4, 128 6.4 / 6.3;
+ * in chunks of 128 rows, Q4_K 256 3.7 / 3.5 and 512 3.7 / 3.3 (each chunk unpacks the weights
+ * again, and the activations' copy is one thread's): the GEMM keeps those. Whole decode steps
+ * (Qwen3-0.6B / Llama-3.2-1B files, ms a step, this kernel against the row kernels), 2 threads:
+ * Qwen3 Q4_K_M 8 sequences 35.7-37.6 / 41.6-48.2, 16 59.7-72.8 / 78.8-95.8; Llama Q4_K_M 8
+ * 65.8-67.6 / 69.0-83.7, 16 94.8-97.1 / 140.6-150.4; Qwen3 Q8_0 8 36.4-38.2 / 55.1-55.3, 16
+ * 64.6-67.9 / 105.5-114.8; Qwen3 Q4_0 8 41.3-46.6 / 43.5-44.6 (even), 16 69.7-76.2 / 80.9-87.6; 1
+ * thread, Llama Q4_K_M 8 95.7-98.4 / 128.3-130.2. Prefill, tok/s against the GEMM (and the row
+ * kernels for 16 rows), 2 threads: Qwen3 Q4_K_M pp16 392-407 / 314-315, pp32 455-467 / 341-343,
+ * pp128 484-494 / 399-476; Llama Q4_K_M pp16 200-204 / 145, pp32 241-247 / 172-175, pp128 249-255 /
+ * 234-252; Qwen3 Q8_0 pp16 304-307 / 173-215, pp32 425-426 / 306-316, pp128 438-470 / 445-463
+ * (even); Qwen3 Q4_0 pp16 388-393 / 269-278, pp128 484-486 / 475-482; 1 thread pp128 Qwen3 Q4_K_M
+ * 264-272 / 264-268, Llama Q4_K_M 141 / 131-132. The first version (K types only, blocks of 8
+ * rows, 8 activation rows x 2 groups in the lanes, its own f32 order) was as fast but, its bits
+ * neither the row kernels' nor the GEMM's, it made one more of test_quant_models' 20 models cross a
+ * step of its activations' grid between the cached and the naive path (qwen3 q6_k); with the GEMM's
+ * bits on both paths that test's rows within 1e-4 went from 77 % to 98 %.
  */
 #include "backends/cpu/quant_unpack.h"
 
@@ -56,8 +65,9 @@
 struct lbuf {
     _Alignas(64) uint8_t v[NP][64][8];         /* per pair and 4 values t of kvalues' order: the two
                                                   rows' 4 unsigned bytes */
-    _Alignas(64) float dw[NP][16][2];          /* per pair and natural group: the two rows' d * sc */
-    _Alignas(64) float mw[NP][16][2];          /* -(dmin * m) (types with minimums) */
+    _Alignas(64) float dw[NP][16][2];          /* per pair and group (K types: natural group; 32-element
+                                                  types: block of the 8): the two rows' scales */
+    _Alignas(64) float mw[NP][16][2];          /* their minimums (types with minimums) */
     _Alignas(64) float accm[MAXG][NP][2 * LN]; /* per lane group the sums over super-blocks */
 };
 
@@ -183,6 +193,99 @@ FN void lanes_block(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const
         for (int64_t n = 0; n < nr; n++) out[m * ldo + r0 + n] = lb->accm[m / LN][n / 2][2 * (m % LN) + n % 2];
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * 32-element types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): chunks of up to 8 blocks (the buffer's 256
+ * values) at a time, each block a group of the GEMM's (tile32 / tile32m: acc += cvt(sum) * (da *
+ * dw) [then + s * mw] per block)
+ * ------------------------------------------------------------------------------------------- */
+
+/* the 32 values of the block at p as unsigned bytes (natural order): Q8_0 w + 128, Q4_0 / Q4_1 the
+ * nibbles, Q5_0 / Q5_1 the nibbles and fifth bits; the offset the kernel takes back (off32) */
+FN __m256i ublock(const uint8_t *p, const int wt)
+{
+    if (wt == RLX_Q8_0) return _mm256_xor_si256(ld32(p + 2), _mm256_set1_epi8((char)0x80));
+    const int qs = wt == RLX_Q4_0 ? 2 : wt == RLX_Q4_1 ? 4 : wt == RLX_Q5_0 ? 6 : 8;
+    const __m128i x = _mm_loadu_si128((const __m128i *)(p + qs)), m4 = _mm_set1_epi8(0x0f);
+    __m256i u = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(x, m4)),
+                                        _mm_and_si128(_mm_srli_epi16(x, 4), m4), 1);
+    if (wt == RLX_Q5_0 || wt == RLX_Q5_1) {
+        uint32_t qh;
+        memcpy(&qh, p + qs - 4, 4);
+        u = _mm256_mask_add_epi8(u, (__mmask32)qh, u, _mm256_set1_epi8(16));
+    }
+    return u;
+}
+
+FN int off32(const int wt) { return wt == RLX_Q8_0 ? 128 : wt == RLX_Q4_0 ? 8 : wt == RLX_Q5_0 ? 16 : 0; }
+
+/* out[m * ldo + r0 + n] for m < M, n < nr (<= NR), 32-element types: a->tq as for the K types, a->td
+ * the lanes' d per block, a->tg per block the lanes' -off * sum q (int32) or s = d * sum q (Q4_1,
+ * Q5_1) */
+FN void lanes_block32(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const uint8_t *w, int64_t K, int64_t r0,
+                      int64_t nr, struct lbuf *lb, const int wt, const int M)
+{
+    const int mins = wt == RLX_Q4_1 || wt == RLX_Q5_1, offs = off32(wt) != 0;
+    const int64_t nb = K / 32;
+    const size_t tb = rlx_cpu_qblock_bytes(wt), rb = (size_t)nb * tb;
+    const int nlg = (M + LN - 1) / LN;
+    const __m512i inter = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
+    for (int l = 0; l < nlg; l++)
+        for (int P = 0; P < NP; P++) _mm512_store_ps(lb->accm[l][P], _mm512_setzero_ps());
+    if (nr < NR) { /* pairs past the matrix: zeros, never output */
+        const int live = (int)(nr + 1) / 2;
+        memset(lb->v[live], 0, (size_t)(NP - live) * sizeof lb->v[0]);
+        memset(lb->dw[live], 0, (size_t)(NP - live) * sizeof lb->dw[0]);
+        memset(lb->mw[live], 0, (size_t)(NP - live) * sizeof lb->mw[0]);
+    }
+    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+        const int nblk = nb - b0 < 8 ? (int)(nb - b0) : 8;
+        for (int64_t n = 0; n < nr; n += 2) {
+            const uint8_t *p = w + (size_t)(r0 + n) * rb + (size_t)b0 * tb;
+            const int two = n + 1 < nr;
+            for (size_t o = 0; o < (size_t)nblk * tb; o += 64) {
+                _mm_prefetch((const char *)p + NR * rb + o, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + (NR + 1) * rb + o, _MM_HINT_T1);
+            }
+            const int P = (int)n / 2;
+            for (int g = 0; g < nblk; g++) {
+                const uint8_t *p0 = p + (size_t)g * tb, *p1 = p0 + rb;
+                const __m256i u0 = ublock(p0, wt), u1 = two ? ublock(p1, wt) : _mm256_setzero_si256();
+                _mm512_store_si512(lb->v[P][8 * g], _mm512_permutexvar_epi32(inter, cat(u0, u1)));
+                lb->dw[P][g][0] = f16s(p0), lb->dw[P][g][1] = two ? f16s(p1) : 0.0f;
+                if (mins) lb->mw[P][g][0] = f16s(p0 + 2), lb->mw[P][g][1] = two ? f16s(p1 + 2) : 0.0f;
+            }
+        }
+        for (int l = 0; l < nlg; l++) {
+            const int8_t *q = a->tq + (l * K / 4 + b0 * 8) * 64; /* (K / 4, 2 LN, 4) */
+            const float *gs = a->tg + (l * nb + b0) * 2 * LN;    /* (nb, 2 LN) */
+            const float *ds = a->td + (l * nb + b0) * 2 * LN;
+            __m512 acc[NP];
+            _Pragma("GCC unroll 8") for (int P = 0; P < NP; P++) acc[P] = _mm512_load_ps(lb->accm[l][P]);
+            for (int g = 0; g < nblk; g++) {
+                const __m512i start = offs ? _mm512_load_si512(gs + g * 2 * LN) : _mm512_setzero_si512();
+                __m512i is[NP];
+                _Pragma("GCC unroll 8") for (int P = 0; P < NP; P++) is[P] = start;
+                _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
+                {
+                    const __m512i A = _mm512_load_si512(q + (8 * g + t) * 8 * LN);
+                    _Pragma("GCC unroll 8") for (int P = 0; P < NP; P++) is[P] =
+                        _mm512_dpbusd_epi32(is[P], bcast8(lb->v[P][8 * g + t]), A);
+                }
+                const __m512 da = _mm512_load_ps(ds + g * 2 * LN);
+                const __m512 sm = mins ? _mm512_load_ps(gs + g * 2 * LN) : _mm512_setzero_ps();
+                _Pragma("GCC unroll 8") for (int P = 0; P < NP; P++)
+                {
+                    acc[P] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[P]), _mm512_mul_ps(da, pair2(lb->dw[P][g])), acc[P]);
+                    if (mins) acc[P] = _mm512_fmadd_ps(sm, pair2(lb->mw[P][g]), acc[P]);
+                }
+            }
+            _Pragma("GCC unroll 8") for (int P = 0; P < NP; P++) _mm512_store_ps(lb->accm[l][P], acc[P]);
+        }
+    }
+    for (int m = 0; m < M; m++)
+        for (int64_t n = 0; n < nr; n++) out[m * ldo + r0 + n] = lb->accm[m / LN][n / 2][2 * (m % LN) + n % 2];
+}
+
 int rlx_cpu_qmv_lanes_takes(int64_t M) { return M >= 7 && M <= RLX_CPU_QMV_LANES_MAX_M && M != 9 && M != 10; }
 
 #define LANES_INSTANCE(WT)                                                                                             \
@@ -190,9 +293,19 @@ int rlx_cpu_qmv_lanes_takes(int64_t M) { return M >= 7 && M <= RLX_CPU_QMV_LANES
                                        int64_t K, int64_t r0, int64_t r1)                                              \
     {                                                                                                                  \
         struct lbuf lb;                                                                                                \
-        for (int64_t r = r0; r < r1; r += NR)                                                                          \
-            lanes_block(out, ldo, a, w, K, r, r1 - r < NR ? r1 - r : NR, &lb, WT, M);                                  \
+        for (int64_t r = r0; r < r1; r += NR) {                                                                        \
+            const int64_t nr = r1 - r < NR ? r1 - r : NR;                                                              \
+            if (WT == RLX_Q8_0 || WT == RLX_Q4_0 || WT == RLX_Q4_1 || WT == RLX_Q5_0 || WT == RLX_Q5_1)                \
+                lanes_block32(out, ldo, a, w, K, r, nr, &lb, WT, M);                                                   \
+            else                                                                                                       \
+                lanes_block(out, ldo, a, w, K, r, nr, &lb, WT, M);                                                     \
+        }                                                                                                              \
     }
+LANES_INSTANCE(RLX_Q8_0)
+LANES_INSTANCE(RLX_Q4_0)
+LANES_INSTANCE(RLX_Q4_1)
+LANES_INSTANCE(RLX_Q5_0)
+LANES_INSTANCE(RLX_Q5_1)
 LANES_INSTANCE(RLX_Q2_K)
 LANES_INSTANCE(RLX_Q3_K)
 LANES_INSTANCE(RLX_Q4_K)
@@ -204,11 +317,56 @@ void rlx_cpu_qmv_lanes(float *out, int64_t ldo, const struct rlx_cpu_qact *a, in
                        int64_t r0, int64_t r1)
 {
     switch (wt) {
+    case RLX_Q8_0: lanes_RLX_Q8_0(out, ldo, a, M, w, K, r0, r1); break;
+    case RLX_Q4_0: lanes_RLX_Q4_0(out, ldo, a, M, w, K, r0, r1); break;
+    case RLX_Q4_1: lanes_RLX_Q4_1(out, ldo, a, M, w, K, r0, r1); break;
+    case RLX_Q5_0: lanes_RLX_Q5_0(out, ldo, a, M, w, K, r0, r1); break;
+    case RLX_Q5_1: lanes_RLX_Q5_1(out, ldo, a, M, w, K, r0, r1); break;
     case RLX_Q2_K: lanes_RLX_Q2_K(out, ldo, a, M, w, K, r0, r1); break;
     case RLX_Q3_K: lanes_RLX_Q3_K(out, ldo, a, M, w, K, r0, r1); break;
     case RLX_Q4_K: lanes_RLX_Q4_K(out, ldo, a, M, w, K, r0, r1); break;
     case RLX_Q5_K: lanes_RLX_Q5_K(out, ldo, a, M, w, K, r0, r1); break;
     default: lanes_RLX_Q6_K(out, ldo, a, M, w, K, r0, r1); break;
+    }
+}
+
+/* rows q .. q + mr (<= LN; ldq apart) of K quantised values into tq: per 4 values 16 lanes x 4 bytes,
+ * lanes 2 i and 2 i + 1 row i's (rows past mr: zeros) */
+VNNI_TARGET static void lanes_q(int8_t *tq, const int8_t *q, int64_t ldq, int64_t K, int mr)
+{
+    int32_t ix[16];
+    for (int j = 0; j < 16; j++) ix[j] = (int32_t)((j / 2) * ldq);
+    const __m512i idx = _mm512_loadu_si512(ix);
+    const __mmask16 live = (__mmask16)((1u << (2 * mr)) - 1);
+    for (int64_t t = 0; t < K / 4; t++)
+        _mm512_store_si512(tq + 64 * t, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx, q + 4 * t, 1));
+}
+
+/* the values as rlx_cpu_qact_lanes copies them, for the 32-element types: per block the lanes' d,
+ * and -off * sum q (int32; Q8_0, Q4_0, Q5_0) or s = d * sum q (Q4_1, Q5_1: as quant_gemm.c's) */
+static void qact_lanes32(const struct rlx_cpu_qact *a, int wt, int M)
+{
+    const int64_t K = a->K, nb = K / 32;
+    const int off = wt == RLX_Q8_0 ? 128 : wt == RLX_Q4_0 ? 8 : wt == RLX_Q5_0 ? 16 : 0;
+    for (int m0 = 0; m0 < M; m0 += LN) {
+        const int mr = M - m0 < LN ? M - m0 : LN, l = m0 / LN;
+        int8_t *tq = (int8_t *)a->tq + l * K * 2 * LN;
+        float *td = (float *)a->td + l * nb * 2 * LN, *tg = (float *)a->tg + l * nb * 2 * LN;
+        lanes_q(tq, a->q + m0 * a->ldq, a->ldq, K, mr);
+        for (int64_t b = 0; b < nb; b++)
+            for (int j = 0; j < 2 * LN; j++) {
+                const int i = j / 2;
+                const int16_t *s = a->bsums + (m0 + i) * (K / 16) + 2 * b;
+                const int sum = i >= mr ? 0 : s[0] + s[1];
+                const float d = i < mr ? a->d[(m0 + i) * nb + b] : 0.0f;
+                td[b * 2 * LN + j] = d;
+                if (off) {
+                    const int32_t v = -off * sum;
+                    memcpy(tg + b * 2 * LN + j, &v, 4);
+                } else {
+                    tg[b * 2 * LN + j] = d * (float)sum;
+                }
+            }
     }
 }
 
@@ -218,6 +376,10 @@ void rlx_cpu_qmv_lanes(float *out, int64_t ldo, const struct rlx_cpu_qact *a, in
  * sum, int32) */
 VNNI_TARGET void rlx_cpu_qact_lanes(const struct rlx_cpu_qact *a, int wt, int M)
 {
+    if (rlx_cpu_qblock_bytes(wt) < 84) { /* the 32-element types */
+        qact_lanes32(a, wt, M);
+        return;
+    }
     const int64_t K = a->K, nb = K / 256;
     const int G = rlx_cpu_quant_group(wt), ng = 256 / G;
     const int offs = wt == RLX_Q6_K ? 32 : wt == RLX_Q3_K ? 4 : 0;
@@ -225,14 +387,7 @@ VNNI_TARGET void rlx_cpu_qact_lanes(const struct rlx_cpu_qact *a, int wt, int M)
         const int mr = M - m0 < LN ? M - m0 : LN, l = m0 / LN;
         int8_t *tq = (int8_t *)a->tq + l * nb * 256 * 2 * LN;
         float *td = (float *)a->td + l * nb * 2 * LN, *tg = (float *)a->tg + l * nb * ng * 2 * LN;
-        const int8_t *q = a->q + m0 * a->ldq;
-        int32_t ix[16];
-        for (int j = 0; j < 16; j++) ix[j] = (int32_t)((j / 2) * a->ldq);
-        const __m512i idx = _mm512_loadu_si512(ix);
-        const __mmask16 live = (__mmask16)((1u << (2 * mr)) - 1);
-        for (int64_t t = 0; t < K / 4; t++)
-            _mm512_store_si512(tq + 64 * t,
-                               _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx, q + 4 * t, 1));
+        lanes_q(tq, a->q + m0 * a->ldq, a->ldq, K, mr);
         for (int64_t b = 0; b < nb; b++)
             for (int j = 0; j < 2 * LN; j++) {
                 const int i = j / 2;
