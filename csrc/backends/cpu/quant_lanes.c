@@ -115,6 +115,20 @@ FN void lbuf_pair(struct lbuf *lb, int P, const uint8_t *p0, const uint8_t *p1, 
     }
 }
 
+/* a block's start: the sums of nlg lane groups zeroed, and the pairs past nr rows (past the matrix,
+ * never output) zero values and scales */
+FN void lbuf_start(struct lbuf *lb, int64_t nr, int nlg)
+{
+    for (int l = 0; l < nlg; l++)
+        for (int P = 0; P < NP; P++) _mm512_store_ps(lb->accm[l][P], _mm512_setzero_ps());
+    if (nr < NR) {
+        const int live = (int)(nr + 1) / 2;
+        memset(lb->v[live], 0, (size_t)(NP - live) * sizeof lb->v[0]);
+        memset(lb->dw[live], 0, (size_t)(NP - live) * sizeof lb->dw[0]);
+        memset(lb->mw[live], 0, (size_t)(NP - live) * sizeof lb->mw[0]);
+    }
+}
+
 /* the 8 bytes at p in every qword */
 FN __m512i bcast8(const void *p)
 {
@@ -142,14 +156,7 @@ FN void lanes_block(float *out, int64_t ldo, const struct rlx_cpu_qact *a, const
     const int64_t nb = K / 256;
     const size_t tb = rlx_cpu_qblock_bytes(wt), rb = (size_t)nb * tb;
     const int nlg = (M + LN - 1) / LN;
-    for (int l = 0; l < nlg; l++)
-        for (int P = 0; P < NP; P++) _mm512_store_ps(lb->accm[l][P], _mm512_setzero_ps());
-    if (nr < NR) { /* pairs past the matrix: zeros, never output */
-        const int live = (int)(nr + 1) / 2;
-        memset(lb->v[live], 0, (size_t)(NP - live) * sizeof lb->v[0]);
-        memset(lb->dw[live], 0, (size_t)(NP - live) * sizeof lb->dw[0]);
-        memset(lb->mw[live], 0, (size_t)(NP - live) * sizeof lb->mw[0]);
-    }
+    lbuf_start(lb, nr, nlg);
     for (int64_t b = 0; b < nb; b++) {
         for (int64_t n = 0; n < nr; n += 2) {
             const uint8_t *p = w + (size_t)(r0 + n) * rb + (size_t)b * tb;
@@ -229,14 +236,7 @@ FN void lanes_block32(float *out, int64_t ldo, const struct rlx_cpu_qact *a, con
     const size_t tb = rlx_cpu_qblock_bytes(wt), rb = (size_t)nb * tb;
     const int nlg = (M + LN - 1) / LN;
     const __m512i inter = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
-    for (int l = 0; l < nlg; l++)
-        for (int P = 0; P < NP; P++) _mm512_store_ps(lb->accm[l][P], _mm512_setzero_ps());
-    if (nr < NR) { /* pairs past the matrix: zeros, never output */
-        const int live = (int)(nr + 1) / 2;
-        memset(lb->v[live], 0, (size_t)(NP - live) * sizeof lb->v[0]);
-        memset(lb->dw[live], 0, (size_t)(NP - live) * sizeof lb->dw[0]);
-        memset(lb->mw[live], 0, (size_t)(NP - live) * sizeof lb->mw[0]);
-    }
+    lbuf_start(lb, nr, nlg);
     for (int64_t b0 = 0; b0 < nb; b0 += 8) {
         const int nblk = nb - b0 < 8 ? (int)(nb - b0) : 8;
         for (int64_t n = 0; n < nr; n += 2) {
