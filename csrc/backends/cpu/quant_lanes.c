@@ -225,6 +225,12 @@ FN __m256i ublock(const uint8_t *p, const int wt)
 
 FN int off32(const int wt) { return wt == RLX_Q8_0 ? 128 : wt == RLX_Q4_0 ? 8 : wt == RLX_Q5_0 ? 16 : 0; }
 
+/* whether wt is a 32-element type (Q8_0 .. Q5_1), not a K type */
+FN int is32(const int wt)
+{
+    return wt == RLX_Q8_0 || wt == RLX_Q4_0 || wt == RLX_Q4_1 || wt == RLX_Q5_0 || wt == RLX_Q5_1;
+}
+
 /* out[m * ldo + r0 + n] for m < M, n < nr (<= NR), 32-element types: a->tq as for the K types, a->td
  * the lanes' d per block, a->tg per block the lanes' -off * sum q (int32) or s = d * sum q (Q4_1,
  * Q5_1) */
@@ -295,7 +301,7 @@ int rlx_cpu_qmv_lanes_takes(int64_t M) { return M >= 7 && M <= RLX_CPU_QMV_LANES
         struct lbuf lb;                                                                                                \
         for (int64_t r = r0; r < r1; r += NR) {                                                                        \
             const int64_t nr = r1 - r < NR ? r1 - r : NR;                                                              \
-            if (WT == RLX_Q8_0 || WT == RLX_Q4_0 || WT == RLX_Q4_1 || WT == RLX_Q5_0 || WT == RLX_Q5_1)                \
+            if (is32(WT))                                                                                              \
                 lanes_block32(out, ldo, a, w, K, r, nr, &lb, WT, M);                                                   \
             else                                                                                                       \
                 lanes_block(out, ldo, a, w, K, r, nr, &lb, WT, M);                                                     \
@@ -344,10 +350,10 @@ VNNI_TARGET static void lanes_q(int8_t *tq, const int8_t *q, int64_t ldq, int64_
 
 /* the values as rlx_cpu_qact_lanes copies them, for the 32-element types: per block the lanes' d,
  * and -off * sum q (int32; Q8_0, Q4_0, Q5_0) or s = d * sum q (Q4_1, Q5_1: as quant_gemm.c's) */
-static void qact_lanes32(const struct rlx_cpu_qact *a, int wt, int M)
+VNNI_TARGET static void qact_lanes32(const struct rlx_cpu_qact *a, int wt, int M)
 {
     const int64_t K = a->K, nb = K / 32;
-    const int off = wt == RLX_Q8_0 ? 128 : wt == RLX_Q4_0 ? 8 : wt == RLX_Q5_0 ? 16 : 0;
+    const int off = off32(wt);
     for (int m0 = 0; m0 < M; m0 += LN) {
         const int mr = M - m0 < LN ? M - m0 : LN, l = m0 / LN;
         int8_t *tq = (int8_t *)a->tq + l * K * 2 * LN;
@@ -376,7 +382,7 @@ static void qact_lanes32(const struct rlx_cpu_qact *a, int wt, int M)
  * sum, int32) */
 VNNI_TARGET void rlx_cpu_qact_lanes(const struct rlx_cpu_qact *a, int wt, int M)
 {
-    if (rlx_cpu_qblock_bytes(wt) < 84) { /* the 32-element types */
+    if (is32(wt)) {
         qact_lanes32(a, wt, M);
         return;
     }

@@ -1,6 +1,7 @@
 /*
  * quant_unpack.h - the AVX-512 VNNI unpacking of the block types shared by quant_avx512.c's row
- * kernels and quant_amx.c's AMX-INT8 kernel: loads, the block sizes, and one K-type super-block's
+ * kernels, quant_amx.c's AMX-INT8 kernel and quant_lanes.c's lanes kernel: loads, the block sizes,
+ * the order of kvalues' groups (rlx_cpu_kgroup), and one K-type super-block's
  * values, scales and minimums as vectors (kvalues, kunpack; quant_avx512.c's header says how the
  * kernels use them). Functions of this header are inlined into their callers, which must be
  * compiled for (at least) the FN target and called only where rlx_cpu_avx512_vnni() (quant.c).
@@ -126,9 +127,10 @@ static inline int rlx_cpu_kgroup(int c, int wt)
     return wt == RLX_Q4_K || wt == RLX_Q5_K ? (c & 4) | ((c & 1) << 1) | ((c >> 1) & 1) : c;
 }
 
-/* One super-block unpacked (kstep, and the AMX kernel's kbuf_row): kvalues' u, the group scales
- * as words sw (16-element groups also as s16), the minimums as words one per 16 (mdup; only the
- * AMX kernel reads them), d, dmin and the values' offset (Q6_K 32, Q3_K 4). */
+/* One super-block unpacked (kstep, the AMX kernel's kbuf_row, quant_lanes.c's lbuf_pair): kvalues'
+ * u, the group scales as words sw (16-element groups also as s16), the minimums as words one per
+ * 16 (mdup; the AMX and lanes kernels read them, for Q2_K), d, dmin and the values' offset (Q6_K
+ * 32, Q3_K 4). */
 struct kblock {
     __m512i u[4], sw;
     __m256i mdup, s16;
