@@ -197,10 +197,10 @@ static void test_matmul_lowp(void)
 {
     /* M = 9, 14: the bf16 GEMM's one-vector blocks (from 9 rows without AMX); 40: a two-vector
      * block then a one-vector block */
-    const int64_t Ms[] = {1, 2, 3, 4, 5, 9, 14, 17, 40, 64}, Ks[] = {1, 5, 16, 33, 77, 300}, Ns[] = {1, 7, 130};
+    const int64_t Ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 14, 17, 40, 64}, Ks[] = {1, 5, 16, 33, 77, 300}, Ns[] = {1, 7, 130};
     for (int dt = 0; dt < 2; dt++) {
         const int dtype = dt ? RLX_F16 : RLX_BF16;
-        for (int mi = 0; mi < 10; mi++)
+        for (int mi = 0; mi < 12; mi++)
             for (int ki = 0; ki < 6; ki++)
                 for (int ni = 0; ni < 3; ni++) lowp_case(dtype, Ms[mi], Ks[ki], Ns[ni]);
         lowp_case(dtype, 1, 1000, 701); /* the matvec split over threads */
@@ -401,6 +401,36 @@ static void test_matvec_f32(void)
                        "matvec f32 M=%lld K=%lld N=%lld: last row differs from the same row alone", (long long)M,
                        (long long)K, (long long)N);
                 free(a), free(b), free(o1), free(o2), free(o3);
+            }
+}
+
+/* bf16 products of 5 .. 8 rows where the machine has AVX512_BF16 without AMX (gemm_bf16.c's lanes
+ * path: 8 rows x 2 weight rows in the lanes): each row the bits of the same row inside a 17-row
+ * product (the VDPBF16PS GEMM, whose results depend on K only), over odd K, partial strips and
+ * partial blocks of weight rows; the bound against the oracle is lowp_case's. */
+static void test_matmul_lowp_lanes(void)
+{
+    if (rlx_cpu_isa() != RLX_CPU_ISA_AVX512_BF16) return;
+    const int64_t Ks[] = {1, 2, 31, 64, 65, 77, 128, 300, 1031}, Ns[] = {1, 7, 16, 17, 130};
+    for (int64_t M = 5; M <= 8; M++)
+        for (int ki = 0; ki < 9; ki++)
+            for (int ni = 0; ni < 5; ni++) {
+                const int64_t K = Ks[ki], N = Ns[ni], big = 17;
+                float *a = rand_buf(big * K, -1, 1), *o1 = buf(M * N), *o2 = buf(big * N);
+                uint16_t *b = lowp_buf(N * K, RLX_BF16, 0);
+                const int64_t n1 = (int64_t)CPU->matmul_lowp_scratch(M, K, N);
+                const int64_t n2 = (int64_t)CPU->matmul_lowp_scratch(big, K, N);
+                float *s1 = buf(n1), *s2 = buf(n2);
+                /* rows 3 .. 3 + M of the 17 */
+                CPU->matmul_lowp(o1, a + 3 * K, b, RLX_BF16, M, K, N, s1);
+                CPU->matmul_lowp(o2, a, b, RLX_BF16, big, K, N, s2);
+                result(memcmp(o1, o2 + 3 * N, (size_t)(M * N) * sizeof(float)) == 0,
+                       "matmul_lowp bf16 M=%lld K=%lld N=%lld [threads=%d]: rows differ from the same rows of a "
+                       "17-row product",
+                       (long long)M, (long long)K, (long long)N, rlx_pool_threads());
+                result(guard_ok(s1, n1), "matmul_lowp bf16 M=%lld K=%lld N=%lld: wrote past its scratch", (long long)M,
+                       (long long)K, (long long)N);
+                free(a), free(b), free(o1), free(o2), free(s1), free(s2);
             }
 }
 
@@ -862,6 +892,7 @@ static void test_kernels(void)
     test_matmul();
     test_matmul_lowp();
     test_matvec_f32();
+    test_matmul_lowp_lanes();
     test_embedding();
     test_embedding_lowp();
     test_norms();

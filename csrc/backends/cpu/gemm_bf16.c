@@ -27,7 +27,9 @@
  * products take their pieces (rlx_parallel_pieces: a contiguous range each, then the others'); a
  * block runs over every 32-row block of the chunk (its 8 rows x K stay in L1 / L2 after the first)
  * and fetches the next block's rows into L2, a slice per 32 pairs. Rows past N read row N - 1 and
- * are not stored; an odd K's last value is broadcast alone (nothing read past a row).
+ * are not stored; an odd K's last value is broadcast alone (nothing read past a row). Products of
+ * at most GL_MAX_M = 8 rows (batched decode steps) take the lanes path below instead: 8 rows x 2
+ * weight rows in the lanes, the same bits.
  *
  * This replaced (2026-12-06) a GEMM that packed b per thread into 128-column x 512-k blocks and
  * ran an 8 x 32 microkernel on them: at 1 thread the packing (a 16 x 16 transpose of each 16 rows
@@ -233,6 +235,125 @@ static void gemm_vdp(float *out, const float *a, const uint16_t *b, int64_t M, i
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * VDPBF16PS for a few rows: 8 rows of a x 2 weight rows in the lanes
+ * ------------------------------------------------------------------------------------------- */
+
+/* At GL_MAX_M rows or fewer the path above fills at most half its lanes. Here lane 2 i + h holds
+ * row i of a against weight row 2 P + h of a block (P: a pair of rows), so every lane is used at 5 ..
+ * 8 rows: per pair of k, one zmm of a (each row's unit twice) is multiplied by the broadcast 8 bytes
+ * that hold the pair of k of both weight rows of P. Those bytes lie K * 2 bytes apart in b, so each
+ * strip of GL_KS values of k of the block's 16 rows is first copied into an L1 buffer as pairs of
+ * rows (per pair of k the two rows' units side by side: one unpack per 16 units). Every lane runs
+ * gw_micro's sequence exactly (its pairs in order from zero, an odd K's last value alone with a zero
+ * second half), so the outputs are the bits of the path above (test_kernels' lanes test).
+ * Measured (C harness, Zen 4 EPYC, cycles per 256 values and row of a at 3.64 GHz, min of 3
+ * alternating runs, against the matrix-vector passes, matmul.c, which read each block of weights
+ * from DRAM once and multiply 4 rows at a time): weights from DRAM, 1 thread, 3072 x 1024, 8 rows
+ * 14.8 / 21.4, 7 16.7 / 23.6, 6 19.0 / 25.1, 5 23.6 / 29.0; 2 threads 8 rows 7.9 / 10.7, 1024 x
+ * 3072 8.1 / 12.0, 2048 x 8192 10.2 / 16.6, 151936 x 1024 (an LM head) 8.4 / 11.8. L2-resident 13.3
+ * / 12.1 (the VDPBF16PS alone: 8.4): the strip's copy costs ~2.8, the prefetch 0.6; copying the
+ * next strip between the pairs of this one (two buffers) measured 17.3. */
+#define GL_MAX_M 8
+#define GL_NB    16 /* weight rows per block: 8 pairs of rows, 8 independent chains */
+#define GL_KS    64 /* values of k per strip: 128 bytes of each row */
+
+struct gl_ctx {
+    float *out;
+    const uint16_t *b;
+    const uint32_t *ap; /* (kp, 16) units: unit (q, 2 i + h) = row i's pair q (zero past M) */
+    int64_t M, K, N;
+};
+
+/* Rows 0 .. M (<= GL_MAX_M) of a into ap: per pair q, row i's unit at lanes 2 i and 2 i + 1. */
+GB_TARGET static void gl_pack(uint32_t *ap, const float *a, int64_t M, int64_t K)
+{
+    const int64_t kp = (K + 1) / 2;
+    memset(ap, 0, (size_t)(kp * 16) * sizeof(uint32_t));
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t k = 0; k < K; k += 16) {
+            const __mmask16 mk = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1);
+            uint32_t u[8];
+            _mm256_storeu_si256((__m256i *)u, gb_round16(_mm512_maskz_loadu_ps(mk, a + i * K + k)));
+            const int64_t q0 = k / 2, nq = kp - q0 < 8 ? kp - q0 : 8;
+            for (int64_t q = 0; q < nq; q++) ap[(q0 + q) * 16 + 2 * i] = ap[(q0 + q) * 16 + 2 * i + 1] = u[q];
+        }
+}
+
+/* The qword of the strip buffer holding pair q (< GL_KS / 2) of a pair of rows: per 32 values of k,
+ * the unpacklo of the two rows (pairs 0, 1 of each 128-bit lane) then the unpackhi (pairs 2, 3). */
+#define GL_QW(q) (((q) / 16) * 16 + ((q) % 4 >= 2 ? 8 : 0) + 2 * (((q) % 16) / 4) + (q) % 2)
+
+/* out[m * N + n0 + n] for m < M, n < cols: weight rows n0 .. n0 + cols (rows past cols repeat the
+ * last) against the packed rows; prefetches the next block's nn rows from next, strip by strip. */
+GB_FN void gl_block(float *out, const struct gl_ctx *c, int64_t n0, int64_t cols, const char *next, int64_t nn)
+{
+    const int64_t K = c->K, kp = (K + 1) / 2, stride = K * (int64_t)sizeof(uint16_t);
+    const uint16_t *w[GL_NB];
+    for (int j = 0; j < GL_NB; j++) w[j] = c->b + (n0 + (j < cols ? j : cols - 1)) * K;
+    _Alignas(64) uint64_t buf[GL_NB / 2][GL_KS / 2]; /* (pairs of rows, pairs of k in GL_QW order) */
+    __m512 acc[GL_NB / 2];
+    for (int P = 0; P < GL_NB / 2; P++) acc[P] = _mm512_setzero_ps();
+    for (int64_t k0 = 0; k0 < K; k0 += GL_KS) {
+        const int64_t kn = K - k0 < GL_KS ? K - k0 : GL_KS; /* values of k in the strip */
+        if (next)
+            for (int64_t j = 0; j < nn; j++)
+                for (int64_t o = 0; o < 2 * kn; o += 64) _mm_prefetch(next + j * stride + 2 * k0 + o, _MM_HINT_T1);
+        for (int P = 0; P < GL_NB / 2; P++)
+            for (int s = 0; s < GL_KS; s += 32) {
+                /* values k0 + s .. + 32 of both rows (zero past K: nothing read past a row) */
+                const int64_t left = kn - s;
+                const __mmask32 mk = left >= 32 ? (__mmask32)0xffffffffu
+                                     : left > 0 ? (__mmask32)((1u << left) - 1)
+                                                : (__mmask32)0;
+                const __m512i r0 = _mm512_maskz_loadu_epi16(mk, w[2 * P] + k0 + s);
+                const __m512i r1 = _mm512_maskz_loadu_epi16(mk, w[2 * P + 1] + k0 + s);
+                _mm512_store_si512(&buf[P][s / 2], _mm512_unpacklo_epi32(r0, r1));
+                _mm512_store_si512(&buf[P][s / 2 + 8], _mm512_unpackhi_epi32(r0, r1));
+            }
+        const uint32_t *ap = c->ap + k0 / 2 * 16;
+        if (kn == GL_KS) {
+            _Pragma("GCC unroll 32") for (int q = 0; q < GL_KS / 2; q++)
+            {
+                const __m512bh av = (__m512bh)_mm512_loadu_si512(ap + q * 16);
+                _Pragma("GCC unroll 8") for (int P = 0; P < GL_NB / 2; P++) acc[P] =
+                    _mm512_dpbf16_ps(acc[P], av, (__m512bh)_mm512_set1_epi64((long long)buf[P][GL_QW(q)]));
+            }
+        } else {
+            const int64_t nq = kp - k0 / 2; /* the strip's pairs: the last one's second half is zero for an odd K */
+            for (int64_t q = 0; q < nq; q++) {
+                const __m512bh av = (__m512bh)_mm512_loadu_si512(ap + q * 16);
+                _Pragma("GCC unroll 8") for (int P = 0; P < GL_NB / 2; P++) acc[P] =
+                    _mm512_dpbf16_ps(acc[P], av, (__m512bh)_mm512_set1_epi64((long long)buf[P][GL_QW(q)]));
+            }
+        }
+    }
+    /* lane 2 i + h of acc[P]: row i, weight row 2 P + h */
+    _Alignas(64) float t[GL_NB / 2][16];
+    for (int P = 0; P < GL_NB / 2; P++) _mm512_store_ps(t[P], acc[P]);
+    for (int64_t i = 0; i < c->M; i++)
+        for (int64_t n = 0; n < cols; n++) out[i * c->N + n0 + n] = t[n / 2][2 * i + n % 2];
+}
+
+/* Blocks [begin, end) of GL_NB weight rows (rows past N read row N - 1 and are not stored). */
+GB_TARGET static void gl_blocks(void *p, int64_t begin, int64_t end)
+{
+    const struct gl_ctx *c = p;
+    const int64_t nblocks = (c->N + GL_NB - 1) / GL_NB;
+    for (int64_t nb = begin; nb < end; nb++) {
+        const int64_t n0 = nb * GL_NB, cols = c->N - n0 < GL_NB ? c->N - n0 : GL_NB;
+        const int64_t nn = nb + 1 < nblocks ? (c->N - n0 - GL_NB < GL_NB ? c->N - n0 - GL_NB : GL_NB) : 0;
+        gl_block(c->out, c, n0, cols, nn ? (const char *)(c->b + (n0 + GL_NB) * c->K) : NULL, nn);
+    }
+}
+
+static void gemm_lanes(float *out, const float *a, const uint16_t *b, int64_t M, int64_t K, int64_t N, float *scratch)
+{
+    struct gl_ctx c = {.out = out, .b = b, .ap = (const uint32_t *)scratch, .M = M, .K = K, .N = N};
+    gl_pack((uint32_t *)scratch, a, M, K);
+    rlx_parallel_pieces((N + GL_NB - 1) / GL_NB, 1, gl_blocks, &c);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * AMX
  * ------------------------------------------------------------------------------------------- */
 
@@ -406,7 +527,10 @@ size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N)
     const int64_t apad = (M + 2 * GA_MB - 1) / (2 * GA_MB) * (2 * GA_MB);
     arows = arows < apad ? arows : apad;
     const size_t amx = (size_t)(arows * ga_kpp(K));
-    return vdp > amx ? vdp : amx;
+    /* a few rows: (kp, 16) units */
+    const size_t lanes = M <= GL_MAX_M ? (size_t)(16 * ((K + 1) / 2)) : 0;
+    const size_t most = vdp > amx ? vdp : amx;
+    return most > lanes ? most : lanes;
 }
 
 /* out (M, N) = bf16(a) (M, K) @ b^T, b (N, K) bf16; M, K, N >= 1; scratch:
@@ -415,6 +539,8 @@ void rlx_cpu_gemm_bf16(float *out, const float *a, const uint16_t *b, int64_t M,
 {
     if (use_amx(K, N))
         gemm_amx(out, a, b, M, K, N, scratch);
+    else if (M <= GL_MAX_M)
+        gemm_lanes(out, a, b, M, K, N, scratch);
     else
         gemm_vdp(out, a, b, M, K, N, scratch);
 }
