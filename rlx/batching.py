@@ -33,8 +33,9 @@ sequences with AVX-512 VNNI, 12 with AVX2, 4 on the scalar path, the K types (Q2
 where the CPU has AMX-INT8, whose tile kernel runs batches of 5 .. 16 with the same integers
 summed in another order (Qwen3-0.6B Q4_K_M: 1.36x the aggregate at 8 sequences, 1.55x at 16),
 and every block type 6 (and 9, 10) where it has AVX-512 VNNI without AMX, whose lanes kernel runs
-batches of 7, 8 and 11 .. 16 with the VNNI GEMM's integers and f32 steps (quant_lanes.c: steps of
-16 sequences 1.5x as fast with Llama-3.2-1B Q4_K_M, 1.6x with Qwen3-0.6B Q8_0);
+batches of 7, 8 and 11 .. 16 (Q8_0: its bits alone up to 4, 5 .. 16 through the lanes kernel)
+with the VNNI GEMM's integers and f32 steps (quant_lanes.c: steps of 16 sequences 1.5x as fast
+with Llama-3.2-1B Q4_K_M, 1.6x with Qwen3-0.6B Q8_0);
 bf16: up to 6 where the CPU has AMX, whose tile GEMM runs larger batches twice as fast, and 4
 where it has AVX512_BF16 without AMX, whose VDPBF16PS GEMM runs 16 sequences 1.7x as fast and 5 .. 8
 1.2-1.3x as fast (8 rows x 2 weight rows in its lanes, the same bits as its 16-row blocks); beyond,

@@ -23,7 +23,7 @@
  * must be non-finite too, and finite where ref is.
  *
  * Also: the documented quantisation bit for bit (identity weights: out = RN(q * d) exactly) on
- * every path and M; the AMX GEMM and the lanes kernel (7 .. 128 rows, VNNI without AMX) bitwise
+ * every path and M; the AMX GEMM and the lanes kernel (7 .. 128 rows, Q8_0 5 .., VNNI without AMX) bitwise
  * the VNNI GEMM; results bitwise identical at 1 and 2 threads (but for the scalar path's
  * prefill, which is OpenBLAS's sgemm) and, on the blocked passes, each row of M bitwise its product
  * alone (M = 1) (same_outputs: any NaN matches any NaN, whose payload the operands' order decides);
@@ -326,7 +326,7 @@ static void quant_case(int wt, int64_t M, int64_t K, int64_t N, int valid, int e
      * them: rows rotated by one give the same rows (the ref bound below holds it to the function) */
     const int64_t passes = rlx_cpu_avx512_vnni() ? 16 : rlx_cpu_isa() >= RLX_CPU_ISA_AVX2 ? 12 : 4;
     const int amx_k = rlx_cpu_amx_int8() && bs == 256 && M >= RLX_CPU_QMV_AMX_MIN_M;
-    const int lanes_k = rlx_cpu_avx512_vnni() && !rlx_cpu_amx_int8() && rlx_cpu_qmv_lanes_takes(M);
+    const int lanes_k = rlx_cpu_avx512_vnni() && !rlx_cpu_amx_int8() && rlx_cpu_qmv_lanes_takes(M, wt);
     if (M > 1 && M <= passes) {
         float *rot = malloc((size_t)(M * K) * sizeof(float)), *orot = buf(M * N);
         memcpy(rot, a + K, (size_t)((M - 1) * K) * sizeof(float));
@@ -480,8 +480,8 @@ static void empty_cases(int wt)
 static void test_matmul_quant(void)
 {
     const int vg = under_valgrind();
-    /* 12 and 15: a VNNI group of 8, then 4 or 7 (quant.c's group_rows) */
-    const int64_t Ms[] = {1, 2, 3, 4, 5, 7, 8, 16, 33, 130, 12, 15};
+    /* 12 and 15: a VNNI group of 8, then 4 or 7 (quant.c's group_rows); 6 and 10: Q8_0's lanes rows */
+    const int64_t Ms[] = {1, 2, 3, 4, 5, 7, 8, 16, 33, 130, 12, 15, 6, 10};
     const int nms = (int)(sizeof Ms / sizeof Ms[0]);
     for (int ti = 0; ti < NTYPES; ti++) {
         const int wt = TYPES[ti];

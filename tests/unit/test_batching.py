@@ -134,10 +134,10 @@ def test_decode_batches_on_cpu_give_each_sequence_its_own_bits(dtype, batch):
     it (their GEMMs, and from 5 to 8 rows gemm_bf16.c's lanes path with the VDPBF16PS GEMM's bits:
     within the quant kernels' bound, 5 % of the logits' scale, tests/unit/test_quant_models.py;
     bf16 by f32 summation order),
-    and the K types (q4_k_m) from 5 rows on AMX-INT8, and the block types of 7, 8 and 11 .. 16 rows on
-    AVX-512 VNNI without it (quant.c: the same integers, summed in f32 in another order: 5e-7 .. 4e-6 here,
-    but where such a difference carries an activation across a step of its 8-bit grid the logits
-    move by a few percent: one of the 5 sequences of the batch of 5 from its first step, 0.056,
+    and the K types (q4_k_m) from 5 rows on AMX-INT8, and the block types of 7, 8 and 11 .. 16 rows
+    (q8_0: 5 .. 16) on AVX-512 VNNI without it (quant.c: the same integers, summed in f32 in another
+    order: 5e-7 .. 4e-6 here, but where such a difference carries an activation across a step of its
+    8-bit grid the logits move by a few percent: one of the 5 sequences of the batch of 5 from its first step, 0.056,
     20 % of that logit; as for the other non-exact paths)."""
     # f32 weights with an f32 cache: beyond 4 rows sgemm sums in another order, and an f16 cache
     # would round that difference to a whole f16 step now and then
@@ -148,8 +148,10 @@ def test_decode_batches_on_cpu_give_each_sequence_its_own_bits(dtype, batch):
     passes = {"avx512-vnni+amx-int8": 4 if dtype == "q4_k_m" else 16, "avx512-vnni": 16, "avx2": 12,
               "scalar": 4}[quant] if dtype.startswith("q") \
         else 4 if dtype == "f32" else bf16_passes if dtype == "bf16" else 16
-    # block types on VNNI without AMX: 7, 8 and 11 .. 16 rows through the lanes kernel (quant_lanes.c)
-    lanes = quant == "avx512-vnni" and dtype.startswith("q") and (batch in (7, 8) or 11 <= batch <= 16)
+    # block types on VNNI without AMX: 7, 8 and 11 .. 16 rows through the lanes kernel (quant_lanes.c),
+    # Q8_0 5 .. 16
+    lanes = quant == "avx512-vnni" and dtype.startswith("q") and (
+        batch >= 5 if dtype == "q8_0" else batch in (7, 8) or 11 <= batch <= 16)
     exact = batch <= passes and not lanes
     ps = prompts(WIDE, batch, seed=batch, lo=2, hi=20)
     alone, seqs = [], []

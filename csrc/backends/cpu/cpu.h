@@ -332,11 +332,11 @@ int rlx_cpu_qmv_amx_groups(int M);
 void rlx_cpu_qmv_amx(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const void *w, int wt, int64_t K,
                      int64_t r0, int64_t r1);
 /* The most rows of `a` the lanes kernel takes (rlx_cpu_qmv_lanes, in one pass), and whether quant.c
- * multiplies M rows of a block type through it on AVX-512 VNNI without AMX, rather than through the
- * row kernels (up to 16 rows) or the VNNI GEMM (above): 7, 8 and 11 .. 128 rows (measured:
- * quant_lanes.c). */
+ * multiplies M rows of block type wt through it on AVX-512 VNNI without AMX, rather than through the
+ * row kernels (up to 16 rows) or the VNNI GEMM (above): 7, 8 and 11 .. 128 rows, Q8_0 5 .. 128
+ * (measured: quant_lanes.c). */
 #define RLX_CPU_QMV_LANES_MAX_M 128
-int rlx_cpu_qmv_lanes_takes(int64_t M);
+int rlx_cpu_qmv_lanes_takes(int64_t M, int wt);
 /* Fills a->tq, td, tg from rows [0, M) (M <= RLX_CPU_QMV_LANES_MAX_M) of *a for weight dtype wt (a
  * block type) for the lanes kernel: per 8 rows, each row's twice (lanes 2 i and 2 i + 1), (K / 4,
  * 16, 4) values, (K / bs, 16) scales, (K / G, 16) group terms (quant_lanes.c); AVX-512 VNNI. The

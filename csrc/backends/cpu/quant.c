@@ -54,7 +54,7 @@
  *     RLX_CPU_QMV_AMX_MAX_M (128) rows, in one pass (each weight unpacked once for all of them),
  *     where the GEMM's fixed cost (its panels unpacked per call) was not paid back; and where it
  *     has VNNI without AMX, every block type's products of 7, 8 and 11 .. RLX_CPU_QMV_LANES_MAX_M
- *     (128) rows (rlx_cpu_qmv_lanes_takes), batches and prompts: quant_lanes.c's kernel (the
+ *     (128) rows, Q8_0's from 5 (rlx_cpu_qmv_lanes_takes), batches and prompts: quant_lanes.c's kernel (the
  *     activation rows in the lanes of a vector, each weight unpacked once for all of them; measured
  *     there), which computes the VNNI GEMM's function bit for bit: a sequence in a batch of such a
  *     size no longer gets its bits alone, as on AMX, but a prompt gets the GEMM's;
@@ -562,7 +562,7 @@ void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int
                     M <= RLX_CPU_QMV_AMX_MAX_M && rlx_cpu_amx_int8();
     /* every block type on VNNI without AMX, the rows rlx_cpu_qmv_lanes_takes: the lanes kernel, in one
      * pass */
-    const int lanes = path == PATH_VNNI && rlx_cpu_qmv_lanes_takes(M) && !rlx_cpu_amx_int8();
+    const int lanes = path == PATH_VNNI && rlx_cpu_qmv_lanes_takes(M, wt) && !rlx_cpu_amx_int8();
     const int v = amx || lanes ? VIA_PASSES : via(path, M);
     if (v == VIA_QGEMM) {
         rlx_cpu_qgemm(out, a, w, wt, M, K, N, scratch);

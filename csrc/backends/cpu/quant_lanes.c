@@ -1,5 +1,5 @@
 /*
- * quant_lanes.c - the block types' products of 7 .. 128 rows on AVX-512 VNNI without AMX (batched
+ * quant_lanes.c - the block types' products of 7 .. 128 rows (Q8_0 5 ..) on AVX-512 VNNI without AMX (batched
  * decode steps and short prompts; rlx_cpu_qmv_lanes, rlx_cpu_qact_lanes): the activation rows in the
  * lanes of a vector and the weights broadcast, where the row kernels (quant_avx512.c) keep 64 weights
  * in a vector and pay each group's scaling once per activation row, and where the VNNI GEMM
@@ -31,8 +31,11 @@
  * 9.3 / 12.0, 12 10.1 / 11.3, 16 7.7 / 10.7; Q6_K 7 10.7 / 13.0, 8 9.3 / 12.8, 12 9.8 / 12.5, 16
  * 7.6 / 10.8; Q8_0 7 10.6 / 16.7, 8 9.3 / 16.4, 16 7.7 / 16.3; Q4_0 7 10.3 / 11.3, 8 9.2 / 11.1, 16
  * 7.6 / 10.4 (K types cache-resident, 1024 x 2048: 9 and 10 rows 12.0 / 10.5 and 10.7 / 10.4, 6
- * rows 10.5 / 10.0: those stay on the row kernels; Q8_0's row kernel is slower, but one rule
- * serves every type). Against the VNNI GEMM: 2 threads, Q4_K 17 rows 4.9 / 8.3, 24 3.6 / 6.0, 32
+ * rows 10.5 / 10.0: those stay on the row kernels; but Q8_0's row kernel is the slowest, and
+ * Q8_0 takes this kernel from 5 rows on, 2026-12-07, 4 rows 17.5 / 18.2 (left to the row kernels),
+ * 5 14.1 / 17.3, 6 11.7 / 16.8, 9 13.2 / 17.4, 10 11.8 / 17.4; for the other 32-element types 6
+ * and 10 rows are no faster here: Q4_1 15.0 / 11.7 and 13.1 / 12.2, Q5_0 13.0 / 13.7 and 12.4 /
+ * 14.0, Q5_1 14.6 / 16.4 and 15.8 / 15.4). Against the VNNI GEMM: 2 threads, Q4_K 17 rows 4.9 / 8.3, 24 3.6 / 6.0, 32
  * 3.5 / 4.5, 64 3.3 / 3.9, 128 3.3 / 3.7; Q6_K 17 4.8 / 9.6, 32 3.4 / 5.5, 64 3.3 / 4.2, 128 3.3 /
  * 3.8; 1 thread, Q8_0 32 6.9 / 9.5, 64 6.5 / 7.5, 128 6.4 / 6.5; Q4_0 32 6.9 / 8.4, 128 6.4 / 6.3;
  * in chunks of 128 rows, Q4_K 256 3.7 / 3.5 and 512 3.7 / 3.3 (each chunk unpacks the weights
@@ -292,7 +295,12 @@ FN void lanes_block32(float *out, int64_t ldo, const struct rlx_cpu_qact *a, con
         for (int64_t n = 0; n < nr; n++) out[m * ldo + r0 + n] = lb->accm[m / LN][n / 2][2 * (m % LN) + n % 2];
 }
 
-int rlx_cpu_qmv_lanes_takes(int64_t M) { return M >= 7 && M <= RLX_CPU_QMV_LANES_MAX_M && M != 9 && M != 10; }
+int rlx_cpu_qmv_lanes_takes(int64_t M, int wt)
+{
+    if (M > RLX_CPU_QMV_LANES_MAX_M) return 0;
+    if (wt == RLX_Q8_0) return M >= 5; /* its row kernel is the slowest from 4 rows on */
+    return M >= 7 && M != 9 && M != 10;
+}
 
 #define LANES_INSTANCE(WT)                                                                                             \
     VNNI_TARGET static void lanes_##WT(float *out, int64_t ldo, const struct rlx_cpu_qact *a, int M, const uint8_t *w, \
