@@ -195,8 +195,8 @@ static void lowp_case(int dtype, int64_t M, int64_t K, int64_t N)
 
 static void test_matmul_lowp(void)
 {
-    /* M = 9, 14: the bf16 GEMM's one-vector blocks (from 9 rows without AMX); 40: a two-vector
-     * block then a one-vector block */
+    /* M = 5, 7, 8: the bf16 GEMM's lanes path (5 .. 8 rows without AMX); 9, 14: its one-vector
+     * blocks; 40: a two-vector block then a one-vector block */
     const int64_t Ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 14, 17, 40, 64}, Ks[] = {1, 5, 16, 33, 77, 300}, Ns[] = {1, 7, 130};
     for (int dt = 0; dt < 2; dt++) {
         const int dtype = dt ? RLX_F16 : RLX_BF16;
