@@ -97,6 +97,19 @@ __attribute__((target("avx2,fma"))) static void quant_row_avx2(int8_t *q, float 
     }
 }
 
+/* the sums of v0's and v1's 16 int32 (each within int16: 16 values of [-128, 127]) into s[0], s[1]:
+ * pairs of lanes added across the two vectors, then the four 128-bit lanes (the same integers as a
+ * reduction of each, in fewer shuffles) */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline void sums2(int16_t *s, __m512i v0, __m512i v1)
+{
+    const __m512i a = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
+    const __m512i c = _mm512_add_epi32(a, _mm512_shuffle_epi32(a, _MM_PERM_BADC)); /* v0 v1 v0 v1 per lane */
+    const __m256i x = _mm256_add_epi32(_mm512_castsi512_si256(c), _mm512_extracti64x4_epi64(c, 1));
+    const __m128i y = _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    const int32_t w = _mm_cvtsi128_si32(_mm_packs_epi32(y, y));
+    memcpy(s, &w, 4);
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void quant_row_avx512(int8_t *q, float *d, int16_t *sums,
                                                                                   const float *x, int64_t K, int64_t bs)
 {
@@ -113,10 +126,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void quant_row_avx51
             continue;
         }
         const __m512 vid = _mm512_set1_ps(id);
-        for (int64_t i = 0; i < bs; i += 16) {
-            const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + i), vid));
-            _mm_storeu_si128((__m128i *)(q + b * bs + i), _mm512_cvtsepi32_epi8(v));
-            sums[(b * bs + i) / 16] = (int16_t)_mm512_reduce_add_epi32(v);
+        for (int64_t i = 0; i < bs; i += 32) { /* bs: a multiple of 32 */
+            __m512i v[2];
+            for (int h = 0; h < 2; h++) {
+                v[h] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + i + 16 * h), vid));
+                _mm_storeu_si128((__m128i *)(q + b * bs + i + 16 * h), _mm512_cvtsepi32_epi8(v[h]));
+            }
+            sums2(sums + (b * bs + i) / 16, v[0], v[1]);
         }
     }
 }

@@ -390,15 +390,34 @@ void rlx_cpu_qmv_lanes(float *out, int64_t ldo, const struct rlx_cpu_qact *a, in
 }
 
 /* rows q .. q + mr (<= LN; ldq apart) of K quantised values into tq: per 4 values 16 lanes x 4 bytes,
- * lanes 2 i and 2 i + 1 row i's (rows past mr: zeros) */
+ * lanes 2 i and 2 i + 1 row i's (rows past mr: zeros). 16 dwords of the 8 rows at a time: a 4 x 4
+ * dword transpose inside each 128-bit lane of rows 0-3 and of rows 4-7 (unpacks), then per dword t
+ * one two-source permute takes its 4 + 4 rows from their lanes, each twice (a gather per dword
+ * before: Zen 4, Qwen3-0.6B Q4_K_M, 8 sequences, 0.8 % of a step's samples, 2026-12-07) */
 VNNI_TARGET static void lanes_q(int8_t *tq, const int8_t *q, int64_t ldq, int64_t K, int mr)
 {
-    int32_t ix[16];
-    for (int j = 0; j < 16; j++) ix[j] = (int32_t)((j / 2) * ldq);
-    const __m512i idx = _mm512_loadu_si512(ix);
-    const __mmask16 live = (__mmask16)((1u << (2 * mr)) - 1);
-    for (int64_t t = 0; t < K / 4; t++)
-        _mm512_store_si512(tq + 64 * t, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx, q + 4 * t, 1));
+    /* lanes 2 i, 2 i + 1: dword 0 of lane 0 of the first source's (i < 4) or the second's */
+    const __m512i dup = _mm512_set_epi32(19, 19, 18, 18, 17, 17, 16, 16, 3, 3, 2, 2, 1, 1, 0, 0);
+    for (int64_t t0 = 0; t0 < K / 4; t0 += 16) {
+        const int nt = K / 4 - t0 < 16 ? (int)(K / 4 - t0) : 16; /* K / 4: a multiple of 8 */
+        const __mmask16 cols = (__mmask16)((1u << nt) - 1);
+        __m512i r[LN], u[LN];
+        for (int i = 0; i < LN; i++)
+            r[i] = i < mr ? _mm512_maskz_loadu_epi32(cols, q + i * ldq + 4 * t0) : _mm512_setzero_si512();
+        for (int g = 0; g < 2; g++) { /* rows 4 g .. 4 g + 3: u[4 g + j] lane l = their dword 4 l + j */
+            const __m512i a = _mm512_unpacklo_epi32(r[4 * g], r[4 * g + 1]),
+                          b = _mm512_unpackhi_epi32(r[4 * g], r[4 * g + 1]);
+            const __m512i c = _mm512_unpacklo_epi32(r[4 * g + 2], r[4 * g + 3]),
+                          d = _mm512_unpackhi_epi32(r[4 * g + 2], r[4 * g + 3]);
+            u[4 * g] = _mm512_unpacklo_epi64(a, c), u[4 * g + 1] = _mm512_unpackhi_epi64(a, c);
+            u[4 * g + 2] = _mm512_unpacklo_epi64(b, d), u[4 * g + 3] = _mm512_unpackhi_epi64(b, d);
+        }
+        for (int l = 0; l < nt / 4; l++) { /* dwords 4 l .. 4 l + 3 */
+            const __m512i idx = _mm512_add_epi32(dup, _mm512_set1_epi32(4 * l));
+            for (int j = 0; j < 4; j++)
+                _mm512_store_si512(tq + 64 * (t0 + 4 * l + j), _mm512_permutex2var_epi32(u[j], idx, u[4 + j]));
+        }
+    }
 }
 
 /* the values as rlx_cpu_qact_lanes copies them, for the 32-element types: per block the lanes' d,
