@@ -18,7 +18,7 @@ if [ "${1:-}" = --tsan ]; then
   shift
   OUT=build/tsan
   # The baseline kernels only: ifunc resolvers run before TSan's runtime starts (cpu.h).
-  MAKE_VARS=(OUT=$OUT "SANITIZE=-fsanitize=thread -DRLX_CPU_NO_CLONES")
+  MAKE_VARS=(OUT=$OUT "SANITIZE=-fsanitize=thread -DRLX_NO_CLONES")
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tools/tsan.supp"
   RLX_NO_VALGRIND=1
 fi

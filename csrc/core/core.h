@@ -37,6 +37,16 @@ void *rlx_calloc_at(size_t n, size_t size, const char *file, int line);
 rlx_status rlx_grow_at(void **p, int *cap, int need, size_t size, const char *file, int line);
 #define rlx_grow(p, cap, need) rlx_grow_at((void **)(p), (cap), (need), sizeof(**(p)), __FILE__, __LINE__)
 
+/* The ISAs a hot loop written with vector types is compiled for (RLX_CLONES before it); the loader
+ * picks one per machine (cpuid), so the build never depends on -march. A ThreadSanitizer build
+ * compiles the baseline only (RLX_NO_CLONES): the loader runs ifunc resolvers before TSan's runtime
+ * is up, and instrumented ones crash. */
+#ifdef RLX_NO_CLONES
+#define RLX_CLONES
+#else
+#define RLX_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+
 #define RLX_ALIGN 64
 static inline size_t rlx_align_up(size_t n) { return (n + RLX_ALIGN - 1) & ~(size_t)(RLX_ALIGN - 1); }
 

@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/core.h"
 
@@ -163,34 +164,41 @@ static void penalize(float *s, const float *logits, int64_t vocab, float r, cons
     }
 }
 
-/* Greedy with no penalty to apply (a decode step's usual case): the largest logit, NaN skipped, in
- * 8 independent lanes (no branch, no store), then the lowest id holding it; -1 if no logit is
- * finite. The general path's copy, penalty pass and branchy argmax took 0.68 ms on a 151936-entry
- * row (Zen 4), 4 % of a Qwen3-0.6B Q4_K_M decode step; this 0.09 ms (both timed through the Python
- * binding). */
+/* Greedy with no penalty to apply (a decode step's usual case): the largest logit, NaN skipped, and
+ * the lowest id holding it, in one pass of 16 independent lanes (each keeps its largest value, the
+ * first id it was seen at and its count of finite logits; no branch, no store), then the lanes
+ * merged; -1 if no logit is finite. The general path's copy, penalty pass and branchy argmax took
+ * 0.68 ms on a 151936-entry row (Zen 4), 4 % of a Qwen3-0.6B Q4_K_M decode step; 8 scalar lanes
+ * and a second pass for the id, 0.09 ms (both timed through the Python binding); 16 lanes compiled
+ * per ISA, one pass: 89.5 -> 18.3 us (C, best of 300, cache-resident row, 2026-12-07). */
+RLX_CLONES
 static int32_t greedy_row(const float *x, int64_t n)
 {
-    float m[8];
-    int64_t nf[8] = {0};
-    for (int k = 0; k < 8; k++) m[k] = -INFINITY;
+    typedef float v16f __attribute__((vector_size(64)));
+    typedef int32_t v16i __attribute__((vector_size(64)));
+    v16f m = {0};
+    m -= INFINITY;
+    v16i at = {0}, nf = {0}, id = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) {
-            const float v = x[i + k];
-            m[k] = v > m[k] ? v : m[k]; /* false for NaN */
-            nf[k] += v - v == 0.0f;     /* false for +-inf and NaN */
-        }
-    for (; i < n; i++) {
-        m[0] = x[i] > m[0] ? x[i] : m[0];
-        nf[0] += x[i] - x[i] == 0.0f;
+    for (; i + 16 <= n && i + 16 <= INT32_MAX; i += 16, id += 16) {
+        v16f v;
+        memcpy(&v, x + i, sizeof v);
+        const v16i gt = v > m; /* false for NaN: -1 where v is the lane's new largest */
+        m = (v16f)(((v16i)v & gt) | ((v16i)m & ~gt));
+        at = (id & gt) | (at & ~gt);
+        nf -= v - v == 0.0f; /* false for +-inf and NaN */
     }
-    float best = m[0];
-    int64_t count = nf[0];
-    for (int k = 1; k < 8; k++) best = m[k] > best ? m[k] : best, count += nf[k];
-    if (count == 0) return -1;
-    int64_t j = 0;
-    while (x[j] != best) j++; /* best is one of x (not NaN: count > 0 makes it >= a finite logit) */
-    return (int32_t)j;
+    float best = -INFINITY;
+    int64_t count = 0, first = -1;
+    for (int k = 0; k < 16; k++) {
+        count += nf[k];
+        if (m[k] > best || (m[k] == best && at[k] < first)) best = m[k], first = at[k];
+    }
+    for (; i < n; i++) {
+        if (x[i] > best) best = x[i], first = i;
+        count += x[i] - x[i] == 0.0f;
+    }
+    return count == 0 ? -1 : (int32_t)first;
 }
 
 rlx_status rlx_sample(const float *logits, int64_t vocab, const struct rlx_sample_opts *o, const int32_t *history,

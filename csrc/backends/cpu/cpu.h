@@ -8,21 +8,13 @@
 #define RLX_BACKENDS_CPU_CPU_H
 
 #include "backends/kernels.h"
+#include "core/core.h"
 #include "core/quants.h"
 
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-
-/* The ISAs each hot loop is compiled for; the loader picks one per machine (cpuid), so the build
- * never depends on -march. A ThreadSanitizer build compiles the baseline only (RLX_CPU_NO_CLONES):
- * the loader runs ifunc resolvers before TSan's runtime is up, and instrumented ones crash. */
-#ifdef RLX_CPU_NO_CLONES
-#define RLX_CPU_CLONES
-#else
-#define RLX_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
 
 /* bytes per block of the block type wt (Q8_0 .. Q6_K; a constant where wt is): the row kernels' */
 static inline size_t rlx_cpu_qblock_bytes(int wt)

@@ -26,7 +26,7 @@ struct ew_ctx {
 /* out (n) = a * sigmoid(a), times b (n) when b is not NULL: 16 lanes through rlx_cpu_exp16, the
  * tail through a padded vector, so every element takes the same arithmetic (rlx_cpu_load16_part:
  * the op was ~10x its arithmetic with copies of a variable length). */
-RLX_CPU_CLONES
+RLX_CLONES
 static void silu_vec(float *out, const float *a, const float *b, int64_t n)
 {
     for (int64_t i = 0; i < n; i += 16) {
@@ -73,7 +73,7 @@ void rlx_cpu_silu_mul_f32(float *out, const float *a, const float *b, int64_t n)
  * ------------------------------------------------------------------------------------------- */
 
 /* out (n) = a (n) + b (n) when mul == 0, else a * b */
-RLX_CPU_CLONES
+RLX_CLONES
 static void binop(float *out, const float *a, const float *b, int64_t n, int mul)
 {
     int64_t i = 0;
@@ -140,7 +140,7 @@ void rlx_cpu_mul_f32(float *out, const float *a, const float *b, int64_t n, int6
 
 /* o (n) = softmax of x (n): the max, then exp(x - max) into o with a 16-lane running sum, then
  * o *= 1 / sum. Tails go through padded vectors (pad lanes: x = -inf, so exp gives 0). */
-RLX_CPU_CLONES
+RLX_CLONES
 static void softmax_row(float *o, const float *x, int64_t n)
 {
     rlx_cpu_v16 mv = {0};

@@ -99,7 +99,7 @@ struct combine_ctx {
 /* Tokens [begin, end): the weights in f32 (each divided by their sum, summed in slot order, when
  * norm: as transformers divides the top-k probabilities before it scales the experts' outputs),
  * then out = w_0 y_0 + w_1 y_1 + ... in slot order. */
-RLX_CPU_CLONES
+RLX_CLONES
 static void combine_range(void *p, int64_t begin, int64_t end)
 {
     const struct combine_ctx *c = p;

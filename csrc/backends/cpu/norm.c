@@ -13,7 +13,7 @@
 #include <string.h>
 
 /* sum of x[i]^2 over x (n) */
-RLX_CPU_CLONES
+RLX_CLONES
 static float sumsq(const float *x, int64_t n)
 {
     rlx_cpu_v16 acc0 = {0}, acc1 = {0};
@@ -38,7 +38,7 @@ static float sumsq(const float *x, int64_t n)
 }
 
 /* out (n) = (x (n) * s) * w (n) */
-RLX_CPU_CLONES
+RLX_CLONES
 static void scale_mul(float *out, const float *x, float s, const float *w, int64_t n)
 {
     int64_t i = 0;
@@ -53,7 +53,7 @@ static void scale_mul(float *out, const float *x, float s, const float *w, int64
 }
 
 /* out (n) = a (n) + b (n) */
-RLX_CPU_CLONES
+RLX_CLONES
 static void add_row(float *out, const float *a, const float *b, int64_t n)
 {
     int64_t i = 0;
