@@ -23,8 +23,11 @@ Commands ({"cmd": ..., args}; the answer always has "ok", and "error" when it is
     mem       -> rss_mib, peak_rss_mib (this process's VmHWM), kv_bytes (in use now)
     profile   n, tok (rlx only): per-op seconds of one decode step at context n
     profile_prefill  ids (rlx only): per-op seconds of a fresh prefill of ids (the context is lost)
-    batch_open    b, n_ctx_seq: b sequences decoding together (bench_batch.py) -> settings READ BACK
-                  (llama.cpp: a fresh context of its own for them, below)
+    batch_open    b, n_ctx_seq[, slot]: b sequences decoding together (bench_batch.py) -> settings READ BACK
+                  (llama.cpp: a fresh context of its own for them, below). slot names the set ("main"
+                  by default; the batch_* commands take it too): a second slot keeps other sequences
+                  beside it (bench_batch's "ref": one sequence, the B = 1 block timed in the same
+                  round as each batch's)
     batch_logits  prompts (b lists of ids), feed (b lists of f ids), out (.npy path): every prompt run
                   in one batched pass, then f batched steps each feeding one token per sequence
                                                             -> the (b, 1 + f, vocab) logits
@@ -126,6 +129,9 @@ def dequantised(weights: dict, rows: int = 4096) -> dict:
 class RlxEngine:
     name = "rlx"
 
+    def __init__(self):
+        self.slots = {}  # batch slot -> its sequences (batch_open)
+
     def load(self, gguf, threads, kv, n_ctx, fa=None, dtype=None):
         import rlx
         from rlx import gguf as rg
@@ -180,32 +186,34 @@ class RlxEngine:
     def kv_bytes(self):
         return int(self.gen.kv_bytes)
 
-    def batch_open(self, b, n_ctx_seq):
-        self.seqs = [self.gen.new_sequence() for _ in range(b)]
-        return {"batch": b, "kv_type": self.seqs[0].kv_dtype, "threads": self.rlx.get_num_threads(),
+    def batch_open(self, b, n_ctx_seq, slot="main"):
+        seqs = self.slots[slot] = [self.gen.new_sequence() for _ in range(b)]
+        return {"batch": b, "kv_type": seqs[0].kv_dtype, "threads": self.rlx.get_num_threads(),
                 "api": "Generator.new_sequence + Generator.step_batch / logits_batch (rlx.batching)"}
 
-    def batch_logits(self, prompts, feed):
-        for s, p in zip(self.seqs, prompts):
+    def batch_logits(self, prompts, feed, slot="main"):
+        seqs = self.slots[slot]
+        for s, p in zip(seqs, prompts):
             s.prefill(p)
-        rows = [self.gen.logits_batch(self.seqs)]  # the first batched pass runs every prompt
+        rows = [self.gen.logits_batch(seqs)]  # the first batched pass runs every prompt
         for j in range(len(feed[0]) if feed else 0):
-            for s, f in zip(self.seqs, feed):
+            for s, f in zip(seqs, feed):
                 s.append(f[j])
-            rows.append(self.gen.logits_batch(self.seqs))
+            rows.append(self.gen.logits_batch(seqs))
         return np.stack([np.stack([np.asarray(r[i], dtype=np.float32) for r in rows]) for i in range(len(prompts))])
 
-    def batch_decode(self, ns, toks, steps):
+    def batch_decode(self, ns, toks, steps, slot="main"):
         greedy = self.rlx.SampleOpts.greedy()
-        for s, n, t in zip(self.seqs, ns, toks):
+        seqs = self.slots[slot]
+        for s, n, t in zip(seqs, ns, toks):
             s.truncate(n)
             s.append(t)
         out = []
         t0 = time.perf_counter()
         for _ in range(steps):
-            out.append(self.gen.step_batch(self.seqs, greedy))
+            out.append(self.gen.step_batch(seqs, greedy))
         dt = time.perf_counter() - t0
-        return dt, [[int(r[i]) for r in out] for i in range(len(self.seqs))]
+        return dt, [[int(r[i]) for r in out] for i in range(len(seqs))]
 
     def profile_prefill(self, ids):
         self.gen.profile(True)
@@ -228,6 +236,9 @@ class RlxEngine:
 
 class LlamaCppEngine:
     name = "llama.cpp"
+
+    def __init__(self):
+        self.bslots = {}  # batch slot -> its context, llama_batch and sequences (batch_open)
 
     def load(self, gguf, threads, kv, n_ctx, fa=False, extra_bufts=True):
         import ctypes
@@ -351,10 +362,10 @@ class LlamaCppEngine:
     def profile(self, n, tok):
         raise NotImplementedError("per-op profile: rlx only")
 
-    def batch_open(self, b, n_ctx_seq):
-        """A context of its own for b sequences (the previous one freed)."""
+    def batch_open(self, b, n_ctx_seq, slot="main"):
+        """A context of its own for b sequences (the slot's previous one freed)."""
         L = self.lib
-        self.batch_close()
+        self.batch_close(slot)
         p = L.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = b * n_ctx_seq, 2048, 512, b
         p.n_threads = p.n_threads_batch = self.threads
@@ -362,58 +373,58 @@ class LlamaCppEngine:
         p.type_k = p.type_v = GGML_TYPE[self.kv]
         p.no_perf = True
         n0 = len(self.log)
-        self.bctx = L.llama_init_from_model(self.llm.model, p)
-        if not self.bctx:
+        ctx = L.llama_init_from_model(self.llm.model, p)
+        if not ctx:
             raise RuntimeError(f"llama_init_from_model failed for {b} sequences: {''.join(self.log[n0:])[-500:]}")
-        self.b = b
-        self.bbatch = L.llama_batch_init(2048, 0, 1)
-        self.bbatch_cap = 2048
-        rb, _ = self._readback("".join(self.log[n0:]), self.bctx)
-        rb.update(batch=b, n_seq_max_ctx=int(L.llama_n_seq_max(self.bctx)), n_batch=2048, n_ubatch=512)
+        self.bslots[slot] = {"ctx": ctx, "batch": L.llama_batch_init(2048, 0, 1), "cap": 2048, "b": b}
+        rb, _ = self._readback("".join(self.log[n0:]), ctx)
+        rb.update(batch=b, n_seq_max_ctx=int(L.llama_n_seq_max(ctx)), n_batch=2048, n_ubatch=512)
         return rb
 
-    def batch_close(self):
-        if getattr(self, "bctx", None):
-            self.lib.llama_batch_free(self.bbatch)
-            self.lib.llama_free(self.bctx)
-            self.bctx = None
+    def batch_close(self, slot):
+        st = self.bslots.pop(slot, None)
+        if st:
+            self.lib.llama_batch_free(st["batch"])
+            self.lib.llama_free(st["ctx"])
 
-    def _bdecode(self, items):
-        """One llama_decode of items: (token, position, seq_id, logits wanted) each."""
-        bt = self.bbatch
-        if len(items) > self.bbatch_cap:
-            raise ValueError(f"{len(items)} tokens in one batch, at most {self.bbatch_cap}")
+    def _bdecode(self, st, items):
+        """One llama_decode of items in slot st's context: (token, position, seq_id, logits wanted) each."""
+        bt = st["batch"]
+        if len(items) > st["cap"]:
+            raise ValueError(f"{len(items)} tokens in one batch, at most {st['cap']}")
         for i, (tok, pos, sid, want) in enumerate(items):
             bt.token[i], bt.pos[i], bt.n_seq_id[i], bt.logits[i] = tok, pos, 1, want
             bt.seq_id[i][0] = sid
         bt.n_tokens = len(items)
-        rc = self.lib.llama_decode(self.bctx, bt)
+        rc = self.lib.llama_decode(st["ctx"], bt)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
 
-    def _brow(self, i):
-        ptr = self.lib.llama_get_logits_ith(self.bctx, i)
+    def _brow(self, st, i):
+        ptr = self.lib.llama_get_logits_ith(st["ctx"], i)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
-    def batch_logits(self, prompts, feed):
-        mem = self.lib.llama_get_memory(self.bctx)
+    def batch_logits(self, prompts, feed, slot="main"):
+        st = self.bslots[slot]
+        mem = self.lib.llama_get_memory(st["ctx"])
         self.lib.llama_memory_clear(mem, True)
         items, last = [], []
         for sid, ids in enumerate(prompts):
             items += [(int(t), j, sid, j == len(ids) - 1) for j, t in enumerate(ids)]
             last.append(len(items) - 1)
-        self._bdecode(items)
-        rows = [[np.array(self._brow(i), dtype=np.float32)] for i in last]
+        self._bdecode(st, items)
+        rows = [[np.array(self._brow(st, i), dtype=np.float32)] for i in last]
         pos = [len(ids) for ids in prompts]
         for j in range(len(feed[0]) if feed else 0):
-            self._bdecode([(int(f[j]), pos[sid], sid, True) for sid, f in enumerate(feed)])
+            self._bdecode(st, [(int(f[j]), pos[sid], sid, True) for sid, f in enumerate(feed)])
             for sid in range(len(prompts)):
-                rows[sid].append(np.array(self._brow(sid), dtype=np.float32))
+                rows[sid].append(np.array(self._brow(st, sid), dtype=np.float32))
                 pos[sid] += 1
         return np.stack([np.stack(r) for r in rows])
 
-    def batch_decode(self, ns, toks, steps):
-        mem = self.lib.llama_get_memory(self.bctx)
+    def batch_decode(self, ns, toks, steps, slot="main"):
+        st = self.bslots[slot]
+        mem = self.lib.llama_get_memory(st["ctx"])
         for sid, n in enumerate(ns):
             if not self.lib.llama_memory_seq_rm(mem, sid, n, -1):
                 raise RuntimeError(f"llama_memory_seq_rm({sid}, {n}, -1) failed")
@@ -421,8 +432,8 @@ class LlamaCppEngine:
         out = [[] for _ in range(b)]
         t0 = time.perf_counter()
         for _ in range(steps):
-            self._bdecode([(toks[i], pos[i], i, True) for i in range(b)])
-            toks = [int(np.argmax(self._brow(i))) for i in range(b)]
+            self._bdecode(st, [(toks[i], pos[i], i, True) for i in range(b)])
+            toks = [int(np.argmax(self._brow(st, i))) for i in range(b)]
             for i in range(b):
                 out[i].append(toks[i])
                 pos[i] += 1
@@ -467,12 +478,12 @@ def handle(eng, msg):
     if cmd == "profile_prefill":
         return eng, {"profile_s": eng.profile_prefill(msg["ids"])}
     if cmd == "batch_open":
-        return eng, {"readback": eng.batch_open(msg["b"], msg["n_ctx_seq"])}
+        return eng, {"readback": eng.batch_open(msg["b"], msg["n_ctx_seq"], msg.get("slot", "main"))}
     if cmd == "batch_logits":
-        np.save(msg["out"], eng.batch_logits(msg["prompts"], msg["feed"]))
+        np.save(msg["out"], eng.batch_logits(msg["prompts"], msg["feed"], msg.get("slot", "main")))
         return eng, {"out": msg["out"]}
     if cmd == "batch_decode":
-        s, toks = eng.batch_decode(msg["n"], msg["tok"], msg["steps"])
+        s, toks = eng.batch_decode(msg["n"], msg["tok"], msg["steps"], msg.get("slot", "main"))
         return eng, {"s": s, "tokens": toks}
     raise ValueError(f"unknown command {cmd!r}")
 
