@@ -181,20 +181,6 @@ static void axpy(float *o, float w, const float *v, int64_t D)
     for (; e < D; e++) o[e] += w * v[e];
 }
 
-/* x (n) *= w */
-RLX_CLONES
-static void scale_vec(float *x, float w, int64_t n)
-{
-    int64_t e = 0;
-    for (; e + 16 <= n; e += 16) {
-        rlx_cpu_v16 v;
-        memcpy(&v, x + e, sizeof v);
-        v *= w;
-        memcpy(x + e, &v, sizeof v);
-    }
-    for (; e < n; e++) x[e] *= w;
-}
-
 /* p[j] = exp(p[j] - m) for j < n (-inf gives 0); returns their sum. 16 lanes through
  * rlx_cpu_exp16, whole vectors loaded and stored directly, the tail through a vector padded with
  * -inf (rlx_cpu_load16_part). */
@@ -435,7 +421,7 @@ static void split_merge(const struct rlx_attn_args *a, int64_t ntasks)
             den += w * pt.l[h];
             axpy(o, w, pt.o + h * D, D);
         }
-        scale_vec(o, 1.0f / den, D);
+        rlx_cpu_scale_inplace(o, 1.0f / den, D);
     }
 }
 

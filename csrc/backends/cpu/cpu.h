@@ -375,6 +375,8 @@ void rlx_cpu_silu_f32(float *out, const float *x, int64_t n);
 void rlx_cpu_silu_mul_f32(float *out, const float *a, const float *b, int64_t n);
 void rlx_cpu_add_f32(float *out, const float *a, const float *b, int64_t n, int64_t nb);
 void rlx_cpu_mul_f32(float *out, const float *a, const float *b, int64_t n, int64_t nb);
+/* x (n) *= w on the calling thread, 16 lanes at a time (elementwise.c; softmax rows, attention's merge) */
+void rlx_cpu_scale_inplace(float *x, float w, int64_t n);
 void rlx_cpu_attention(const struct rlx_attn_args *a);
 size_t rlx_cpu_attention_scratch(const struct rlx_attn_args *a);
 /* moe.c */

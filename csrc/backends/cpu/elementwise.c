@@ -138,6 +138,19 @@ void rlx_cpu_mul_f32(float *out, const float *a, const float *b, int64_t n, int6
  * softmax
  * ------------------------------------------------------------------------------------------- */
 
+RLX_CLONES
+void rlx_cpu_scale_inplace(float *x, float w, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        rlx_cpu_v16 v;
+        memcpy(&v, x + i, sizeof v);
+        v *= w;
+        memcpy(x + i, &v, sizeof v);
+    }
+    for (; i < n; i++) x[i] *= w;
+}
+
 /* o (n) = softmax of x (n): the max, then exp(x - max) into o with a 16-lane running sum, then
  * o *= 1 / sum. Tails go through padded vectors (pad lanes: x = -inf, so exp gives 0). */
 RLX_CLONES
@@ -166,15 +179,7 @@ static void softmax_row(float *o, const float *x, int64_t n)
     }
     float sum = 0.0f;
     for (int l = 0; l < 16; l++) sum += sv[l];
-    const float inv = 1.0f / sum;
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16) {
-        rlx_cpu_v16 v;
-        memcpy(&v, o + j, sizeof v);
-        v *= inv;
-        memcpy(o + j, &v, sizeof v);
-    }
-    for (; j < n; j++) o[j] *= inv;
+    rlx_cpu_scale_inplace(o, 1.0f / sum, n);
 }
 
 static void softmax_rows(void *p, int64_t begin, int64_t end)
