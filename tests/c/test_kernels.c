@@ -195,7 +195,7 @@ static void lowp_case(int dtype, int64_t M, int64_t K, int64_t N)
 
 static void test_matmul_lowp(void)
 {
-    /* M = 5, 7, 8: the bf16 GEMM's lanes path (5 .. 8 rows without AMX); 9, 14: its one-vector
+    /* M = 4, 5, 7, 8: the bf16 GEMM's lanes path (4 .. 8 rows without AMX); 9, 14: its one-vector
      * blocks; 40: a two-vector block then a one-vector block */
     const int64_t Ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 14, 17, 40, 64}, Ks[] = {1, 5, 16, 33, 77, 300}, Ns[] = {1, 7, 130};
     for (int dt = 0; dt < 2; dt++) {
@@ -404,33 +404,50 @@ static void test_matvec_f32(void)
             }
 }
 
-/* bf16 products of 5 .. 8 rows where the machine has AVX512_BF16 without AMX (gemm_bf16.c's lanes
- * path: 8 rows x 2 weight rows in the lanes): each row the bits of the same row inside a 17-row
- * product (the VDPBF16PS GEMM, whose results depend on K only), over odd K, partial strips and
- * partial blocks of weight rows; the bound against the oracle is lowp_case's. */
+/* bf16 products of 4 .. 8 rows where the machine has AVX512_BF16 without AMX (gemm_bf16.c's lanes
+ * path: 8 rows x 2 pairs of k in the lanes): each row the bits of the 17-row product (the VDPBF16PS
+ * GEMM, whose results depend on K only) of that row with its odd pairs of k zeroed, plus that of
+ * the row with its even pairs zeroed (a zero pair adds +-0 to a sum, which leaves it as it is); and
+ * the bits of the same row inside an 8-row product; over odd K, K not a multiple of 4, partial
+ * strips and partial blocks of weight rows. The bound against the oracle is lowp_case's. */
 static void test_matmul_lowp_lanes(void)
 {
     if (rlx_cpu_isa() != RLX_CPU_ISA_AVX512_BF16) return;
-    const int64_t Ks[] = {1, 2, 31, 64, 65, 77, 128, 300, 1031}, Ns[] = {1, 7, 16, 17, 130};
-    for (int64_t M = 5; M <= 8; M++)
-        for (int ki = 0; ki < 9; ki++)
-            for (int ni = 0; ni < 5; ni++) {
+    const int64_t Ks[] = {1, 2, 3, 5, 31, 64, 65, 66, 77, 128, 300, 1031}, Ns[] = {1, 7, 8, 9, 17, 130};
+    for (int64_t M = 4; M <= 8; M++)
+        for (int ki = 0; ki < 12; ki++)
+            for (int ni = 0; ni < 6; ni++) {
                 const int64_t K = Ks[ki], N = Ns[ni], big = 17;
-                float *a = rand_buf(big * K, -1, 1), *o1 = buf(M * N), *o2 = buf(big * N);
+                float *a = rand_buf(big * K, -1, 1), *ae = buf(big * K), *ao = buf(big * K);
+                float *o1 = buf(M * N), *o8 = buf(8 * N), *oe = buf(big * N), *oo = buf(big * N);
+                for (int64_t i = 0; i < big * K; i++) { /* pair (i % K) / 2 of its row: even or odd */
+                    const int odd = (int)((i % K) / 2 % 2);
+                    ae[i] = odd ? 0.0f : a[i];
+                    ao[i] = odd ? a[i] : 0.0f;
+                }
                 uint16_t *b = lowp_buf(N * K, RLX_BF16, 0);
                 const int64_t n1 = (int64_t)CPU->matmul_lowp_scratch(M, K, N);
                 const int64_t n2 = (int64_t)CPU->matmul_lowp_scratch(big, K, N);
                 float *s1 = buf(n1), *s2 = buf(n2);
-                /* rows 3 .. 3 + M of the 17 */
-                CPU->matmul_lowp(o1, a + 3 * K, b, RLX_BF16, M, K, N, s1);
-                CPU->matmul_lowp(o2, a, b, RLX_BF16, big, K, N, s2);
-                result(memcmp(o1, o2 + 3 * N, (size_t)(M * N) * sizeof(float)) == 0,
-                       "matmul_lowp bf16 M=%lld K=%lld N=%lld [threads=%d]: rows differ from the same rows of a "
-                       "17-row product",
+                CPU->matmul_lowp(o1, a + 3 * K, b, RLX_BF16, M, K, N, s1); /* rows 3 .. 3 + M of the 17 */
+                CPU->matmul_lowp(o8, a + 3 * K, b, RLX_BF16, 8, K, N, s2);
+                CPU->matmul_lowp(oe, ae, b, RLX_BF16, big, K, N, s2);
+                CPU->matmul_lowp(oo, ao, b, RLX_BF16, big, K, N, s2);
+                int same = 1;
+                for (int64_t i = 0; i < M * N; i++) {
+                    const float want = oe[3 * N + i] + oo[3 * N + i];
+                    same &= memcmp(&o1[i], &want, sizeof want) == 0;
+                }
+                result(same,
+                       "matmul_lowp bf16 M=%lld K=%lld N=%lld [threads=%d]: rows differ from the sums of their "
+                       "even- and odd-pair products",
                        (long long)M, (long long)K, (long long)N, rlx_pool_threads());
+                result(memcmp(o1, o8, (size_t)(M * N) * sizeof(float)) == 0,
+                       "matmul_lowp bf16 M=%lld K=%lld N=%lld: rows differ from the same rows of an 8-row product",
+                       (long long)M, (long long)K, (long long)N);
                 result(guard_ok(s1, n1), "matmul_lowp bf16 M=%lld K=%lld N=%lld: wrote past its scratch", (long long)M,
                        (long long)K, (long long)N);
-                free(a), free(b), free(o1), free(o2), free(s1), free(s2);
+                free(a), free(ae), free(ao), free(b), free(o1), free(o8), free(oe), free(oo), free(s1), free(s2);
             }
 }
 

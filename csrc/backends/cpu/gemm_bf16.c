@@ -29,7 +29,7 @@
  * and fetches the next block's rows into L2, a slice per 32 pairs. Rows past N read row N - 1 and
  * are not stored; an odd K's last value is broadcast alone (nothing read past a row). Products of
  * at most GL_MAX_M = 8 rows (batched decode steps) take the lanes path below instead: 8 rows x 2
- * weight rows in the lanes, the same bits.
+ * pairs of k in the lanes, each output the sum of its even pairs' chain and its odd pairs' chain.
  *
  * This replaced (2026-12-06) a GEMM that packed b per thread into 128-column x 512-k blocks and
  * ran an 8 x 32 microkernel on them: at 1 thread the packing (a 16 x 16 transpose of each 16 rows
@@ -44,9 +44,10 @@
  * 13: 101-137 -> 75-93; 8: 83-94 against 71-92 (even), 4: 53-57 against 73-99, 2: 37-39 against
  * 64-91 (the passes win; matmul.c's RLX_MV_BF16_MAX_M).
  *
- * Scratch (floats = 32-bit units): the packed A chunk. Results depend only on K, not on the
- * thread count, M or N (each out element is one fixed sequence of instructions in its own lane:
- * its pairs in order over the whole K; the AMX path: its tiles of k in order).
+ * Scratch (floats = 32-bit units): the packed A chunk. Results depend only on K and on whether M
+ * <= GL_MAX_M (the lanes path), not on the thread count, M otherwise or N (each out element is one
+ * fixed sequence of instructions in its own lanes: its pairs in order over the whole K, or its even
+ * and its odd pairs so and then their sum; the AMX path: its tiles of k in order).
  *
  * Must never allocate, and must never run unless cpuid reports AVX512_BF16 (matmul.c checks).
  */
@@ -235,103 +236,101 @@ static void gemm_vdp(float *out, const float *a, const uint16_t *b, int64_t M, i
 }
 
 /* ---------------------------------------------------------------------------------------------
- * VDPBF16PS for a few rows: 8 rows of a x 2 weight rows in the lanes
+ * VDPBF16PS for a few rows: 8 rows of a x 2 pairs of k in the lanes
  * ------------------------------------------------------------------------------------------- */
 
 /* At GL_MAX_M rows or fewer the path above fills at most half its lanes. Here lane 2 i + h holds
- * row i of a against weight row 2 P + h of a block (P: a pair of rows), so every lane is used at 5 ..
- * 8 rows: per pair of k, one zmm of a (each row's unit twice) is multiplied by the broadcast 8 bytes
- * that hold the pair of k of both weight rows of P. Those bytes lie K * 2 bytes apart in b, so each
- * strip of GL_KS values of k of the block's 16 rows is first copied into an L1 buffer as pairs of
- * rows (per pair of k the two rows' units side by side: one unpack per 16 units). Every lane runs
- * gw_micro's sequence exactly (its pairs in order from zero, an odd K's last value alone with a zero
- * second half), so the outputs are the bits of the path above (test_kernels' lanes test).
- * Measured (C harness, Zen 4 EPYC, cycles per 256 values and row of a at 3.64 GHz, min of 3
- * alternating runs, against the matrix-vector passes, matmul.c, which read each block of weights
- * from DRAM once and multiply 4 rows at a time): weights from DRAM, 1 thread, 3072 x 1024, 8 rows
- * 14.8 / 21.4, 7 16.7 / 23.6, 6 19.0 / 25.1, 5 23.6 / 29.0; 2 threads 8 rows 7.9 / 10.7, 1024 x
- * 3072 8.1 / 12.0, 2048 x 8192 10.2 / 16.6, 151936 x 1024 (an LM head) 8.4 / 11.8. L2-resident 13.3
- * / 12.1 (the VDPBF16PS alone: 8.4): the strip's copy costs ~2.8, the prefetch 0.6; copying the
- * next strip between the pairs of this one (two buffers) measured 17.3. */
+ * row i of a against pairs 2 qq + h of k (qq = 0, 1, ...: the even pairs in lane 2 i, the odd ones
+ * in 2 i + 1), so every lane is used at 8 rows, and one accumulator serves one weight row: per qq,
+ * one zmm of a (gl_pack: row i's pairs 2 qq and 2 qq + 1 at lanes 2 i, 2 i + 1) is multiplied by
+ * the 8 bytes of the weight row that hold the same two pairs, broadcast straight from the row
+ * (VPBROADCASTQ; nothing of b is copied). Output (i, n) = lane 2 i + lane 2 i + 1 of row n's
+ * accumulator: its even pairs in order from zero, plus its odd pairs in order from zero (an odd K's
+ * last value with a zero second half, the values past K zero). So these bits are those of the path
+ * above run once over a with the odd pairs zeroed and once with the even pairs zeroed, the two
+ * summed (test_kernels' lanes test); not the path above's own bits over a.
+ * Blocks of GL_NB = 8 weight rows: 16 rows at once, K * 2 bytes apart (a multiple of 2 KiB for
+ * the models' K), share the L1's sets too often (16 rows 11.7 cycles against 8 rows' 10.3, 4 rows 14.6).
+ * Measured (C harness, Zen 4 EPYC, 8 rows, cycles per 256 values and row of a at 3.64 GHz, min of
+ * alternating runs, against the layout before, 8 rows x 2 weight rows in the lanes with each strip of
+ * 64 values of 16 weight rows copied into an L1 buffer as pairs of rows): L2-resident 1024 x 256
+ * 13.5 -> 10.3; weights from DRAM, 1 thread, 8192 x 2048 15.4 -> 10.9, 2048 x 8192 14.7-15.0 -> 9.8-10.0,
+ * 3072 x 1024 13.5-13.6 -> 9.8-9.9; 2 threads 7.8 -> 6.5, 8.0-8.9 -> 5.6-6.6, 7.0-7.4 -> 4.9-5.3; 5 / 6 / 7
+ * rows (3072 x 1024, 1 thread) 21.4 / 17.7 / 15.9 -> 15.1 / 12.6 / 11.2. Whole batched decode steps
+ * (GGUF files, 2 threads, the two builds alternating, ms a step): Qwen3-0.6B bf16 8 sequences
+ * 47.9-49.3 -> 40.9-43.1; Llama-3.2-1B bf16 8 sequences 121-128 -> 70.6-75.9 (its K = 2048 rows are 4
+ * KiB apart: all 16 of a block fell in one set of the 8-way L1). */
 #define GL_MAX_M 8
-#define GL_NB    16 /* weight rows per block: 8 pairs of rows, 8 independent chains */
-#define GL_KS    64 /* values of k per strip: 128 bytes of each row */
+#define GL_NB    8  /* weight rows per block, one accumulator each */
+#define GL_QS    16 /* pairs of pairs of k per strip (64 values: 128 bytes of each row) */
 
 struct gl_ctx {
     float *out;
     const uint16_t *b;
-    const uint32_t *ap; /* (kp, 16) units: unit (q, 2 i + h) = row i's pair q (zero past M) */
+    const uint32_t *ap; /* (kq, 16) units: unit (qq, 2 i + h) = row i's pair 2 qq + h (zero past M, K) */
     int64_t M, K, N;
 };
 
-/* Rows 0 .. M (<= GL_MAX_M) of a into ap: per pair q, row i's unit at lanes 2 i and 2 i + 1. */
+/* Rows 0 .. M (<= GL_MAX_M) of a into ap, rounded to bf16: row i's pair q at unit (q / 2, 2 i + q % 2). */
 GB_TARGET static void gl_pack(uint32_t *ap, const float *a, int64_t M, int64_t K)
 {
-    const int64_t kp = (K + 1) / 2;
-    memset(ap, 0, (size_t)(kp * 16) * sizeof(uint32_t));
+    const int64_t kp = (K + 1) / 2, kq = (kp + 1) / 2;
+    memset(ap, 0, (size_t)(kq * 16) * sizeof(uint32_t));
     for (int64_t i = 0; i < M; i++)
         for (int64_t k = 0; k < K; k += 16) {
             const __mmask16 mk = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1);
             uint32_t u[8];
             _mm256_storeu_si256((__m256i *)u, gb_round16(_mm512_maskz_loadu_ps(mk, a + i * K + k)));
             const int64_t q0 = k / 2, nq = kp - q0 < 8 ? kp - q0 : 8;
-            for (int64_t q = 0; q < nq; q++) ap[(q0 + q) * 16 + 2 * i] = ap[(q0 + q) * 16 + 2 * i + 1] = u[q];
+            for (int64_t q = 0; q < nq; q++) ap[(q0 + q) / 2 * 16 + 2 * i + (q0 + q) % 2] = u[q];
         }
 }
 
-/* The qword of the strip buffer holding pair q (< GL_KS / 2) of a pair of rows: per 32 values of k,
- * the unpacklo of the two rows (pairs 0, 1 of each 128-bit lane) then the unpackhi (pairs 2, 3). */
-#define GL_QW(q) (((q) / 16) * 16 + ((q) % 4 >= 2 ? 8 : 0) + 2 * (((q) % 16) / 4) + (q) % 2)
+/* acc[j] += the packed rows' units qq against weight row w[j]'s two pairs there (8 bytes) */
+GB_FN void gl_step(__m512 acc[GL_NB], const uint32_t *ap, const uint16_t *const *w, int64_t qq)
+{
+    const __m512bh av = (__m512bh)_mm512_loadu_si512(ap + qq * 16);
+    _Pragma("GCC unroll 8") for (int j = 0; j < GL_NB; j++)
+    {
+        long long x;
+        memcpy(&x, w[j] + 4 * qq, sizeof x);
+        acc[j] = _mm512_dpbf16_ps(acc[j], av, (__m512bh)_mm512_set1_epi64(x));
+    }
+}
 
 /* out[m * N + n0 + n] for m < M, n < cols: weight rows n0 .. n0 + cols (rows past cols repeat the
  * last) against the packed rows; prefetches the next block's nn rows from next, strip by strip. */
 GB_FN void gl_block(float *out, const struct gl_ctx *c, int64_t n0, int64_t cols, const char *next, int64_t nn)
 {
-    const int64_t K = c->K, kp = (K + 1) / 2, stride = K * (int64_t)sizeof(uint16_t);
+    const int64_t K = c->K, kfull = K / 4, stride = K * (int64_t)sizeof(uint16_t);
     const uint16_t *w[GL_NB];
     for (int j = 0; j < GL_NB; j++) w[j] = c->b + (n0 + (j < cols ? j : cols - 1)) * K;
-    _Alignas(64) uint64_t buf[GL_NB / 2][GL_KS / 2]; /* (pairs of rows, pairs of k in GL_QW order) */
-    __m512 acc[GL_NB / 2];
-    for (int P = 0; P < GL_NB / 2; P++) acc[P] = _mm512_setzero_ps();
-    for (int64_t k0 = 0; k0 < K; k0 += GL_KS) {
-        const int64_t kn = K - k0 < GL_KS ? K - k0 : GL_KS; /* values of k in the strip */
+    __m512 acc[GL_NB];
+    for (int j = 0; j < GL_NB; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t qq = 0; qq < kfull; qq += GL_QS) {
+        const int64_t qn = kfull - qq < GL_QS ? kfull - qq : GL_QS;
         if (next)
             for (int64_t j = 0; j < nn; j++)
-                for (int64_t o = 0; o < 2 * kn; o += 64) _mm_prefetch(next + j * stride + 2 * k0 + o, _MM_HINT_T1);
-        for (int P = 0; P < GL_NB / 2; P++)
-            for (int s = 0; s < GL_KS; s += 32) {
-                /* values k0 + s .. + 32 of both rows (zero past K: nothing read past a row) */
-                const int64_t left = kn - s;
-                const __mmask32 mk = left >= 32 ? (__mmask32)0xffffffffu
-                                     : left > 0 ? (__mmask32)((1u << left) - 1)
-                                                : (__mmask32)0;
-                const __m512i r0 = _mm512_maskz_loadu_epi16(mk, w[2 * P] + k0 + s);
-                const __m512i r1 = _mm512_maskz_loadu_epi16(mk, w[2 * P + 1] + k0 + s);
-                _mm512_store_si512(&buf[P][s / 2], _mm512_unpacklo_epi32(r0, r1));
-                _mm512_store_si512(&buf[P][s / 2 + 8], _mm512_unpackhi_epi32(r0, r1));
-            }
-        const uint32_t *ap = c->ap + k0 / 2 * 16;
-        if (kn == GL_KS) {
-            _Pragma("GCC unroll 32") for (int q = 0; q < GL_KS / 2; q++)
-            {
-                const __m512bh av = (__m512bh)_mm512_loadu_si512(ap + q * 16);
-                _Pragma("GCC unroll 8") for (int P = 0; P < GL_NB / 2; P++) acc[P] =
-                    _mm512_dpbf16_ps(acc[P], av, (__m512bh)_mm512_set1_epi64((long long)buf[P][GL_QW(q)]));
-            }
+                for (int64_t o = 0; o < 8 * qn; o += 64) _mm_prefetch(next + j * stride + 8 * qq + o, _MM_HINT_T1);
+        if (qn == GL_QS) {
+            _Pragma("GCC unroll 4") for (int64_t t = 0; t < GL_QS; t++) gl_step(acc, c->ap, w, qq + t);
         } else {
-            const int64_t nq = kp - k0 / 2; /* the strip's pairs: the last one's second half is zero for an odd K */
-            for (int64_t q = 0; q < nq; q++) {
-                const __m512bh av = (__m512bh)_mm512_loadu_si512(ap + q * 16);
-                _Pragma("GCC unroll 8") for (int P = 0; P < GL_NB / 2; P++) acc[P] =
-                    _mm512_dpbf16_ps(acc[P], av, (__m512bh)_mm512_set1_epi64((long long)buf[P][GL_QW(q)]));
-            }
+            for (int64_t t = 0; t < qn; t++) gl_step(acc, c->ap, w, qq + t);
         }
     }
-    /* lane 2 i + h of acc[P]: row i, weight row 2 P + h */
-    _Alignas(64) float t[GL_NB / 2][16];
-    for (int P = 0; P < GL_NB / 2; P++) _mm512_store_ps(t[P], acc[P]);
+    if (4 * kfull < K) { /* the last 1 .. 3 values of k, zero past the row (nothing read past it) */
+        const __m512bh av = (__m512bh)_mm512_loadu_si512(c->ap + kfull * 16);
+        for (int j = 0; j < GL_NB; j++) {
+            long long x = 0;
+            memcpy(&x, w[j] + 4 * kfull, (size_t)(K - 4 * kfull) * sizeof(uint16_t));
+            acc[j] = _mm512_dpbf16_ps(acc[j], av, (__m512bh)_mm512_set1_epi64(x));
+        }
+    }
+    /* lanes 2 i, 2 i + 1 of acc[n]: row i's even and odd pairs against weight row n */
+    _Alignas(64) float t[GL_NB][16];
+    for (int j = 0; j < GL_NB; j++) _mm512_store_ps(t[j], acc[j]);
     for (int64_t i = 0; i < c->M; i++)
-        for (int64_t n = 0; n < cols; n++) out[i * c->N + n0 + n] = t[n / 2][2 * i + n % 2];
+        for (int64_t n = 0; n < cols; n++) out[i * c->N + n0 + n] = t[n][2 * i] + t[n][2 * i + 1];
 }
 
 /* Blocks [begin, end) of GL_NB weight rows (rows past N read row N - 1 and are not stored). */
@@ -527,8 +526,8 @@ size_t rlx_cpu_gemm_bf16_scratch(int64_t M, int64_t K, int64_t N)
     const int64_t apad = (M + 2 * GA_MB - 1) / (2 * GA_MB) * (2 * GA_MB);
     arows = arows < apad ? arows : apad;
     const size_t amx = (size_t)(arows * ga_kpp(K));
-    /* a few rows: (kp, 16) units */
-    const size_t lanes = M <= GL_MAX_M ? (size_t)(16 * ((K + 1) / 2)) : 0;
+    /* a few rows: (kq, 16) units */
+    const size_t lanes = M <= GL_MAX_M ? (size_t)(16 * ((K + 3) / 4)) : 0;
     const size_t most = vdp > amx ? vdp : amx;
     return most > lanes ? most : lanes;
 }

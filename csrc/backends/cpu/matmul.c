@@ -27,9 +27,9 @@
  * bits it gets alone. Where the machine has AMX, bf16 products of more than RLX_MV_AMX_MAX_M = 6
  * rows take the AMX GEMM instead (2x the passes' speed at 16 rows; a row then differs from its
  * product alone by f32 summation order); where it has AVX512_BF16 without AMX, more than
- * RLX_MV_BF16_MAX_M = 4 rows take the VDPBF16PS GEMM (since it reads the weights where they lie,
- * 2026-12-06: 1.1-1.5x the passes' speed at 12 rows, 1.5-1.8x at 16; 5 .. 8 rows with 8 rows x 2
- * weight rows in its lanes, 2026-12-07: 1.2-1.3x at 8; the same summation-order difference).
+ * RLX_MV_BF16_MAX_M = 3 rows take the VDPBF16PS GEMM (since it reads the weights where they lie,
+ * 2026-12-06: 1.1-1.5x the passes' speed at 12 rows, 1.5-1.8x at 16; 4 .. 8 rows with 8 rows x 2
+ * pairs of k in its lanes, 2026-12-07: 1.2-1.7x at 4 and 8; the same summation-order difference).
  *
  * Prefill (more rows), bf16 weights on a machine with AVX512_BF16: gemm_bf16.c (`a` rounded to
  * bf16 and packed, weights read where they lie, VDPBF16PS, our pool's threads; on a
@@ -137,14 +137,17 @@
 #define RLX_MV_AMX_MAX_M  6
 /* The same for bf16 weights where the machine has AVX512_BF16 but not AMX: above it the
  * VDPBF16PS GEMM (gemm_bf16.c), which reads each weight once for all the rows, broadcast against
- * 16 rows of `a` a vector, or up to 8 rows x 2 weight rows (its lanes path, 5 .. 8 rows). Measured
+ * 16 rows of `a` a vector, or up to 8 rows x 2 pairs of k (its lanes path, 4 .. 8 rows). Measured
  * on the Zen 4 EPYC, 2 threads, whole batched decode steps of Qwen3-0.6B bf16 (ms a step, passes /
  * GEMM): 16 sequences 131-140 / 78-86, 12 92-109 / 74-81, 8 83-94 / 71-92, 6 67-86 / 71-81, 4
  * 53-57 / 73-99, 2 37-39 / 64-91; with the lanes path (2026-12-07, alternating, a host at its low
  * read bandwidth: B = 1 38.6-41.0 ms): 8 72.5-90.1 / 55.7-74.4, 6 67.5 / 57.4, 5 65.1 / 54.8;
- * Llama-3.2-1B bf16 8 169-181 / 137-150. At 4 rows and fewer the passes read the weights once and
- * use every lane. */
-#define RLX_MV_BF16_MAX_M 4
+ * Llama-3.2-1B bf16 8 169-181 / 137-150. With the lanes path's weight pairs broadcast straight from
+ * the rows (gemm_bf16.c, 2026-12-07, builds alternating, 2 threads): Qwen3-0.6B bf16 4 44.3-45.1 /
+ * 37.8-39.4, 3 37.4-37.8 / 36.6-38.3; Llama-3.2-1B bf16 4 87.6-88.8 / 71.2-72.1, 3 72.5-73.3 /
+ * 70.3-71.4. At 3 rows and fewer the passes keep their exactness (a row's bits those it gets alone)
+ * for a few percent at most. */
+#define RLX_MV_BF16_MAX_M 3
 
 /* ---------------------------------------------------------------------------------------------
  * Matvec kernels: out[m * N + r] = sum_k a[m * K + k] * b[r * K + k] for rows r of a range,
