@@ -25,26 +25,26 @@ Two ways in:
   (sampling, decoding text) are not left to alternate in batches of one.
 
 Parity: every row of a batch is computed on its own (attention over its own cache; a product's
-rows do not mix). On cpu a product of up to 16 rows (a decode step of up to 16 sequences) runs the
-matvec / blocked-pass kernels, whose every output row is one fixed sequence of operations whatever
-the number of rows (csrc/backends/cpu/matmul.c, quant.c): each sequence of a decode batch gets
-exactly the bits it gets alone, for bf16, f16 and block-type weights (block types: up to 16
-sequences with AVX-512 VNNI, 12 with AVX2, 4 on the scalar path, the K types (Q2_K .. Q6_K) 4
-where the CPU has AMX-INT8, whose tile kernel runs batches of 5 .. 16 with the same integers
-summed in another order (Qwen3-0.6B Q4_K_M: 1.36x the aggregate at 8 sequences, 1.55x at 16),
-and every block type 6 (and 9, 10) where it has AVX-512 VNNI without AMX, whose lanes kernel runs
-batches of 7, 8 and 11 .. 16 (Q8_0: its bits alone up to 4, 5 .. 16 through the lanes kernel)
-with the VNNI GEMM's integers and f32 steps (quant_lanes.c: steps of 16 sequences 1.5x as fast
-with Llama-3.2-1B Q4_K_M, 1.6x with Qwen3-0.6B Q8_0);
-bf16: up to 6 where the CPU has AMX, whose tile GEMM runs larger batches twice as fast, and 4
-where it has AVX512_BF16 without AMX, whose VDPBF16PS GEMM runs 16 sequences 1.7x as fast and 5 .. 8
-1.2-1.3x as fast (8 rows x 2 weight rows in its lanes, the same bits as its 16-row blocks); beyond,
-their GEMMs) and f32 weights up to 4 sequences (beyond, sgemm: within 1e-5). Prefill chunks that
-make a product of more than 16 rows take the prefill kernels (sgemm, the bf16 and integer GEMMs), whose
-summation order differs from the decode kernels': a sequence entering beside others then agrees
-with itself alone to those kernels' rounding, not bitwise (measured on Qwen3-0.6B, a 5-token prompt
-prefilled beside a 30-token one: 0.45 % of the logits' scale with bf16 weights, 1.5 % with q8_0,
-whose activations are rounded to 8 bits per block; f32 within 1e-5: tests/unit/test_batching.py).
+rows do not mix), but which kernel multiplies depends on the number of rows. On cpu the decode
+kernels (the matvec and the blocked passes: csrc/backends/cpu/matmul.c, quant.c) compute each row
+as alone, whatever the rows beside it, up to a number of rows per dtype and machine (f32 4; f16
+16; bf16 3 with AVX512_BF16, 6 with AMX, 16 otherwise; block types 6 with AVX-512 VNNI (Q8_0 4),
+16 with AMX-INT8 (the K types 4), 12 with AVX2, 4 on the scalar path): a decode step of that many
+sequences gives each exactly the logits it gets alone. Larger steps take the batched kernels
+(sgemm, the bf16 GEMM and its lanes path, the AMX tiles, the quant lanes kernel: 1.2-2x the
+aggregate speed at 8 and 16 sequences, benchmarks/README.md), which sum the same products in
+another order: each sequence's logits then agree with its own to rounding (0.3-0.4 % of the
+logits' scale with bf16 weights; with block types, where such a difference carries an
+activation across a step of its 8-bit grid, a few percent: tests/unit/test_batching.py), so its
+greedy tokens may part from its own where two logits nearly tie. Generator.with_batch_invariant()
+runs every product of a step as groups of rows the decode kernels keep row by row: each sequence
+gets exactly its own logits and tokens at every batch size, at the price of reading the weights
+once per group. Prefill chunks that make a product of more than 16 rows take the prefill kernels
+(sgemm, the bf16 and integer GEMMs) and a prompt's positions the prefill attention, so a sequence
+entering beside others agrees with itself alone to rounding, not bitwise (Qwen3-0.6B, a 5-token
+prompt prefilled beside a 30-token one: 0.45 % of the logits' scale with bf16 weights, 1.5 % with
+q8_0; f32 within 1e-5); with batch-invariant plans generate_batch runs each joining prompt's first
+step by itself.
 """
 
 from __future__ import annotations
@@ -121,22 +121,29 @@ def generate_batch(generator, prompts: Seq[Seq[int]], max_tokens: int, opts=None
     for i, p in enumerate(prompts):  # every prompt checked before anything runs
         if not p:
             raise ValueError(f"prompt {i} is empty")
+    alone_first = getattr(generator, "batch_invariant", False)  # Generator.with_batch_invariant
+
+    def took(i: int, tok: int) -> bool:
+        """Records prompt i's new token; whether it goes on."""
+        outs[i].append(tok)
+        if on_token is not None:
+            on_token(i, tok)
+        return len(outs[i]) < max_tokens and tok not in stops
+
     while waiting or active:
         while waiting and len(active) < max_batch:
             i = waiting.popleft()
             seq = generator.new_sequence()
             seq.prefill(prompts[i])
+            if alone_first and not took(i, seq.step_cached(opts[i] if per_prompt else opts)):
+                continue  # its first step, alone, was its last
             active.append((i, seq))
+        if not active:
+            break
         toks = step_batch([s for _, s in active], [opts[i] for i, _ in active] if per_prompt else opts, chunk)
         still = []
         for (i, seq), tok in zip(active, toks):
-            if tok is None:  # still entering its prompt
-                still.append((i, seq))
-                continue
-            outs[i].append(tok)
-            if on_token is not None:
-                on_token(i, tok)
-            if len(outs[i]) < max_tokens and tok not in stops:
+            if tok is None or took(i, tok):  # None: still entering its prompt
                 still.append((i, seq))
         active = still
     return outs

@@ -243,6 +243,7 @@ class Generator(Sequence):
         watch_sources(self._model, arrays)
         self._prefill_policy = ("oneshot", 1)
         self._decode_policy = ("oneshot", 1)
+        self.batch_invariant = False  # with_batch_invariant()
         budget, hint = soft_memory_budget()
         self._model.set_memory_budget(budget, hint)
         super().__init__(_C.Sequence(self._model, self.kv_dtype_default), config)
@@ -336,6 +337,24 @@ class Generator(Sequence):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"prefill chunk must be an int >= 0 (0: whole), got {n!r}")
         self._model.set_prefill_chunk(n)
+        return self
+
+    def with_batch_invariant(self, on: bool = True) -> "Generator":
+        """Batch-invariant plans from now on (off by default): a sequence decoded in a batch of
+        any size (step_batch, logits_batch, generate_batch) gets exactly the logits, and so the
+        greedy tokens, it gets decoded alone, whatever the weights' dtype and the batch. The
+        fast batched kernels sum a row's products in another order than the one-row kernels (so
+        by default a batched sequence's logits agree with its own to rounding, not bitwise); here
+        every product of a step runs as groups of rows the decode kernels compute row by row,
+        which reads the weights once per group: slower batches (benchmarks/README.md). A prompt's
+        positions run by prefill attention and a decoded one's by decode attention, so
+        generate_batch then runs each joining prompt's first step by itself, as generate_cached
+        would, instead of in chunks beside the others. The cpu and ref devices (vulkan raises
+        rlx.Error). Drops the compiled plans."""
+        if not isinstance(on, bool):
+            raise TypeError(f"on must be a bool, got {type(on).__name__}")
+        self._model.set_batch_invariant(on)
+        self.batch_invariant = on
         return self
 
     def with_compile_seq_cap(self, cap: int) -> "Generator":

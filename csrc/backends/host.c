@@ -93,11 +93,12 @@ rlx_status rlx_host_copy(void *ctx, struct rlx_buffer *dst, size_t dst_offset, c
 
 /* ---- plan state --------------------------------------------------------------------------- */
 
-rlx_status rlx_host_state_create(const struct rlx_kernels *k, void **state)
+rlx_status rlx_host_state_create(const struct rlx_kernels *k, bool batch_invariant, void **state)
 {
     struct rlx_host_state *st = rlx_calloc(1, sizeof *st);
     if (!st) return RLX_ERR_NOMEM;
     st->k = k;
+    st->batch_invariant = batch_invariant;
     st->ws = &st->own;
     *state = st;
     return RLX_OK;
@@ -297,7 +298,8 @@ static rlx_status run_matmul_id(struct rlx_host_state *st, int id, const struct 
                                       .n = ids->shape[1],
                                       .K = K,
                                       .N = N,
-                                      .E = E};
+                                      .E = E,
+                                      .rows_alone = st->batch_invariant ? st->k->matmul_rows_alone(w->dtype, 1) : 0};
     RLX_TRY(need_scratch(st, st->k->matmul_id_scratch(&args)));
     args.scratch = scratch_of(st);
     st->k->matmul_id(&args);
@@ -346,14 +348,20 @@ static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g,
                                  "node %d (matmul): dims %lld x %lld x %lld exceed the BLAS's "
                                  "32-bit sizes",
                                  id, (long long)M, (long long)K, (long long)N);
-        if (b->dtype == RLX_F32) {
-            k->matmul_f32(o, fin(v, n, 0), ptr(b), M, K, N, n->attrs.trans_b);
-        } else if (is_block(b->dtype)) {
-            RLX_TRY(need_scratch(st, k->matmul_quant_scratch(b->dtype, M, K, N)));
-            k->matmul_quant(o, fin(v, n, 0), ptr(b), b->dtype, M, K, N, scratch_of(st));
-        } else {
-            RLX_TRY(need_scratch(st, k->matmul_lowp_scratch(M, K, N)));
-            k->matmul_lowp(o, fin(v, n, 0), ptr(b), b->dtype, M, K, N, scratch_of(st));
+        /* a batch-invariant plan: groups of rows the kernels compute each as alone */
+        const int64_t group = st->batch_invariant ? k->matmul_rows_alone(b->dtype, n->attrs.trans_b) : M;
+        const float *x = fin(v, n, 0);
+        for (int64_t m0 = 0; m0 < M; m0 += group) {
+            const int64_t rows = M - m0 < group ? M - m0 : group;
+            if (b->dtype == RLX_F32) {
+                k->matmul_f32(o + m0 * N, x + m0 * K, ptr(b), rows, K, N, n->attrs.trans_b);
+            } else if (is_block(b->dtype)) {
+                RLX_TRY(need_scratch(st, k->matmul_quant_scratch(b->dtype, rows, K, N)));
+                k->matmul_quant(o + m0 * N, x + m0 * K, ptr(b), b->dtype, rows, K, N, scratch_of(st));
+            } else {
+                RLX_TRY(need_scratch(st, k->matmul_lowp_scratch(rows, K, N)));
+                k->matmul_lowp(o + m0 * N, x + m0 * K, ptr(b), b->dtype, rows, K, N, scratch_of(st));
+            }
         }
         return RLX_OK;
     }

@@ -32,8 +32,9 @@ struct rlx_host_state {
     struct rlx_workspace *ws; /* the kernels' scratch: &own, or one shared with other plans */
     const void **experts;     /* (expert_cap) MATMUL_ID's pointer per expert, grown on demand */
     size_t expert_cap;
+    bool batch_invariant; /* products run in groups of at most k->matmul_rows_alone rows */
 };
-rlx_status rlx_host_state_create(const struct rlx_kernels *k, void **state);
+rlx_status rlx_host_state_create(const struct rlx_kernels *k, bool batch_invariant, void **state);
 void rlx_host_state_free(void *ctx, void *state);
 void rlx_host_share_workspace(void *ctx, void *state, struct rlx_workspace *ws);
 rlx_status rlx_host_run(void *ctx, void *state, const struct rlx_graph *g, const struct rlx_tensor *values,

@@ -42,7 +42,9 @@ struct rlx_matmul_id_args {
                                  entry for that dtype computes (matmul_f32 with trans_b, matmul_lowp,
                                  matmul_quant), up to summation order */
     int64_t S, A, n, K, N, E;
-    float *scratch; /* at least matmul_id_scratch(this) floats */
+    int64_t rows_alone; /* > 0: an expert's rows multiplied in groups of at most this many (a batch-invariant
+                           plan: matmul_rows_alone); 0: all at once */
+    float *scratch;     /* at least matmul_id_scratch(this) floats */
 };
 
 struct rlx_kernels {
@@ -76,6 +78,10 @@ struct rlx_kernels {
     void (*matmul_quant)(float *out, const float *a, const void *b, int b_dtype, int64_t M, int64_t K, int64_t N,
                          float *scratch);
     size_t (*matmul_quant_scratch)(int b_dtype, int64_t M, int64_t K, int64_t N);
+    /* The most rows (>= 1) a product of weights of b_dtype (f32: read transposed if trans_b) may
+     * have for every row of it, whatever the number of rows up to that, to get the bits of the same
+     * row multiplied alone (M = 1): what a batch-invariant plan groups its products' rows by. */
+    int64_t (*matmul_rows_alone)(int b_dtype, int trans_b);
     /* out (n, d) f32 = rows ids (n) of table (V, d) of a block type, converted by the dtype's to_f32 */
     void (*embedding_quant)(float *out, const void *table, int dtype, const int32_t *ids, int64_t n, int64_t d);
     /* dst (n) of dtype RLX_F32 / RLX_F16 / RLX_BF16 = src (n) rounded to nearest even (NaN stays

@@ -48,6 +48,7 @@ struct rlx_model {
     int64_t prefill_capacity, max_past, seq_cap;
     int64_t prefill_chunk; /* a cached run of a block with the head: at most this many positions a plan run */
     size_t memory_budget;
+    bool batch_invariant; /* plans compiled batch-invariant (rlx_model_set_batch_invariant) */
     char budget_hint[256];
     struct plan_slot *slots; /* (n_slots) compiled plans */
     int n_slots, cap_slots;

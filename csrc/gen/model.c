@@ -265,6 +265,20 @@ void rlx_model_set_memory_budget(struct rlx_model *m, size_t bytes, const char *
     rlx_model_unlock(m);
 }
 
+rlx_status rlx_model_set_batch_invariant(struct rlx_model *m, bool on)
+{
+    if (on && !m->dev->be->batch_invariant)
+        return rlx_set_error(RLX_ERR_UNSUPPORTED,
+                             "batch-invariant plans: the %s backend cannot make them (its products of several rows do "
+                             "not compute each row as alone); use the cpu or ref device",
+                             m->dev->be->name);
+    rlx_model_lock(m);
+    if (m->batch_invariant != on) release_plans_locked(m);
+    m->batch_invariant = on;
+    rlx_model_unlock(m);
+    return RLX_OK;
+}
+
 rlx_status rlx_model_set_profiling(struct rlx_model *m, bool on)
 {
     rlx_status s = RLX_OK;
@@ -430,6 +444,7 @@ static rlx_status compile_slot(struct rlx_model *m, enum plan_kind kind, const s
     struct rlx_compile_opts opts = rlx_compile_opts_default();
     opts.memory_budget = m->memory_budget;
     opts.budget_hint = m->budget_hint;
+    opts.batch_invariant = m->batch_invariant;
     if (!rlx_dim_is_const(&spec->seq) && m->seq_cap)
         opts.sym_cap[RLX_SYM_SEQ] = opts.sym_cap[RLX_SYM_PAST] = m->seq_cap;
     rlx_status st = rlx_compile(graph, m->dev, &opts, &s->plan);

@@ -185,6 +185,16 @@ static PyObject *model_set_memory_budget(struct model_object *self, PyObject *ar
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
+static PyObject *model_set_batch_invariant(struct model_object *self, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    rlx_status s;
+    Py_BEGIN_ALLOW_THREADS s = rlx_model_set_batch_invariant(self->model, on != 0);
+    Py_END_ALLOW_THREADS if (rlx_py_raise(s)) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *model_set_profiling(struct model_object *self, PyObject *arg)
 {
     int on = PyObject_IsTrue(arg);
@@ -320,6 +330,9 @@ static PyMethodDef model_methods[] = {
      "set_prefill_chunk(n)\n\nCached runs of a model with the head go n positions per plan run (0 = whole)."},
     {"set_memory_budget", (PyCFunction)model_set_memory_budget, METH_VARARGS,
      "set_memory_budget(bytes, hint='')\n\nRefuse plans whose intermediates exceed bytes (0 = none)."},
+    {"set_batch_invariant", (PyCFunction)model_set_batch_invariant, METH_O,
+     "set_batch_invariant(on)\n\nPlans whose products compute every row as alone (a sequence decoded in a batch "
+     "gets its own bits); drops plans."},
     {"set_profiling", (PyCFunction)model_set_profiling, METH_O,
      "set_profiling(on)\n\nTime every op of every forward pass (small overhead); each sequence keeps its last."},
     {"stats", (PyCFunction)model_stats, METH_NOARGS, "stats() -> dict of compile counts, seconds and planned bytes"},

@@ -178,6 +178,93 @@ def test_decode_batches_on_cpu_give_each_sequence_its_own_bits(dtype, batch):
             seqs[i].append(t)
 
 
+MOE = rlx.Qwen3MoeConfig(vocab_size=96, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                        max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=1e4, tie_word_embeddings=False,
+                        num_experts=4, num_experts_per_tok=2, norm_topk_prob=True)
+
+
+def decode_side_by_side(gen, batch: int, steps: int = 3):
+    """batch sequences over ragged prompts, each twice (one stepped alone, one in the batch);
+    yields, per step, (the batch's logits, each alone's), then feeds both the alone's argmax."""
+    cfg = gen._config
+    alone, seqs = [], []
+    for p in prompts(cfg, batch, seed=batch, lo=2, hi=20):  # prompts run alone in both
+        a, b = gen.new_sequence(), gen.new_sequence()
+        for s in (a, b):
+            s.prefill(p)
+            s.step_cached()
+        alone.append(a)
+        seqs.append(b)
+    for _ in range(steps):  # one uncached position per sequence: its sampled token
+        want = [a._c.logits(cached=True) for a in alone]
+        yield gen.logits_batch(seqs), want
+        for a, b, w in zip(alone, seqs, want):
+            a.append(int(np.argmax(w)))
+            b.append(int(np.argmax(w)))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16", "q8_0", "q4_k_m"])
+def test_batch_invariant_decode_gives_each_sequence_its_own_bits(device, dtype):
+    """Generator.with_batch_invariant(): at every batch size, whichever kernels this machine's
+    batched products would take (sgemm, the bf16 GEMM and its lanes path, AMX, the quant lanes
+    kernel), each sequence of a decode step gets exactly the logits it gets alone."""
+    if device == "vulkan":
+        pytest.skip("vulkan makes no batch-invariant plans (test_batch_invariant_is_refused_on_vulkan)")
+    gen = rlx.Generator(WIDE, weights(WIDE, seed=7), device=device, dtype=dtype,
+                        kv_dtype="f32" if dtype == "f32" else "f16").with_batch_invariant()
+    for batch in range(2, 17) if device == "cpu" else (2, 5):
+        for got, want in decode_side_by_side(gen, batch):
+            for i in range(batch):
+                np.testing.assert_array_equal(got[i], want[i], err_msg=f"{dtype} batch {batch} sequence {i}")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "q4_k_m"])
+def test_batch_invariant_mixture_of_experts(dtype):
+    """The experts' products (matmul_id) grouped the same way: a Qwen3-MoE decode step of 12
+    sequences, each sequence's own bits."""
+    gen = rlx.Generator(MOE, weights(MOE, seed=2), dtype=dtype).with_batch_invariant()
+    for got, want in decode_side_by_side(gen, 12):
+        for i in range(12):
+            np.testing.assert_array_equal(got[i], want[i], err_msg=f"{dtype} sequence {i}")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "q8_0", "q4_k_m"])
+def test_batch_invariant_generate_batch_gives_each_prompt_its_own_greedy_tokens(dtype):
+    """Continuous batching with batch-invariant plans: each joining prompt's first step alone,
+    then decode steps of up to 8 sequences, sequences leaving at different lengths: every
+    prompt's greedy tokens are exactly those generate_cached makes for it alone."""
+    gen = rlx.Generator(WIDE, weights(WIDE, seed=5), dtype=dtype).with_batch_invariant()
+    ps = prompts(WIDE, 11, seed=6, lo=2, hi=30)
+    want = []
+    for p in ps:
+        s = gen.new_sequence()
+        s.prefill(p)
+        want.append(s.generate_cached(16, rlx.SampleOpts.greedy(), stop_ids={5}))
+    seen: list[tuple[int, int]] = []
+    got = gen.generate_batch(ps, 16, rlx.SampleOpts.greedy(), stop_ids={5}, max_batch=8,
+                             on_token=lambda i, t: seen.append((i, t)))
+    assert got == want
+    assert sorted(seen) == sorted((i, t) for i, w in enumerate(want) for t in w)
+    # and off again (the fast plans)
+    assert gen.with_batch_invariant(False).batch_invariant is False
+
+
+@pytest.mark.skipif("vulkan" not in rlx.backends(), reason="no usable Vulkan device")
+def test_batch_invariant_is_refused_on_vulkan():
+    gen = rlx.Generator(QWEN, weights(QWEN), device="vulkan", kv_dtype="f32")
+    with pytest.raises(rlx.Error, match="the vulkan backend cannot make them"):
+        gen.with_batch_invariant()
+    assert gen.batch_invariant is False
+    gen.new_sequence().prefill_get_last_logits([1, 2, 3])  # still usable
+
+
+def test_with_batch_invariant_takes_a_bool():
+    gen = rlx.Generator(QWEN, weights(QWEN), kv_dtype="f32")
+    with pytest.raises(TypeError, match="bool"):
+        gen.with_batch_invariant(1)
+
+
 def test_step_batch_with_chunks_reports_who_is_still_entering():
     gen = rlx.Generator(QWEN, weights(QWEN), kv_dtype="f32")
     a, b = gen.new_sequence(), gen.new_sequence()

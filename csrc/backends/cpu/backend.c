@@ -13,10 +13,11 @@
 #error "RLX_BUILD_BLAS must be defined by the build (setup.py)"
 #endif
 
-static rlx_status cpu_plan_compile(void *ctx, const struct rlx_graph *g, void **state)
+static rlx_status cpu_plan_compile(void *ctx, const struct rlx_graph *g, const struct rlx_compile_opts *opts,
+                                   void **state)
 {
     (void)ctx, (void)g;
-    return rlx_host_state_create(&rlx_cpu_kernels, state);
+    return rlx_host_state_create(&rlx_cpu_kernels, opts->batch_invariant, state);
 }
 
 static const char *const isa_names[] = {
@@ -47,6 +48,7 @@ const struct rlx_backend rlx_cpu_backend = {
     .close = rlx_host_close,
     .describe = cpu_describe,
     .supports_op = rlx_host_supports_op,
+    .batch_invariant = true,
     .buffer_alloc = rlx_host_buffer_alloc,
     .buffer_wrap = rlx_host_buffer_wrap,
     .buffer_release = rlx_host_buffer_release,

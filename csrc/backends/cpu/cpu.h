@@ -353,6 +353,9 @@ void rlx_cpu_quant_row(int8_t *q, float *d, int16_t *sums, const float *x, int64
  * W^T; scratch rlx_cpu_qgemm_scratch(wt, M, K, N) floats (for the pool's thread count then). */
 size_t rlx_cpu_qgemm_scratch(int wt, int64_t M, int64_t K, int64_t N);
 void rlx_cpu_qgemm(float *out, const float *a, const void *w, int wt, int64_t M, int64_t K, int64_t N, float *scratch);
+/* kernels.h's matmul_rows_alone (matmul.c), and its block types' (quant.c) */
+int64_t rlx_cpu_matmul_rows_alone(int b_dtype, int trans_b);
+int64_t rlx_cpu_matmul_quant_rows_alone(int wt);
 void rlx_cpu_matmul_quant(float *out, const float *a, const void *b, int b_dtype, int64_t M, int64_t K, int64_t N,
                           float *scratch);
 size_t rlx_cpu_matmul_quant_scratch(int b_dtype, int64_t M, int64_t K, int64_t N);

@@ -508,6 +508,25 @@ size_t rlx_cpu_matmul_lowp_scratch(int64_t M, int64_t K, int64_t N)
     return gb > need ? gb : need;
 }
 
+/* Rows of `a` up to which a 16-bit product runs as passes of the matvec on this machine. */
+static int64_t lowp_passes(int bf16, int isa)
+{
+    return !bf16                            ? RLX_MV_PASSES_MAX_M
+           : isa >= RLX_CPU_ISA_AMX         ? RLX_MV_AMX_MAX_M
+           : isa >= RLX_CPU_ISA_AVX512_BF16 ? RLX_MV_BF16_MAX_M
+                                            : RLX_MV_PASSES_MAX_M;
+}
+
+/* The matvec and its passes compute each row as alone, whatever M (up to where they stop); sgemm,
+ * the GEMMs and the AMX / lanes kernels do not. Transposed f32 (its matvec) up to RLX_MV_MAX_M
+ * rows; b (K, N) f32 always through OpenBLAS (sgemv at one row, sgemm beyond): one row at a time. */
+int64_t rlx_cpu_matmul_rows_alone(int b_dtype, int trans_b)
+{
+    if (b_dtype == RLX_F32) return trans_b ? RLX_MV_MAX_M : 1;
+    if (b_dtype == RLX_BF16 || b_dtype == RLX_F16) return lowp_passes(b_dtype == RLX_BF16, rlx_cpu_isa());
+    return rlx_cpu_matmul_quant_rows_alone(b_dtype);
+}
+
 /* out (M, N) = a (M, K) @ b^T, b (N, K) bf16 / f16 widened exactly, a rounded to bf16 first for
  * bf16 weights; scratch: rlx_cpu_matmul_lowp_scratch(M, K, N) floats. */
 void rlx_cpu_matmul_lowp(float *out, const float *a, const void *bv, int b_dtype, int64_t M, int64_t K, int64_t N,
@@ -520,11 +539,7 @@ void rlx_cpu_matmul_lowp(float *out, const float *a, const void *bv, int b_dtype
         return;
     }
     const int bf16 = b_dtype == RLX_BF16, isa = rlx_cpu_isa();
-    const int64_t passes = !bf16                            ? RLX_MV_PASSES_MAX_M
-                           : isa >= RLX_CPU_ISA_AMX         ? RLX_MV_AMX_MAX_M
-                           : isa >= RLX_CPU_ISA_AVX512_BF16 ? RLX_MV_BF16_MAX_M
-                                                            : RLX_MV_PASSES_MAX_M;
-    if (M <= passes) {
+    if (M <= lowp_passes(bf16, isa)) {
         /* the matvec (groups of up to RLX_MV_MAX_M rows per block of weights); bf16: a rounded once
          * (packed to bf16 halves for VDPBF16PS where the machine has it) */
         uint16_t *a16 = NULL;

@@ -529,6 +529,31 @@ static int via(int path, int64_t M)
     return M <= RLX_QMV_MAX_M ? VIA_PASSES : VIA_SGEMM;
 }
 
+/* K types on AMX-INT8, RLX_CPU_QMV_AMX_MIN_M .. RLX_CPU_QMV_AMX_MAX_M rows: the AMX kernel, all the
+ * rows in one pass */
+static int takes_amx(int path, int64_t M, int wt)
+{
+    return path == PATH_VNNI && block_of(wt) == 256 && M >= RLX_CPU_QMV_AMX_MIN_M && M <= RLX_CPU_QMV_AMX_MAX_M &&
+           rlx_cpu_amx_int8();
+}
+
+/* every block type on VNNI without AMX, the rows rlx_cpu_qmv_lanes_takes: the lanes kernel, in one
+ * pass */
+static int takes_lanes(int path, int64_t M, int wt)
+{
+    return path == PATH_VNNI && rlx_cpu_qmv_lanes_takes(M, wt) && !rlx_cpu_amx_int8();
+}
+
+/* The blocked passes compute each row as alone (the same operations whatever the rows beside it);
+ * the AMX, lanes and GEMM kernels do not: the most rows up to which every M takes the passes. */
+int64_t rlx_cpu_matmul_quant_rows_alone(int wt)
+{
+    const int path = path_now();
+    int64_t M = 1;
+    while (!takes_amx(path, M + 1, wt) && !takes_lanes(path, M + 1, wt) && via(path, M + 1) == VIA_PASSES) M++;
+    return M;
+}
+
 size_t rlx_cpu_matmul_quant_scratch(int wt, int64_t M, int64_t K, int64_t N)
 {
     if (M <= 0 || K <= 0 || N <= 0) return 0;
@@ -555,14 +580,7 @@ void rlx_cpu_matmul_quant(float *out, const float *a, const void *w, int wt, int
         memset(out, 0, (size_t)(M * N) * sizeof(float));
         return;
     }
-    const int path = path_now();
-    /* K types on AMX-INT8, RLX_CPU_QMV_AMX_MIN_M .. RLX_CPU_QMV_AMX_MAX_M rows: the AMX kernel, all the
-     * rows in one pass */
-    const int amx = path == PATH_VNNI && block_of(wt) == 256 && M >= RLX_CPU_QMV_AMX_MIN_M &&
-                    M <= RLX_CPU_QMV_AMX_MAX_M && rlx_cpu_amx_int8();
-    /* every block type on VNNI without AMX, the rows rlx_cpu_qmv_lanes_takes: the lanes kernel, in one
-     * pass */
-    const int lanes = path == PATH_VNNI && rlx_cpu_qmv_lanes_takes(M, wt) && !rlx_cpu_amx_int8();
+    const int path = path_now(), amx = takes_amx(path, M, wt), lanes = takes_lanes(path, M, wt);
     const int v = amx || lanes ? VIA_PASSES : via(path, M);
     if (v == VIA_QGEMM) {
         rlx_cpu_qgemm(out, a, w, wt, M, K, N, scratch);

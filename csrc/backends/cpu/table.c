@@ -14,6 +14,7 @@ const struct rlx_kernels rlx_cpu_kernels = {
     .embedding_lowp = rlx_cpu_embedding_lowp,
     .matmul_quant = rlx_cpu_matmul_quant,
     .matmul_quant_scratch = rlx_cpu_matmul_quant_scratch,
+    .matmul_rows_alone = rlx_cpu_matmul_rows_alone,
     .embedding_quant = rlx_cpu_embedding_quant,
     .convert_f32 = rlx_cpu_convert_f32,
     .rmsnorm_f32 = rlx_cpu_rmsnorm_f32,

@@ -9,10 +9,11 @@
 
 #include "backends/host.h"
 
-static rlx_status ref_plan_compile(void *ctx, const struct rlx_graph *g, void **state)
+static rlx_status ref_plan_compile(void *ctx, const struct rlx_graph *g, const struct rlx_compile_opts *opts,
+                                   void **state)
 {
     (void)ctx, (void)g;
-    return rlx_host_state_create(&rlx_ref_kernels, state);
+    return rlx_host_state_create(&rlx_ref_kernels, opts->batch_invariant, state);
 }
 
 static void ref_describe(void *ctx, char *buf, size_t cap)
@@ -27,6 +28,7 @@ const struct rlx_backend rlx_ref_backend = {
     .close = rlx_host_close,
     .describe = ref_describe,
     .supports_op = rlx_host_supports_op,
+    .batch_invariant = true,
     .buffer_alloc = rlx_host_buffer_alloc,
     .buffer_wrap = NULL,
     .buffer_release = rlx_host_buffer_release,

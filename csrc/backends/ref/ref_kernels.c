@@ -316,6 +316,13 @@ static void ref_moe_combine(float *out, const float *y, const float *probs, cons
     }
 }
 
+/* Every product here is row by row, each row's loop the same whatever M: any number of rows. */
+static int64_t ref_matmul_rows_alone(int b_dtype, int trans_b)
+{
+    (void)b_dtype, (void)trans_b;
+    return INT64_MAX;
+}
+
 const struct rlx_kernels rlx_ref_kernels = {
     .name = "ref",
     .matmul_f32 = ref_matmul,
@@ -326,6 +333,7 @@ const struct rlx_kernels rlx_ref_kernels = {
     .convert_f32 = ref_convert,
     .matmul_quant = ref_matmul_quant,
     .matmul_quant_scratch = ref_matmul_quant_scratch,
+    .matmul_rows_alone = ref_matmul_rows_alone,
     .embedding_quant = ref_embedding_quant,
     .rmsnorm_f32 = ref_rmsnorm,
     .add_rmsnorm_f32 = ref_add_rmsnorm,

@@ -125,8 +125,9 @@ void rlx_vk_plan_free(void *ctx, void *state)
     free(p);
 }
 
-rlx_status rlx_vk_plan_compile(void *ctx, const struct rlx_graph *g, void **state)
+rlx_status rlx_vk_plan_compile(void *ctx, const struct rlx_graph *g, const struct rlx_compile_opts *opts, void **state)
 {
+    (void)opts; /* never batch-invariant (rlx_vulkan_backend.batch_invariant is false) */
     struct rlx_vk_dev *d = ctx;
     struct rlx_vk_context *vk = d->vk;
     RLX_TRY(rlx_vk_usable(vk));

@@ -91,7 +91,7 @@ static inline uint32_t rlx_vk_u32(int64_t v)
 /* ---- plans (plan.c) ---------------------------------------------------------------------- */
 
 bool rlx_vk_supports_op(void *ctx, const struct rlx_graph *g, int id);
-rlx_status rlx_vk_plan_compile(void *ctx, const struct rlx_graph *g, void **state);
+rlx_status rlx_vk_plan_compile(void *ctx, const struct rlx_graph *g, const struct rlx_compile_opts *opts, void **state);
 void rlx_vk_plan_free(void *ctx, void *state);
 rlx_status rlx_vk_plan_run(void *ctx, void *state, const struct rlx_graph *g, const struct rlx_tensor *values,
                            double *node_seconds);
