@@ -224,7 +224,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.threads:
         rlx.set_num_threads(args.threads)
-    model = rlx.load(args.model, device=args.device, cached_sequences=args.cached_sequences, name=args.name)
+    model = rlx.load(args.model, device=args.device, cached_sequences=args.cached_sequences, name=args.name,
+                     batch_invariant=args.batch_invariant)
     serve(model, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
@@ -288,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--name", default=None, help="the model's name in the API (default: its file or folder name)")
     sv.add_argument("--cached-sequences", type=_number(int, 0), default=4,
                     help="finished requests' sequences kept for prefix reuse (default 4)")
+    sv.add_argument("--batch-invariant", action="store_true",
+                    help="each request's logits the same whatever others share its steps (slower batches; with "
+                         "--cached-sequences 0 its tokens depend on nothing but the request)")
     sv.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     sv.add_argument("--device", default="cpu", choices=rlx.backends())
     sv.add_argument("--threads", type=_number(int, 0), default=0)

@@ -115,7 +115,8 @@ class Model:
             if len(ids) == 1:
                 eos.add(ids[0])
         self.eos_token_ids = frozenset(eos)
-        self.batcher = Batcher()  # every generation's steps: concurrent calls are batched
+        # every generation's steps: concurrent calls are batched
+        self.batcher = Batcher(batch_invariant=getattr(generator, "batch_invariant", False))
         self._lock = threading.Lock()
         self._idle: list[RlxSequence] = []   # least recently used first
         self._stats = dict(requests=0, prompt_tokens=0, cached_tokens=0, completion_tokens=0)
@@ -396,7 +397,7 @@ def _read_with_progress(weights: dict, progress: bool | None) -> None:
 
 def load(path: str | os.PathLike, device: str = "cpu", kv_dtype: str | None = None, dtype: str | None = None, *,
          chat_template: str | None = None, cached_sequences: int = 1, progress: bool | None = None,
-         name: str | None = None) -> Model:
+         name: str | None = None, batch_invariant: bool = False) -> Model:
     """Loads a Hugging Face model directory (config.json + generation_config.json, safetensors
     weights, a tokenizer, its chat template) or a GGUF file (its metadata, tensors as stored,
     quantized ones executed packed, the tokenizer and chat template its metadata holds).
@@ -406,7 +407,10 @@ def load(path: str | os.PathLike, device: str = "cpu", kv_dtype: str | None = No
     template (text) to use instead of the model's. cached_sequences: how many finished calls'
     sequences to keep for prefix reuse (0: none). progress: a tqdm bar while the weights are read
     (None: on a terminal, for models of 256 MiB and more). name: the model name in responses
-    (default: the directory or file name). Decoding plans are compiled once with symbolic shapes."""
+    (default: the directory or file name). batch_invariant: plans that give a generation the same
+    logits whatever other requests share its steps (Generator.with_batch_invariant; with
+    cached_sequences=0, as prefix reuse starts a prompt from another request's cache); slower
+    batches. Decoding plans are compiled once with symbolic shapes."""
     from rlx import gguf
 
     path, is_gguf = model_path(path)
@@ -422,7 +426,7 @@ def load(path: str | os.PathLike, device: str = "cpu", kv_dtype: str | None = No
         template = ChatTemplate(chat_template, **special)
     _read_with_progress(weights, progress)
     gen = Generator(config, weights, device=device, dtype=dtype, kv_dtype=kv_dtype)
-    gen.with_dynamic_prefill_cache().with_dynamic_decode_cache()
+    gen.with_dynamic_prefill_cache().with_dynamic_decode_cache().with_batch_invariant(batch_invariant)
     log.info("loaded %s: %s, %d layers, device %s", path, type(config).__name__, config.num_hidden_layers, device)
     return Model(config, gen, tokenizer, chat_template=template, generation_defaults=defaults,
                  name=name or os.path.basename(os.path.normpath(path)), cached_sequences=cached_sequences)

@@ -37,14 +37,14 @@ another order: each sequence's logits then agree with its own to rounding (0.3-0
 logits' scale with bf16 weights; with block types, where such a difference carries an
 activation across a step of its 8-bit grid, a few percent: tests/unit/test_batching.py), so its
 greedy tokens may part from its own where two logits nearly tie. Generator.with_batch_invariant()
-runs every product of a step as groups of rows the decode kernels keep row by row: each sequence
-gets exactly its own logits and tokens at every batch size, at the price of reading the weights
-once per group. Prefill chunks that make a product of more than 16 rows take the prefill kernels
-(sgemm, the bf16 and integer GEMMs) and a prompt's positions the prefill attention, so a sequence
-entering beside others agrees with itself alone to rounding, not bitwise (Qwen3-0.6B, a 5-token
-prompt prefilled beside a 30-token one: 0.45 % of the logits' scale with bf16 weights, 1.5 % with
-q8_0; f32 within 1e-5); with batch-invariant plans generate_batch runs each joining prompt's first
-step by itself.
+runs every product of a decode step as groups of rows the decode kernels keep row by row: each
+sequence gets exactly its own logits and tokens at every batch size, at the price of reading the
+weights once per group (generate_batch, and a Batcher made with batch_invariant=True, as rlx.load's
+is when asked, then run each prompt by itself). Prefill chunks that make a product of more than
+16 rows take the prefill kernels (sgemm, the bf16 and integer GEMMs) and a prompt's positions the
+prefill attention, so a sequence entering beside others agrees with itself alone to rounding, not
+bitwise (Qwen3-0.6B, a 5-token prompt prefilled beside a 30-token one: 0.45 % of the logits' scale
+with bf16 weights, 1.5 % with q8_0; f32 within 1e-5).
 """
 
 from __future__ import annotations
@@ -156,6 +156,10 @@ class Batcher:
     positions, so a long one does not stall the others). A lone call runs on the sequence's own
     plans (its prefill in one pass). Sequences must belong to one model.
 
+    batch_invariant: the sequences' model has batch-invariant plans (Generator.with_batch_invariant);
+    a call with a prompt to enter then runs alone, one at a time, so each call gets the logits its
+    sequence gets stepped alone.
+
     A caller that will ask step after step (a generation) joins (``join`` / ``leave``, or ``with
     batcher.member():``); a step then waits, up to GATHER_S, until every member has asked (or
     max_batch have), so the
@@ -163,11 +167,16 @@ class Batcher:
     member that is slow between steps, e.g. a client reading its stream, costs the others at
     most GATHER_S a step)."""
 
-    def __init__(self, max_batch: int = MAX_BATCH, chunk: int = 256):
+    def __init__(self, max_batch: int = MAX_BATCH, chunk: int = 256, batch_invariant: bool = False):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or not 1 <= max_batch <= MAX_BATCH:
             raise ValueError(f"max_batch must be an int in [1, {MAX_BATCH}], got {max_batch!r}")
+        if not isinstance(batch_invariant, bool):
+            raise TypeError(f"batch_invariant must be a bool, got {type(batch_invariant).__name__}")
         self.max_batch = max_batch
         self.chunk = _chunk(chunk)
+        # the sequences' model has batch-invariant plans (Generator.with_batch_invariant): a sequence
+        # with a prompt to enter runs it by itself, as a lone call would, not in chunks beside others
+        self.batch_invariant = batch_invariant
         self._cv = threading.Condition()
         self._pending: list[_Request] = []
         self._running = False
@@ -227,8 +236,11 @@ class Batcher:
             self._running = False
             self._cv.notify_all()
             raise
-        batch = self._pending[:self.max_batch]
-        del self._pending[:len(batch)]
+        # batch-invariant plans: a prompt to enter runs alone (one at a time, the others next step)
+        entering = [r for r in self._pending if _entering(r.seq)] if self.batch_invariant else []
+        batch = entering[:1] or self._pending[:self.max_batch]
+        for r in batch:
+            self._pending.remove(r)
         self._cv.release()
         outcome: list = []  # per request: ("ok", logits or None) or ("error", exception)
         interrupted: BaseException | None = None
@@ -277,6 +289,12 @@ class Batcher:
             return ("ok", r.seq._c.logits(cached=True))
         except Exception as e:
             return ("error", e)
+
+
+def _entering(seq) -> bool:
+    """Whether seq's next logits run a prompt (positions from the first, or more than its newest one)
+    rather than one decode position."""
+    return seq._c.kv_len == 0 or seq._c.n_tokens - seq._c.kv_len > 1
 
 
 class _Request:

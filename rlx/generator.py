@@ -345,12 +345,12 @@ class Generator(Sequence):
         greedy tokens, it gets decoded alone, whatever the weights' dtype and the batch. The
         fast batched kernels sum a row's products in another order than the one-row kernels (so
         by default a batched sequence's logits agree with its own to rounding, not bitwise); here
-        every product of a step runs as groups of rows the decode kernels compute row by row,
-        which reads the weights once per group: slower batches (benchmarks/README.md). A prompt's
-        positions run by prefill attention and a decoded one's by decode attention, so
-        generate_batch then runs each joining prompt's first step by itself, as generate_cached
-        would, instead of in chunks beside the others. The cpu and ref devices (vulkan raises
-        rlx.Error). Drops the compiled plans."""
+        every product of a decode step (up to 16 rows) runs as groups of rows the decode kernels
+        compute row by row, which reads the weights once per group: slower batches
+        (benchmarks/README.md). Prompts keep the prefill kernels and the prefill attention, so
+        generate_batch (and a Batcher told so) then runs each joining prompt's first step by
+        itself, as generate_cached would, instead of in chunks beside the others. The cpu and ref
+        devices (vulkan raises rlx.Error). Drops the compiled plans."""
         if not isinstance(on, bool):
             raise TypeError(f"on must be a bool, got {type(on).__name__}")
         self._model.set_batch_invariant(on)

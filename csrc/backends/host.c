@@ -348,8 +348,9 @@ static rlx_status run_node(struct rlx_host_state *st, const struct rlx_graph *g,
                                  "node %d (matmul): dims %lld x %lld x %lld exceed the BLAS's "
                                  "32-bit sizes",
                                  id, (long long)M, (long long)K, (long long)N);
-        /* a batch-invariant plan: groups of rows the kernels compute each as alone */
-        const int64_t group = st->batch_invariant ? k->matmul_rows_alone(b->dtype, n->attrs.trans_b) : M;
+        /* a batch-invariant plan, a decode step's product: groups of rows the kernels compute each as alone */
+        const int64_t group =
+            st->batch_invariant && M <= RLX_INVARIANT_ROWS ? k->matmul_rows_alone(b->dtype, n->attrs.trans_b) : M;
         const float *x = fin(v, n, 0);
         for (int64_t m0 = 0; m0 < M; m0 += group) {
             const int64_t rows = M - m0 < group ? M - m0 : group;

@@ -42,8 +42,8 @@ struct rlx_matmul_id_args {
                                  entry for that dtype computes (matmul_f32 with trans_b, matmul_lowp,
                                  matmul_quant), up to summation order */
     int64_t S, A, n, K, N, E;
-    int64_t rows_alone; /* > 0: an expert's rows multiplied in groups of at most this many (a batch-invariant
-                           plan: matmul_rows_alone); 0: all at once */
+    int64_t rows_alone; /* > 0: an expert's rows, when at most RLX_INVARIANT_ROWS, multiplied in groups of at
+                           most this many (a batch-invariant plan: matmul_rows_alone); 0: all at once */
     float *scratch;     /* at least matmul_id_scratch(this) floats */
 };
 

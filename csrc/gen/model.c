@@ -265,6 +265,8 @@ void rlx_model_set_memory_budget(struct rlx_model *m, size_t bytes, const char *
     rlx_model_unlock(m);
 }
 
+static_assert(RLX_MAX_BATCH <= RLX_INVARIANT_ROWS, "a decode step's products are kept row by row");
+
 rlx_status rlx_model_set_batch_invariant(struct rlx_model *m, bool on)
 {
     if (on && !m->dev->be->batch_invariant)

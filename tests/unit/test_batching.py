@@ -250,6 +250,16 @@ def test_batch_invariant_generate_batch_gives_each_prompt_its_own_greedy_tokens(
     assert gen.with_batch_invariant(False).batch_invariant is False
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "q4_k_m"])
+def test_batch_invariant_plans_leave_prompts_to_the_prefill_kernels(dtype):
+    """Only products of up to 16 rows (a decode step's) are grouped: a prompt of more positions
+    gets the bits the default plans give it (the same prefill kernels, not 3- or 6-row groups)."""
+    gen = rlx.Generator(WIDE, weights(WIDE, seed=8), dtype=dtype)
+    p = prompts(WIDE, 1, seed=3, lo=40, hi=41)[0]
+    fast = gen.new_sequence().prefill_get_last_logits(p)
+    np.testing.assert_array_equal(gen.with_batch_invariant().new_sequence().prefill_get_last_logits(p), fast)
+
+
 @pytest.mark.skipif("vulkan" not in rlx.backends(), reason="no usable Vulkan device")
 def test_batch_invariant_is_refused_on_vulkan():
     gen = rlx.Generator(QWEN, weights(QWEN), device="vulkan", kv_dtype="f32")
@@ -374,6 +384,44 @@ def test_batcher_batches_the_calls_of_threads_and_each_gets_its_own_logits():
     assert b.batches >= 1 and b.batched_rows >= 6
 
 
+def test_batch_invariant_batcher_gives_each_thread_its_own_logits():
+    """rlx.load's settings (dynamic plans) with batch-invariant ones and a Batcher that knows it:
+    eight threads, each a fresh prompt then 8 steps through the Batcher (the prompts entering one at
+    a time, alone; the decode steps batched however the threads meet, max_batch 8, where the default
+    plans take the quant lanes kernel): every thread's logits, bit for bit, and tokens are those of
+    its sequence stepped alone."""
+    gen = rlx.Generator(WIDE, weights(WIDE, seed=4), dtype="q8_0")
+    gen.with_dynamic_prefill_cache().with_dynamic_decode_cache().with_batch_invariant()
+    ps = prompts(WIDE, 8, seed=12, lo=2, hi=25)
+    want = []
+    for p in ps:
+        s = gen.new_sequence()
+        s.prefill(p)
+        rows = []
+        for _ in range(8):
+            rows.append(s._c.logits(cached=True))
+            s.append(int(np.argmax(rows[-1])))
+        want.append(rows)
+    b = batching.Batcher(max_batch=8, batch_invariant=True)
+    got: list[list | None] = [None] * 8
+
+    def work(i: int) -> None:
+        s = gen.new_sequence()
+        s.prefill(ps[i])
+        rows = []
+        for _ in range(8):
+            rows.append(b.logits(s))
+            s.append(int(np.argmax(rows[-1])))
+        got[i] = rows
+
+    run_in_one_batch(b, [threading.Thread(target=work, args=(i,)) for i in range(8)], 8)
+    for i in range(8):
+        assert got[i] is not None, f"thread {i} did not finish"
+        for j in range(8):
+            np.testing.assert_array_equal(got[i][j], want[i][j], err_msg=f"thread {i}, step {j}")
+    assert b.batches >= 1 and b.batched_rows >= 8
+
+
 def test_batcher_sends_each_error_to_its_own_call():
     """A batch holding a bad request fails as a whole in C (changing no sequence); the Batcher runs
     its requests again one by one, so the bad one's call raises and the good one's gets logits."""
@@ -489,3 +537,20 @@ def test_model_generate_and_create_completion_take_several_prompts():
         m.create_completion([ids[0], [10**6]], max_tokens=3)
     with pytest.raises(ValueError, match="takes one prompt"):
         m.generate(prompts, stream=True)
+
+
+@pytest.mark.skipif(not (STORIES / "config.json").is_file(), reason="no stories260K beside the repo")
+def test_load_batch_invariant_gives_each_prompt_of_a_list_its_own_text():
+    """rlx.load(..., batch_invariant=True): the model's plans and its Batcher both batch-invariant;
+    eight prompts generated together (q8_0 weights, whose batches of 5 .. 16 take the quant lanes
+    kernel by default), each the text it gets alone."""
+    m = rlx.load(STORIES, dtype="q8_0", batch_invariant=True, cached_sequences=0)
+    assert m.generator.batch_invariant and m.batcher.batch_invariant
+    prompts = ["Once upon a time", "The cat sat", "Tom and Lily went to the park", "Lily saw a bird",
+               "One day, a little girl", "The sun was", "Max liked to", "A big dog"]
+    alone = [m.generate(p, max_new_tokens=24, temperature=0) for p in prompts]
+    got = []
+    run_in_one_batch(m.batcher, [threading.Thread(
+        target=lambda: got.append(m.generate(prompts, max_new_tokens=24, temperature=0)))], 8)
+    assert got == [alone]
+    assert m.stats["batched_steps"] > 0

@@ -82,7 +82,7 @@ void rlx_cpu_matmul_id(const struct rlx_matmul_id_args *a)
             memcpy(rows + i * K, x, (size_t)K * sizeof(float));
         }
         if (count == 1) continue;
-        const int64_t group = a->rows_alone > 0 ? a->rows_alone : count;
+        const int64_t group = a->rows_alone > 0 && count <= RLX_INVARIANT_ROWS ? a->rows_alone : count;
         for (int64_t i = 0; i < count; i += group)
             product(res + i * N, rows + i * K, a->w[e], a->w_dtype, count - i < group ? count - i : group, K, N, inner);
         for (int64_t i = 0; i < count; i++)

@@ -173,12 +173,12 @@ rlx_status rlx_model_set_seq_cap(struct rlx_model *m, int64_t cap);
 rlx_status rlx_model_set_prefill_chunk(struct rlx_model *m, int64_t chunk);
 /* Soft memory budget for each plan's intermediates (0 = none); hint is appended to refusals. */
 void rlx_model_set_memory_budget(struct rlx_model *m, size_t bytes, const char *hint);
-/* Batch-invariant plans from now on (or not; default off): every row of every product gets the
- * bits it gets in a product of its own (rlx_compile_opts.batch_invariant), so a sequence decoded in
- * a batch of any size (rlx_seq_batch_logits, one position each) gets exactly the logits it gets
- * alone, at the price of the batched kernels (on cpu: products of more rows than the decode
- * kernels keep row by row run as several of them). Prompts are not covered: a prompt's positions
- * in one plan run take the prefill attention, one position at a time the decode attention.
+/* Batch-invariant plans from now on (or not; default off): every row of a decode step's products
+ * gets the bits it gets in a product of its own (rlx_compile_opts.batch_invariant), so a sequence
+ * decoded in a batch of any size (rlx_seq_batch_logits, one position each) gets exactly the logits
+ * it gets alone, at the price of the batched kernels (on cpu: products of more rows than the
+ * decode kernels keep row by row run as several of them). Prompts are not covered: theirs take
+ * the prefill kernels and the prefill attention (run a prompt alone to get its own bits).
  * Drops plans. RLX_ERR_UNSUPPORTED where the device's backend cannot (vulkan). */
 rlx_status rlx_model_set_batch_invariant(struct rlx_model *m, bool on);
 /* Plans time every node from now on (or stop); each sequence keeps the profile of its last run. */

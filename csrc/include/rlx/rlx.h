@@ -321,12 +321,17 @@ struct rlx_compile_opts {
                                     RLX_ERR_NOMEM before anything is allocated; 0 = none */
     const char *budget_hint;       /* appended to that refusal (how to change the budget); may be NULL.
                                     Borrowed for the duration of rlx_compile (copied). */
-    bool batch_invariant;          /* every row of every matrix product (matmul, matmul_id) gets the bits
-                                    that row gets in a product of its own: the backend runs a larger
-                                    product as groups of rows its kernels compute row by row (on cpu,
-                                    the decode kernels; slower for batches); a backend that cannot
-                                    refuses the plan with RLX_ERR_UNSUPPORTED. Default false. */
+    bool batch_invariant;          /* every row of a matrix product of up to RLX_INVARIANT_ROWS rows
+                                    (matmul; matmul_id: an expert's rows) gets the bits that row gets
+                                    in a product of its own: the backend runs it as groups of rows its
+                                    kernels compute row by row (on cpu, the decode kernels; slower for
+                                    batches); larger products (prompts) take the prefill kernels as
+                                    always. A backend that cannot refuses the plan with
+                                    RLX_ERR_UNSUPPORTED. Default false. */
 };
+/* The most rows of a product a batch-invariant plan keeps row by row: a decode step's (one row per
+ * sequence, at most RLX_MAX_BATCH of them). */
+#define RLX_INVARIANT_ROWS 16
 /* Defaults: fuse on, no caps, no budget, not batch-invariant. */
 struct rlx_compile_opts rlx_compile_opts_default(void);
 
