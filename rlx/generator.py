@@ -349,8 +349,9 @@ class Generator(Sequence):
         compute row by row, which reads the weights once per group: slower batches
         (benchmarks/README.md). Prompts keep the prefill kernels and the prefill attention, so
         generate_batch (and a Batcher told so) then runs each joining prompt's first step by
-        itself, as generate_cached would, instead of in chunks beside the others. The cpu and ref
-        devices (vulkan raises rlx.Error). Drops the compiled plans."""
+        itself, as generate_cached would, instead of in chunks beside the others. Every device
+        (vulkan: a decode step's rows through its matrix-vector shader, 8 a dispatch). Drops the
+        compiled plans."""
         if not isinstance(on, bool):
             raise TypeError(f"on must be a bool, got {type(on).__name__}")
         self._model.set_batch_invariant(on)

@@ -59,9 +59,6 @@ struct rlx_backend {
     /* "key=value\n" lines describing the backend (and instance, when ctx is not NULL) into buf. */
     void (*describe)(void *ctx, char *buf, size_t cap);
     bool (*supports_op)(void *ctx, const struct rlx_graph *g, int id);
-    /* Whether its plans may be compiled batch-invariant (rlx_compile_opts.batch_invariant); rlx_compile
-     * refuses such a plan on a backend without it. */
-    bool batch_invariant;
     /* Fills b (b->size bytes, zeroed). */
     rlx_status (*buffer_alloc)(void *ctx, struct rlx_buffer *b);
     /* Makes b a zero-copy view of host memory the caller keeps alive. NULL for backends whose
@@ -73,7 +70,7 @@ struct rlx_backend {
     rlx_status (*download)(void *ctx, const struct rlx_buffer *b, size_t offset, void *dst, size_t bytes);
     rlx_status (*copy)(void *ctx, struct rlx_buffer *dst, size_t dst_offset, const struct rlx_buffer *src,
                        size_t src_offset, size_t bytes);
-    /* opts: the plan's (batch_invariant only where the backend says it can, below) */
+    /* opts: the plan's (the backend honours batch_invariant) */
     rlx_status (*plan_compile)(void *ctx, const struct rlx_graph *g, const struct rlx_compile_opts *opts, void **state);
     void (*plan_free)(void *ctx, void *state);
     /* Executes every live node in id order; values: (g->n_nodes) placed values. node_seconds, when

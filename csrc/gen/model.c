@@ -267,18 +267,12 @@ void rlx_model_set_memory_budget(struct rlx_model *m, size_t bytes, const char *
 
 static_assert(RLX_MAX_BATCH <= RLX_INVARIANT_ROWS, "a decode step's products are kept row by row");
 
-rlx_status rlx_model_set_batch_invariant(struct rlx_model *m, bool on)
+void rlx_model_set_batch_invariant(struct rlx_model *m, bool on)
 {
-    if (on && !m->dev->be->batch_invariant)
-        return rlx_set_error(RLX_ERR_UNSUPPORTED,
-                             "batch-invariant plans: the %s backend cannot make them (its products of several rows do "
-                             "not compute each row as alone); use the cpu or ref device",
-                             m->dev->be->name);
     rlx_model_lock(m);
     if (m->batch_invariant != on) release_plans_locked(m);
     m->batch_invariant = on;
     rlx_model_unlock(m);
-    return RLX_OK;
 }
 
 rlx_status rlx_model_set_profiling(struct rlx_model *m, bool on)

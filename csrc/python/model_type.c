@@ -189,10 +189,8 @@ static PyObject *model_set_batch_invariant(struct model_object *self, PyObject *
 {
     int on = PyObject_IsTrue(arg);
     if (on < 0) return NULL;
-    rlx_status s;
-    Py_BEGIN_ALLOW_THREADS s = rlx_model_set_batch_invariant(self->model, on != 0);
-    Py_END_ALLOW_THREADS if (rlx_py_raise(s)) return NULL;
-    Py_RETURN_NONE;
+    Py_BEGIN_ALLOW_THREADS rlx_model_set_batch_invariant(self->model, on != 0);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
 static PyObject *model_set_profiling(struct model_object *self, PyObject *arg)

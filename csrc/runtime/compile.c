@@ -81,11 +81,6 @@ rlx_status rlx_compile(const struct rlx_graph *g, struct rlx_device *dev, const 
     if (!g) return rlx_set_error(RLX_ERR_INVALID, "compile: no graph");
     if (!dev) return rlx_set_error(RLX_ERR_INVALID, "compile: no device");
     if (g->n_outputs == 0) return rlx_set_error(RLX_ERR_INVALID, "compile: the graph has no outputs");
-    if (opts && opts->batch_invariant && !dev->be->batch_invariant)
-        return rlx_set_error(RLX_ERR_UNSUPPORTED,
-                             "compile: the %s backend cannot make batch-invariant plans (its products of several rows "
-                             "do not compute each row as alone); use the cpu or ref device",
-                             dev->be->name);
     struct rlx_plan *p = rlx_calloc(1, sizeof *p);
     if (!p) return RLX_ERR_NOMEM;
     p->dev = dev;

@@ -48,7 +48,6 @@ const struct rlx_backend rlx_cpu_backend = {
     .close = rlx_host_close,
     .describe = cpu_describe,
     .supports_op = rlx_host_supports_op,
-    .batch_invariant = true,
     .buffer_alloc = rlx_host_buffer_alloc,
     .buffer_wrap = rlx_host_buffer_wrap,
     .buffer_release = rlx_host_buffer_release,

@@ -28,7 +28,6 @@ const struct rlx_backend rlx_ref_backend = {
     .close = rlx_host_close,
     .describe = ref_describe,
     .supports_op = rlx_host_supports_op,
-    .batch_invariant = true,
     .buffer_alloc = rlx_host_buffer_alloc,
     .buffer_wrap = NULL,
     .buffer_release = rlx_host_buffer_release,

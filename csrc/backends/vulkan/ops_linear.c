@@ -71,11 +71,18 @@ rlx_status rlx_vk_op_matmul(struct rlx_vk_rec *r, const struct rlx_graph *g, int
     const uint64_t limit = rlx_vk_span_limit(r), wrow = row_bytes(w->dtype, trans ? K : N);
     /* W rows, and rows of a and out, per dispatch */
     const int64_t wn = trans ? min64(N, (int64_t)(limit / wrow)) : N;
-    const int64_t am = min64(M, min64((int64_t)(limit / ((uint64_t)K * 4)), (int64_t)(limit / ((uint64_t)N * 4))));
+    int64_t am = min64(M, min64((int64_t)(limit / ((uint64_t)K * 4)), (int64_t)(limit / ((uint64_t)N * 4))));
     if (!trans && rlx_vk_tbytes(w) > limit) return too_big(r, "a (K, N) weight", rlx_vk_tbytes(w));
     if (wn < 1) return too_big(r, "one weight row", wrow);
     if (am < 1) return too_big(r, "one row", (uint64_t)(K > N ? K : N) * 4);
-    const bool vec = trans && M <= 8;
+    /* the matvec shader up to 8 rows (each row alone: the same bits whatever rows are beside it), the
+     * tiled one beyond; a batch-invariant plan keeps a decode step's rows on the matvec, 8 a dispatch
+     * (b (K, N), never a weight's layout: one row a dispatch) */
+    bool vec = trans && M <= 8;
+    if (r->batch_invariant && M <= RLX_INVARIANT_ROWS) {
+        vec = trans;
+        am = min64(am, trans ? 8 : 1);
+    }
     const enum rlx_vk_shader sh = variant(vec ? RLX_VK_SH_MATVEC_F32 : RLX_VK_SH_MATMUL_F32, w->dtype);
     const uint32_t w_row = block ? (uint32_t)wrow : rlx_vk_u32(trans ? K : N);
     for (int64_t m0 = 0; m0 < M; m0 += am) {

@@ -127,12 +127,12 @@ void rlx_vk_plan_free(void *ctx, void *state)
 
 rlx_status rlx_vk_plan_compile(void *ctx, const struct rlx_graph *g, const struct rlx_compile_opts *opts, void **state)
 {
-    (void)opts; /* never batch-invariant (rlx_vulkan_backend.batch_invariant is false) */
     struct rlx_vk_dev *d = ctx;
     struct rlx_vk_context *vk = d->vk;
     RLX_TRY(rlx_vk_usable(vk));
     struct vk_plan *p = rlx_calloc(1, sizeof *p);
     if (!p) return RLX_ERR_NOMEM;
+    p->rec.batch_invariant = opts->batch_invariant;
     const VkCommandPoolCreateInfo cp = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
                                         .queueFamilyIndex = vk->queue_family};
     rlx_status s = rlx_vk_check(vk, vk->fn.vkCreateCommandPool(vk->device, &cp, NULL, &p->pool), "vkCreateCommandPool");

@@ -37,7 +37,8 @@ struct rlx_vk_rec {
     VkBufferCopy *regions; /* (cap_regions) scratch of the copy recorders */
     size_t cap_regions;
     VkPipeline bound;
-    int node; /* the node being recorded and its op's name (for messages) */
+    bool batch_invariant; /* the plan's rlx_compile_opts.batch_invariant */
+    int node;             /* the node being recorded and its op's name (for messages) */
     const char *op;
 };
 

@@ -179,8 +179,8 @@ void rlx_model_set_memory_budget(struct rlx_model *m, size_t bytes, const char *
  * it gets alone, at the price of the batched kernels (on cpu: products of more rows than the
  * decode kernels keep row by row run as several of them). Prompts are not covered: theirs take
  * the prefill kernels and the prefill attention (run a prompt alone to get its own bits).
- * Drops plans. RLX_ERR_UNSUPPORTED where the device's backend cannot (vulkan). */
-rlx_status rlx_model_set_batch_invariant(struct rlx_model *m, bool on);
+ * Drops plans. */
+void rlx_model_set_batch_invariant(struct rlx_model *m, bool on);
 /* Plans time every node from now on (or stop); each sequence keeps the profile of its last run. */
 rlx_status rlx_model_set_profiling(struct rlx_model *m, bool on);
 

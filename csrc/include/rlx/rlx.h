@@ -326,8 +326,7 @@ struct rlx_compile_opts {
                                     in a product of its own: the backend runs it as groups of rows its
                                     kernels compute row by row (on cpu, the decode kernels; slower for
                                     batches); larger products (prompts) take the prefill kernels as
-                                    always. A backend that cannot refuses the plan with
-                                    RLX_ERR_UNSUPPORTED. Default false. */
+                                    always. Default false. */
 };
 /* The most rows of a product a batch-invariant plan keeps row by row: a decode step's (one row per
  * sequence, at most RLX_MAX_BATCH of them). */
