@@ -5,15 +5,17 @@ decode step, against the default plans, in one process, taking turns.
     python benchmarks/bench_invariant.py --gguf FILE.gguf [--batch 1 4 8 16] [--rounds 5] [--out R.json]
 
 One Generator over the file (KV f16, --threads threads). Per B: B sequences over fixed random
-prompts of 64 tokens, entered in one batched step; then --rounds rounds, each timing a block of
+prompts of 64 tokens, each prompt and its first token run alone (default plans); then --rounds
+rounds, each timing a block of
 --steps batched decode steps with the default plans and one with batch-invariant plans (the order
 alternating by round; each block after one untimed step that compiles the mode's plans, which
 switching drops). Before any timing, the two modes' logits of one batched step are compared: the
 invariant plans' must equal, bit for bit, each sequence's logits decoded alone, and the default
 plans' must agree with them within bench_fair's gate tolerance (the same function up to summation
 order), or the run stops. Reported per B: each mode's median ms a step and the geometric mean of
-the per-round ratios invariant / default with a 95% bootstrap interval; the record carries the
-rlx commit, build_info's ISA and the machine's load.
+the per-round ratios invariant / default with a 95% bootstrap interval (bench_fair.ratio_stats);
+the record carries the rlx commit (bench_fair.git_state: a dirty tree refused unless
+--allow-dirty), the machine (bench_fair.machine_info: CPU, flags, rlx's ISA) and its load.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -30,17 +31,10 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import common  # noqa: E402
+import bench_fair as bf  # noqa: E402
 from fair_gate import gate_tolerance  # noqa: E402
 
 PROMPT = 64
-
-
-def bootstrap(ratios: list[float], reps: int = 2000) -> tuple[float, float, float]:
-    logs = np.log(np.asarray(ratios))
-    rng = np.random.default_rng(0)
-    means = [rng.choice(logs, size=len(logs)).mean() for _ in range(reps)]
-    return float(np.exp(logs.mean())), float(np.exp(np.percentile(means, 2.5))), float(np.exp(np.percentile(means, 97.5)))
 
 
 def main() -> int:
@@ -51,6 +45,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--out", help="record path (JSON; a .md table beside it)")
+    ap.add_argument("--allow-dirty", action="store_true")
     args = ap.parse_args()
     if any(not 1 <= b <= 16 for b in args.batch):
         ap.error("--batch: sizes 1..16")
@@ -60,13 +55,10 @@ def main() -> int:
     gen = rlx.Generator.from_pretrained(args.gguf, kv_dtype="f16")
     layers = gen._config.num_hidden_layers
     wtype = gen.dtype or "mixed"  # a mixed file (Q4_K_M): gate_tolerance gives block types 4 bits
-    commit = subprocess.run(["git", "-C", HERE, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", HERE, "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True).stdout.strip())
-    record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "rlx": commit, "dirty": dirty,
-              "gguf": os.path.basename(args.gguf), "isa": rlx.build_info()["isa"], "quant": rlx.build_info()["quant"],
-              "cpu": common.cpu_model(), "threads": args.threads, "rounds": args.rounds, "steps": args.steps,
-              "load_start": os.getloadavg()[0], "cells": []}
+    state = bf.git_state(args.allow_dirty)
+    record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "rlx": state,
+              "machine": bf.machine_info(), "gguf": os.path.basename(args.gguf), "quant": rlx.build_info()["quant"],
+              "threads": args.threads, "rounds": args.rounds, "steps": args.steps, "cells": []}
     rng = np.random.default_rng(0)
     vocab = gen._config.vocab_size
     rows = []
@@ -100,16 +92,18 @@ def main() -> int:
                 for _ in range(args.steps):
                     gen.step_batch(seqs)
                 times[mode].append((time.perf_counter() - t) / args.steps * 1e3)
-        ratio = bootstrap([i / d for i, d in zip(times[True], times[False])])
-        cell = {"B": B, "default_ms": times[False], "invariant_ms": times[True], "ratio": ratio}
-        record["cells"].append(cell)
+        ratio = bf.ratio_stats(times[False], times[True])  # invariant / default, per round
+        record["cells"].append({"B": B, "default_ms": times[False], "invariant_ms": times[True], "ratio": ratio})
+        lo, hi = ratio["ci95"]
         rows.append(f"| {B} | {np.median(times[False]):.1f} | {np.median(times[True]):.1f} | "
-                    f"{ratio[0]:.2f}x [{ratio[1]:.2f}, {ratio[2]:.2f}] |")
+                    f"{ratio['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] |")
         print(rows[-1], flush=True)
-    record["load_end"] = os.getloadavg()[0]
-    head = (f"bench_invariant, {record['date']}, rlx {commit[:12]}{' with uncommitted changes' if dirty else ''}, {record['gguf']}, {record['cpu']}, "
-            f"ISA {record['isa']} (quant {record['quant']}), {args.threads} threads, {args.rounds} rounds of "
-            f"{args.steps} steps, load {record['load_start']:.2f} -> {record['load_end']:.2f}\n\n"
+    record["loadavg_end"] = os.getloadavg()
+    m = record["machine"]
+    head = (f"bench_invariant, {record['date']}, rlx {state['commit']}{' (dirty)' if state['dirty'] else ''}, "
+            f"{record['gguf']}, {m['cpu']}, ISA {m['rlx_isa']} (quant {record['quant']}), {args.threads} threads, "
+            f"{args.rounds} rounds of {args.steps} steps, load {m['loadavg_start'][0]:.2f} -> "
+            f"{record['loadavg_end'][0]:.2f}\n\n"
             "| B | default ms a step | invariant ms a step | invariant / default |\n|---|---|---|---|\n")
     print(head + "\n".join(rows))
     if args.out:
