@@ -27,6 +27,8 @@
 struct rlx_buffer {
     size_t size;   /* bytes */
     bool wrapped;  /* caller's host memory used in place (never written by kernels) */
+    bool streamed; /* read whole, front to back, by every step (a KV cache's layer): a host backend
+                      backs it with huge pages where the system allows (rlx_dev_alloc_streamed) */
     void *data;    /* host-addressable memory, or NULL */
     void *impl;    /* backend-specific */
     int64_t parts; /* > 0: not device memory but a weight store's table of parts (weights.c): `data`
@@ -110,6 +112,8 @@ struct rlx_device {
  * (RLX_ERR_UNSUPPORTED on a backend that cannot; see rlx_dev_can_wrap); if *inout is a wrapper
  * already it is re-pointed. free of NULL is a no-op. */
 rlx_status rlx_dev_alloc(struct rlx_device *d, size_t bytes, struct rlx_buffer **out);
+/* rlx_dev_alloc of a buffer marked `streamed` (struct rlx_buffer). */
+rlx_status rlx_dev_alloc_streamed(struct rlx_device *d, size_t bytes, struct rlx_buffer **out);
 bool rlx_dev_can_wrap(const struct rlx_device *d);
 rlx_status rlx_dev_wrap(struct rlx_device *d, const void *host, size_t bytes, struct rlx_buffer **inout);
 void rlx_dev_free(struct rlx_device *d, struct rlx_buffer *b);

@@ -70,11 +70,12 @@ size_t rlx_device_describe(const struct rlx_device *d, char *buf, size_t cap)
 
 /* ---- counted buffer operations ------------------------------------------------------------ */
 
-rlx_status rlx_dev_alloc(struct rlx_device *d, size_t bytes, struct rlx_buffer **out)
+static rlx_status dev_alloc(struct rlx_device *d, size_t bytes, bool streamed, struct rlx_buffer **out)
 {
     struct rlx_buffer *b = rlx_calloc(1, sizeof *b);
     if (!b) return RLX_ERR_NOMEM;
     b->size = bytes;
+    b->streamed = streamed;
     rlx_status s = d->be->buffer_alloc(d->ctx, b);
     if (s != RLX_OK) {
         free(b);
@@ -84,6 +85,16 @@ rlx_status rlx_dev_alloc(struct rlx_device *d, size_t bytes, struct rlx_buffer *
     atomic_fetch_add(&d->live_buffers, 1);
     *out = b;
     return RLX_OK;
+}
+
+rlx_status rlx_dev_alloc(struct rlx_device *d, size_t bytes, struct rlx_buffer **out)
+{
+    return dev_alloc(d, bytes, false, out);
+}
+
+rlx_status rlx_dev_alloc_streamed(struct rlx_device *d, size_t bytes, struct rlx_buffer **out)
+{
+    return dev_alloc(d, bytes, true, out);
 }
 
 bool rlx_dev_can_wrap(const struct rlx_device *d) { return d->be->buffer_wrap != NULL; }

@@ -6,7 +6,8 @@
  * rows on the device one buffer at a time (allocate, copy, free the old one), so a growth holds
  * one layer's K or V twice, not the whole cache (Qwen3-0.6B, f16, growing past 16384 positions:
  * 32 MiB more at the peak instead of 1792 MiB); on host devices the buffers are lazily committed
- * mappings, so a cache costs the pages its rows touch. Never prints or exits; every size is
+ * mappings, so a cache costs the pages its rows touch (allocated as streamed buffers: from 2 MiB,
+ * whole 2 MiB pages where the system allows, host.c). Never prints or exits; every size is
  * computed with checked arithmetic.
  */
 #include "rlx/kv.h"
@@ -106,7 +107,7 @@ rlx_status rlx_kv_cache_reserve(struct rlx_kv_cache *kv, int64_t n)
     for (int64_t b = 0; b < kv->n_layers * 2; b++) {
         if (kv->buf_cap[b] >= cap) continue;
         struct rlx_buffer *fresh = NULL;
-        rlx_status s = rlx_dev_alloc(kv->dev, kv->row_bytes * (size_t)cap, &fresh);
+        rlx_status s = rlx_dev_alloc_streamed(kv->dev, kv->row_bytes * (size_t)cap, &fresh);
         if (s == RLX_OK && kv->buf[b] && kv->len)
             s = rlx_dev_copy(kv->dev, fresh, 0, kv->buf[b], 0, kv->row_bytes * (size_t)kv->len);
         if (s != RLX_OK) {
