@@ -25,13 +25,13 @@
  * the backend fills `data` (the host address, for backends whose memory the host can address;
  * NULL otherwise) and `impl` (its own handle). */
 struct rlx_buffer {
-    size_t size;   /* bytes */
-    bool wrapped;  /* caller's host memory used in place (never written by kernels) */
-    bool streamed; /* read whole, front to back, by every step (a KV cache's layer): a host backend
-                      backs it with huge pages where the system allows (rlx_dev_alloc_streamed) */
-    void *data;    /* host-addressable memory, or NULL */
-    void *impl;    /* backend-specific */
-    int64_t parts; /* > 0: not device memory but a weight store's table of parts (weights.c): `data`
+    size_t size;                    /* bytes */
+    bool wrapped;                   /* caller's host memory used in place (never written by kernels) */
+    void *data;                     /* host-addressable memory, or NULL */
+    void *impl;                     /* backend-specific */
+    size_t huge_advised, huge_done; /* the backend's (buffer_settle): bytes from the start advised for
+                                       huge pages, and of those the bytes collapsed into them */
+    int64_t parts;                  /* > 0: not device memory but a weight store's table of parts (weights.c): `data`
                          holds `parts` pointers to host memory, one per part of a stacked weight whose
                          parts are not contiguous (experts read in place from a Hugging Face file);
                          only on devices that wrap host memory, only read by MATMUL_ID */
@@ -68,6 +68,8 @@ struct rlx_backend {
     rlx_status (*buffer_wrap)(void *ctx, struct rlx_buffer *b, const void *host);
     /* Frees what alloc / wrap made (not the struct). */
     void (*buffer_release)(void *ctx, struct rlx_buffer *b);
+    /* See rlx_dev_settle; NULL where nothing is gained (device memory). */
+    bool (*buffer_settle)(void *ctx, struct rlx_buffer *b, size_t bytes, bool move);
     rlx_status (*upload)(void *ctx, struct rlx_buffer *b, size_t offset, const void *src, size_t bytes);
     rlx_status (*download)(void *ctx, const struct rlx_buffer *b, size_t offset, void *dst, size_t bytes);
     rlx_status (*copy)(void *ctx, struct rlx_buffer *dst, size_t dst_offset, const struct rlx_buffer *src,
@@ -112,8 +114,10 @@ struct rlx_device {
  * (RLX_ERR_UNSUPPORTED on a backend that cannot; see rlx_dev_can_wrap); if *inout is a wrapper
  * already it is re-pointed. free of NULL is a no-op. */
 rlx_status rlx_dev_alloc(struct rlx_device *d, size_t bytes, struct rlx_buffer **out);
-/* rlx_dev_alloc of a buffer marked `streamed` (struct rlx_buffer). */
-rlx_status rlx_dev_alloc_streamed(struct rlx_device *d, size_t bytes, struct rlx_buffer **out);
+/* The first `bytes` of b hold, or are about to be given, rows that every step reads whole (a KV
+ * cache's): the backend may move them to pages that read faster (buffer_settle); with `move`, also
+ * the ones already written, which costs time. Whether it moved written ones. */
+bool rlx_dev_settle(struct rlx_device *d, struct rlx_buffer *b, size_t bytes, bool move);
 bool rlx_dev_can_wrap(const struct rlx_device *d);
 rlx_status rlx_dev_wrap(struct rlx_device *d, const void *host, size_t bytes, struct rlx_buffer **inout);
 void rlx_dev_free(struct rlx_device *d, struct rlx_buffer *b);

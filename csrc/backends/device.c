@@ -70,12 +70,11 @@ size_t rlx_device_describe(const struct rlx_device *d, char *buf, size_t cap)
 
 /* ---- counted buffer operations ------------------------------------------------------------ */
 
-static rlx_status dev_alloc(struct rlx_device *d, size_t bytes, bool streamed, struct rlx_buffer **out)
+rlx_status rlx_dev_alloc(struct rlx_device *d, size_t bytes, struct rlx_buffer **out)
 {
     struct rlx_buffer *b = rlx_calloc(1, sizeof *b);
     if (!b) return RLX_ERR_NOMEM;
     b->size = bytes;
-    b->streamed = streamed;
     rlx_status s = d->be->buffer_alloc(d->ctx, b);
     if (s != RLX_OK) {
         free(b);
@@ -87,14 +86,9 @@ static rlx_status dev_alloc(struct rlx_device *d, size_t bytes, bool streamed, s
     return RLX_OK;
 }
 
-rlx_status rlx_dev_alloc(struct rlx_device *d, size_t bytes, struct rlx_buffer **out)
+bool rlx_dev_settle(struct rlx_device *d, struct rlx_buffer *b, size_t bytes, bool move)
 {
-    return dev_alloc(d, bytes, false, out);
-}
-
-rlx_status rlx_dev_alloc_streamed(struct rlx_device *d, size_t bytes, struct rlx_buffer **out)
-{
-    return dev_alloc(d, bytes, true, out);
+    return b && !b->wrapped && d->be->buffer_settle && d->be->buffer_settle(d->ctx, b, bytes, move);
 }
 
 bool rlx_dev_can_wrap(const struct rlx_device *d) { return d->be->buffer_wrap != NULL; }

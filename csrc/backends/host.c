@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/core.h"
 #include "backends/host.h"
@@ -32,43 +33,48 @@ void rlx_host_close(void *ctx) { (void)ctx; }
  * buffers of 256 and 512 positions came from the heap, and growing past them left holes there that
  * the heap kept: Llama-3.2-1B Q4_K_M, f16 cache, a 1024-token prompt, 24 MiB of RSS.) */
 #define MAP_MIN_BYTES ((size_t)64 << 10)
-static char mapped_tag; /* b->impl == &mapped_tag: b->data is a mapping of mapped_bytes(b) bytes */
+static char mapped_tag; /* b->impl == &mapped_tag: b->data is a mapping of b->size bytes */
 
-/* A streamed buffer (struct rlx_buffer: a KV cache's layer) of at least one huge page is mapped in
- * whole 2 MiB pages, aligned, and advised MADV_HUGEPAGE, so that transparent huge pages back it
- * where the system allows (THP "madvise" or "always"; a process may opt out with
- * prctl(PR_SET_THP_DISABLE)). A decode step's attention reads every row of the cache, each chunk's
- * rows prefetched in software while the chunk before is computed (the hardware prefetchers do not
- * follow its order); through 4 KiB pages that ran at 13-16 GB/s of K + V, through 2 MiB pages at
- * 23-25, near the kernel's compute bound (Zen 4, Qwen3-0.6B's shape, f16, 1024-4096 positions, one
- * thread, a C harness over 28 layers' caches; 20-26 -> 26-30 GB/s at two threads). In the model,
- * Qwen3-0.6B Q4_K_M at one thread: decode at 1024 positions 1.21x, 2048 1.26x, 512 1.05x
- * (benchmarks/README.md, "the KV cache in 2 MiB pages"). The cost: a fault commits a whole 2 MiB
- * page, so each buffer holds up to one page of rows not yet written (at most its capacity, which
- * kv_bytes counts), and where the system has no free huge page the fault compacts memory first. */
+/* KV cache rows in 2 MiB pages. Mappings of 2 MiB and more start at a 2 MiB boundary, and
+ * rlx_host_buffer_settle advises the whole 2 MiB pages of a buffer's first `bytes`
+ * MADV_HUGEPAGE, and with `move` collapses the ones already written in 4 KiB pages (MADV_COLLAPSE,
+ * Linux 6.1+), so that transparent huge pages back them where the system allows (THP "madvise" or
+ * "always"; a process may opt out with prctl(PR_SET_THP_DISABLE)). The KV cache settles the rows a
+ * step is about to hold (kv_cache.c): a prompt's whole pages fault in as 2 MiB pages; the page of
+ * each buffer that decode fills stays in 4 KiB pages until its rows fill it, then is collapsed,
+ * one buffer a step (on this VM a collapse took ~5 ms: Qwen3-0.6B's 56 buffers at once made one
+ * step 300 ms long). So the cache commits no more than its rows (rounded to 4 KiB), as before.
+ * Why: a decode step's attention reads every row of the cache, each chunk's rows prefetched in
+ * software while the chunk before is computed (the hardware prefetchers do not follow its order);
+ * through 4 KiB pages that ran at 13-16 GB/s of K + V, through 2 MiB pages at 23-25, near the
+ * kernel's compute bound (Zen 4, Qwen3-0.6B's shape, f16, 1024-4096 positions, one thread, a C
+ * harness over 28 layers' caches; 20-26 -> 26-30 GB/s at two threads; 15 % in another hour of this
+ * shared host); in the model, Qwen3-0.6B Q4_K_M at one thread decodes 1.0-1.26x faster at 1024-2048
+ * positions with the host's state (benchmarks/README.md, "the KV cache in 2 MiB pages", which also
+ * has the cost: a 2 MiB fault on a VM whose freed 2 MiB blocks go back to the host takes ~4 ms
+ * where 512 faults of 4 KiB pages take ~1.1). */
 #define HUGE_BYTES ((size_t)2 << 20)
+#if defined(__linux__) && !defined(MADV_COLLAPSE)
+#define MADV_COLLAPSE 25 /* Linux's value; older kernels refuse it (EINVAL) and nothing changes */
+#endif
 
-static bool in_huge_pages(const struct rlx_buffer *b) { return b->streamed && b->size >= HUGE_BYTES; }
-
-static size_t mapped_bytes(const struct rlx_buffer *b)
+/* An anonymous mapping of n bytes, at a HUGE_BYTES boundary when n >= HUGE_BYTES; NULL when out of
+ * address space. */
+static void *map_anonymous(size_t n)
 {
-    return in_huge_pages(b) ? (b->size + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1) : b->size;
-}
-
-/* An anonymous mapping of n bytes (a multiple of HUGE_BYTES) at a HUGE_BYTES boundary, advised
- * MADV_HUGEPAGE (a hint: where the system refuses it the mapping stays in small pages); NULL when
- * out of address space. */
-static void *map_huge(size_t n)
-{
-    if (n > SIZE_MAX - HUGE_BYTES) return NULL;
-    char *p = mmap(NULL, n + HUGE_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    const int prot = PROT_READ | PROT_WRITE, flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+    if (n < HUGE_BYTES) {
+        void *p = mmap(NULL, n, prot, flags, -1, 0);
+        return p == MAP_FAILED ? NULL : p;
+    }
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (n > SIZE_MAX - 2 * HUGE_BYTES) return NULL;
+    n = (n + page - 1) / page * page;
+    char *p = mmap(NULL, n + HUGE_BYTES, prot, flags, -1, 0);
     if (p == MAP_FAILED) return NULL;
     char *a = (char *)(((uintptr_t)p + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
     if (a > p) munmap(p, (size_t)(a - p));
-    if (a + n < p + n + HUGE_BYTES) munmap(a + n, (size_t)(p + n + HUGE_BYTES - (a + n)));
-#ifdef MADV_HUGEPAGE
-    (void)madvise(a, n, MADV_HUGEPAGE);
-#endif
+    munmap(a + n, (size_t)(p + HUGE_BYTES - a)); /* the tail: from the end to p + n + HUGE_BYTES */
     return a;
 }
 
@@ -76,12 +82,8 @@ rlx_status rlx_host_buffer_alloc(void *ctx, struct rlx_buffer *b)
 {
     (void)ctx;
     if (b->size >= MAP_MIN_BYTES) {
-        const size_t n = mapped_bytes(b);
-        void *p = in_huge_pages(b)
-                      ? map_huge(n)
-                      : mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (!p || p == MAP_FAILED)
-            return rlx_set_error(RLX_ERR_NOMEM, "out of memory mapping a %zu-byte buffer", b->size);
+        void *p = map_anonymous(b->size);
+        if (!p) return rlx_set_error(RLX_ERR_NOMEM, "out of memory mapping a %zu-byte buffer", b->size);
         b->data = p;
         b->impl = &mapped_tag;
         return RLX_OK;
@@ -92,6 +94,27 @@ rlx_status rlx_host_buffer_alloc(void *ctx, struct rlx_buffer *b)
     memset(b->data, 0, rounded);
     b->impl = NULL;
     return RLX_OK;
+}
+
+bool rlx_host_buffer_settle(void *ctx, struct rlx_buffer *b, size_t bytes, bool move)
+{
+    (void)ctx;
+    if (b->impl != &mapped_tag) return false;
+    const size_t end = (bytes < b->size ? bytes : b->size) & ~(HUGE_BYTES - 1);
+#ifdef __linux__
+    char *p = (char *)b->data;
+    if (end > b->huge_advised) /* a hint: refused, the pages stay small */
+        (void)madvise(p + b->huge_advised, end - b->huge_advised, MADV_HUGEPAGE);
+    b->huge_advised = end > b->huge_advised ? end : b->huge_advised;
+    if (!move || b->huge_done >= b->huge_advised) return false;
+    /* 0: pages were there to collapse (or already huge); EINVAL where none were written yet */
+    const bool moved = madvise(p + b->huge_done, b->huge_advised - b->huge_done, MADV_COLLAPSE) == 0;
+    b->huge_done = b->huge_advised;
+    return moved;
+#else
+    (void)end, (void)move;
+    return false;
+#endif
 }
 
 rlx_status rlx_host_buffer_wrap(void *ctx, struct rlx_buffer *b, const void *host)
@@ -106,7 +129,7 @@ void rlx_host_buffer_release(void *ctx, struct rlx_buffer *b)
 {
     (void)ctx;
     if (!b->wrapped && b->impl == &mapped_tag)
-        munmap(b->data, mapped_bytes(b));
+        munmap(b->data, b->size);
     else if (!b->wrapped)
         free(b->data);
     b->data = b->impl = NULL;

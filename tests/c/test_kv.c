@@ -2,7 +2,8 @@
  * test_kv.c - standalone checks of the KV cache (rlx/kv.h) on every device compiled in: creation
  * and its argument checks, growth on demand (rows kept, copied on the device, nothing crossing to
  * the host), writing rows and reading them back, advance and truncate, copying a cache, and the
- * byte counts of f32 / f16 / bf16 caches. It prints one line per failed check and ends with
+ * byte counts of f32 / f16 / bf16 caches, and buffers of over 2 MiB (host devices map them in whole
+ * 2 MiB pages: aligned, trimmed, unmapped whole) written and read at both ends. It prints one line per failed check and ends with
  * "N passed, M failed"; it exits non-zero if anything failed. It depends on the public headers and
  * the C library only.
  */
@@ -134,6 +135,42 @@ static void test_dtypes(struct rlx_device *dev)
     CHECK(st.allocated_bytes == 0, "every cache buffer freed (%zu bytes left)", st.allocated_bytes);
 }
 
+static void test_big_buffers(struct rlx_device *dev)
+{
+    /* rows of 768 f32 (3 KiB): 1000 positions = 2.93 MiB a buffer, then 2000 = 5.86 MiB, neither a
+     * multiple of the 2 MiB pages the host devices map them in */
+    enum { ROW = 768 };
+    static float buf[2 * ROW];
+    struct rlx_kv_cache *kv = NULL;
+    CHECK(rlx_kv_cache_create(dev, 2, ROW, 4000, RLX_F32, &kv) == RLX_OK && kv, "create");
+    if (!kv) return;
+    int ok = rlx_kv_cache_reserve(kv, 1000) == RLX_OK && rlx_kv_cache_capacity(kv) == 1000;
+    for (int64_t l = 0; l < 2; l++)
+        for (int which = 0; which < 2; which++)
+            for (int64_t p = 0; p < 1000; p += 999) {
+                for (int64_t c = 0; c < ROW; c++) buf[c] = val(l, which, p, c);
+                ok &= rlx_kv_cache_write(kv, l, which, p, 1, buf, ROW * 4) == RLX_OK;
+            }
+    ok &= rlx_kv_cache_advance(kv, 1000) == RLX_OK && rlx_kv_cache_reserve(kv, 1001) == RLX_OK &&
+          rlx_kv_cache_capacity(kv) == 2000;
+    for (int64_t l = 0; l < 2; l++)
+        for (int which = 0; which < 2; which++) {
+            for (int64_t c = 0; c < ROW; c++) buf[c] = val(l, which, 1999, c);
+            ok &= rlx_kv_cache_write(kv, l, which, 1999, 1, buf, ROW * 4) == RLX_OK;
+        }
+    CHECK(ok, "2.9 MiB buffers written at both ends, grown to 5.9 MiB, written at the end");
+    ok = rlx_kv_cache_advance(kv, 1000) == RLX_OK;
+    for (int64_t l = 0; l < 2; l++)
+        for (int which = 0; which < 2; which++)
+            for (int i = 0; i < 3; i++) {
+                const int64_t pos = (int64_t[]){0, 999, 1999}[i];
+                ok &= rlx_kv_cache_read(kv, l, which, pos, 1, buf, ROW * 4) == RLX_OK;
+                for (int64_t c = 0; c < ROW; c++) ok &= buf[c] == val(l, which, pos, c);
+            }
+    CHECK(ok, "rows 0, 999 and 1999 read back after the growth");
+    rlx_kv_cache_free(kv);
+}
+
 int main(void)
 {
     const char *names[] = {"cpu", "ref"};
@@ -143,6 +180,7 @@ int main(void)
         if (!dev) continue;
         test_create(dev);
         test_use(dev);
+        test_big_buffers(dev);
         test_dtypes(dev);
         rlx_device_free(dev);
     }
