@@ -145,8 +145,8 @@ def test_the_whole_2_mib_pages_of_a_caches_rows_are_advised_for_huge_pages():
     it then had a free huge page to give) grow by those pages and no more. 8 buffers (4 layers, K
     and V) of 1 KiB rows: 512 positions (512 KiB buffers) none; a 2048-token prompt all 16 MiB; a
     1100-token prompt and a step (buffers of 2048 positions, grown by the prompt's 512-row pieces;
-    rows [0, 1101)) none, nor more rows to 2047 positions, and the 2048th row the first page of each buffer (collapsed from the 4 KiB
-    pages its rows were written in, where the kernel can)."""
+    rows [0, 1101)) none, nor more rows to 2047 positions, and the 2048th row the first page of
+    each buffer (collapsed from the 4 KiB pages its rows were written in, where the kernel can)."""
     code = textwrap.dedent("""
         import re, numpy as np, rlx
         from rlx.weights import expected_weights
