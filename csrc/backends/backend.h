@@ -25,16 +25,18 @@
  * the backend fills `data` (the host address, for backends whose memory the host can address;
  * NULL otherwise) and `impl` (its own handle). */
 struct rlx_buffer {
-    size_t size;                    /* bytes */
-    bool wrapped;                   /* caller's host memory used in place (never written by kernels) */
-    void *data;                     /* host-addressable memory, or NULL */
-    void *impl;                     /* backend-specific */
-    size_t huge_advised, huge_done; /* the backend's (buffer_settle): bytes from the start advised for
-                                       huge pages, and of those the bytes collapsed into them */
-    int64_t parts;                  /* > 0: not device memory but a weight store's table of parts (weights.c): `data`
+    size_t size;   /* bytes */
+    bool wrapped;  /* caller's host memory used in place (never written by kernels) */
+    void *data;    /* host-addressable memory, or NULL */
+    void *impl;    /* backend-specific */
+    int64_t parts; /* > 0: not device memory but a weight store's table of parts (weights.c): `data`
                          holds `parts` pointers to host memory, one per part of a stacked weight whose
                          parts are not contiguous (experts read in place from a Hugging Face file);
                          only on devices that wrap host memory, only read by MATMUL_ID */
+
+    /* the backend's (buffer_settle): bytes from the start advised for huge pages, and of those the
+     * bytes collapsed into them */
+    size_t huge_advised, huge_done;
 };
 
 /* Host memory for kernels' scratch, grown on demand with realloc and freed with free(): a plan's

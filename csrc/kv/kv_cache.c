@@ -8,8 +8,8 @@
  * 32 MiB more at the peak instead of 1792 MiB); on host devices the buffers are lazily committed
  * mappings, so a cache costs the pages its rows touch; before a step writes its rows the cache
  * tells the device which rows it will hold (rlx_dev_settle), and host devices move the whole 2 MiB
- * pages of them to huge pages, which the decode attention reads ~1.6x faster (host.c). Never prints or exits; every size is
- * computed with checked arithmetic.
+ * pages of them to huge pages, which the decode attention reads faster (host.c). Never prints or
+ * exits; every size is computed with checked arithmetic.
  */
 #include "rlx/kv.h"
 

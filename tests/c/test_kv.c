@@ -2,10 +2,10 @@
  * test_kv.c - standalone checks of the KV cache (rlx/kv.h) on every device compiled in: creation
  * and its argument checks, growth on demand (rows kept, copied on the device, nothing crossing to
  * the host), writing rows and reading them back, advance and truncate, copying a cache, and the
- * byte counts of f32 / f16 / bf16 caches, and buffers of over 2 MiB (host devices map them in whole
- * 2 MiB pages: aligned, trimmed, unmapped whole) written and read at both ends. It prints one line per failed check and ends with
- * "N passed, M failed"; it exits non-zero if anything failed. It depends on the public headers and
- * the C library only.
+ * byte counts of f32 / f16 / bf16 caches, and buffers of over 2 MiB (host devices map them at a 2
+ * MiB boundary, trimmed, for huge pages) written and read at both ends. It prints one line per
+ * failed check and ends with "N passed, M failed"; it exits non-zero if anything failed. It depends
+ * on the public headers and the C library only.
  */
 #include <stdint.h>
 #include <stdio.h>
