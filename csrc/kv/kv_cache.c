@@ -121,7 +121,9 @@ rlx_status rlx_kv_cache_reserve(struct rlx_kv_cache *kv, int64_t n)
         if (kv->buf_cap[b] >= cap) continue;
         struct rlx_buffer *fresh = NULL;
         rlx_status s = rlx_dev_alloc(kv->dev, kv->row_bytes * (size_t)cap, &fresh);
-        if (s == RLX_OK) rlx_dev_settle(kv->dev, fresh, kv->row_bytes * (size_t)n, false); /* before the copy */
+        /* before the copy: nothing written yet, so nothing to move (the pages fault in huge), and marked
+         * so: a later step's one move is not spent on these pages */
+        if (s == RLX_OK) rlx_dev_settle(kv->dev, fresh, kv->row_bytes * (size_t)n, true);
         if (s == RLX_OK && kv->buf[b] && kv->len)
             s = rlx_dev_copy(kv->dev, fresh, 0, kv->buf[b], 0, kv->row_bytes * (size_t)kv->len);
         if (s != RLX_OK) {
