@@ -72,6 +72,8 @@ struct rlx_backend {
     void (*buffer_release)(void *ctx, struct rlx_buffer *b);
     /* See rlx_dev_settle; NULL where nothing is gained (device memory). */
     bool (*buffer_settle)(void *ctx, struct rlx_buffer *b, size_t bytes, bool move);
+    /* See rlx_dev_discard; NULL where memory is not given back piecewise. */
+    void (*buffer_discard)(void *ctx, struct rlx_buffer *b, size_t offset, size_t bytes);
     rlx_status (*upload)(void *ctx, struct rlx_buffer *b, size_t offset, const void *src, size_t bytes);
     rlx_status (*download)(void *ctx, const struct rlx_buffer *b, size_t offset, void *dst, size_t bytes);
     rlx_status (*copy)(void *ctx, struct rlx_buffer *dst, size_t dst_offset, const struct rlx_buffer *src,
@@ -120,6 +122,11 @@ rlx_status rlx_dev_alloc(struct rlx_device *d, size_t bytes, struct rlx_buffer *
  * cache's): the backend may move them to pages that read faster (buffer_settle); with `move`, also
  * the ones already written, which costs time. Whether it moved written ones. */
 bool rlx_dev_settle(struct rlx_device *d, struct rlx_buffer *b, size_t bytes, bool move);
+/* Whether the device settles buffers at all (host memory in pages). */
+bool rlx_dev_settles(const struct rlx_device *d);
+/* Nothing will read these bytes of b again before they are written: the backend may give back the
+ * memory behind them (host devices: the whole pages inside the range; they read as zeros after). */
+void rlx_dev_discard(struct rlx_device *d, struct rlx_buffer *b, size_t offset, size_t bytes);
 bool rlx_dev_can_wrap(const struct rlx_device *d);
 rlx_status rlx_dev_wrap(struct rlx_device *d, const void *host, size_t bytes, struct rlx_buffer **inout);
 void rlx_dev_free(struct rlx_device *d, struct rlx_buffer *b);

@@ -91,6 +91,14 @@ bool rlx_dev_settle(struct rlx_device *d, struct rlx_buffer *b, size_t bytes, bo
     return b && !b->wrapped && d->be->buffer_settle && d->be->buffer_settle(d->ctx, b, bytes, move);
 }
 
+bool rlx_dev_settles(const struct rlx_device *d) { return d->be->buffer_settle != NULL; }
+
+void rlx_dev_discard(struct rlx_device *d, struct rlx_buffer *b, size_t offset, size_t bytes)
+{
+    if (b && !b->wrapped && d->be->buffer_discard && offset <= b->size && bytes <= b->size - offset)
+        d->be->buffer_discard(d->ctx, b, offset, bytes);
+}
+
 bool rlx_dev_can_wrap(const struct rlx_device *d) { return d->be->buffer_wrap != NULL; }
 
 rlx_status rlx_dev_wrap(struct rlx_device *d, const void *host, size_t bytes, struct rlx_buffer **inout)

@@ -117,6 +117,19 @@ bool rlx_host_buffer_settle(void *ctx, struct rlx_buffer *b, size_t bytes, bool 
 #endif
 }
 
+void rlx_host_buffer_discard(void *ctx, struct rlx_buffer *b, size_t offset, size_t bytes)
+{
+    (void)ctx;
+    if (b->impl != &mapped_tag) return;
+#ifdef __linux__
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), from = (uintptr_t)b->data + offset,
+                    lo = (from + page - 1) & ~(page - 1), hi = (from + bytes) & ~(page - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* private anonymous: zeros after */
+#else
+    (void)offset, (void)bytes;
+#endif
+}
+
 rlx_status rlx_host_buffer_wrap(void *ctx, struct rlx_buffer *b, const void *host)
 {
     (void)ctx;

@@ -16,6 +16,7 @@ rlx_status rlx_host_buffer_alloc(void *ctx, struct rlx_buffer *b);
 rlx_status rlx_host_buffer_wrap(void *ctx, struct rlx_buffer *b, const void *host);
 void rlx_host_buffer_release(void *ctx, struct rlx_buffer *b);
 bool rlx_host_buffer_settle(void *ctx, struct rlx_buffer *b, size_t bytes, bool move);
+void rlx_host_buffer_discard(void *ctx, struct rlx_buffer *b, size_t offset, size_t bytes);
 rlx_status rlx_host_upload(void *ctx, struct rlx_buffer *b, size_t offset, const void *src, size_t bytes);
 rlx_status rlx_host_download(void *ctx, const struct rlx_buffer *b, size_t offset, void *dst, size_t bytes);
 rlx_status rlx_host_copy(void *ctx, struct rlx_buffer *dst, size_t dst_offset, const struct rlx_buffer *src,

@@ -201,6 +201,15 @@ static rlx_status set_masks(struct rlx_seq *s, struct plan_slot *sl, int64_t S, 
     return RLX_OK;
 }
 
+/* Binds layer l's K and V of the cache to a plan's two states. */
+static rlx_status bind_layer(struct rlx_plan *p, int k_state, int v_state, struct rlx_kv_cache *kv, int64_t l)
+{
+    size_t ko, vo;
+    struct rlx_buffer *k = rlx_kv_cache_buffer(kv, l, 0, &ko), *v = rlx_kv_cache_buffer(kv, l, 1, &vo);
+    RLX_TRY(rlx_plan_bind_state(p, k_state, k, ko));
+    return rlx_plan_bind_state(p, v_state, v, vo);
+}
+
 /* Runs positions [from, from + n) with the model's lock held: FULL (from == 0, no cache) or over
  * the cache's rows [0, from), writing rows [from, from + n) into it. The block's input is the
  * history's ids (embedding blocks) or hidden (n, H). *out: logits (1, V) or hidden (n, H). */
@@ -225,10 +234,7 @@ static rlx_status run_locked(struct rlx_seq *s, enum plan_kind kind, const float
         RLX_TRY(rlx_kv_cache_reserve(s->kv, read));
         if (sl->masked) RLX_TRY(set_masks(s, sl, n, from));
         if (sl->rows < 0) RLX_TRY(rlx_plan_bind_symbol(sl->plan, RLX_SYM_PAST, from));
-        for (int64_t l = 0; l < L; l++) {
-            RLX_TRY(rlx_plan_bind_state(sl->plan, sl->k_state[l], rlx_kv_cache_buffer(s->kv, l, 0), 0));
-            RLX_TRY(rlx_plan_bind_state(sl->plan, sl->v_state[l], rlx_kv_cache_buffer(s->kv, l, 1), 0));
-        }
+        for (int64_t l = 0; l < L; l++) RLX_TRY(bind_layer(sl->plan, sl->k_state[l], sl->v_state[l], s->kv, l));
     }
     s->profile_valid = false;
     RLX_TRY(rlx_weights_check(m->weights));
@@ -388,10 +394,8 @@ static rlx_status run_batch_locked(struct rlx_model *m, struct rlx_seq *const *s
         }
         RLX_TRY(rlx_kv_cache_reserve(s->kv, from[b] + segs[b]));
         RLX_TRY(rlx_plan_bind_symbol(sl->plan, sl->past_sym[b], from[b]));
-        for (int64_t l = 0; l < L; l++) {
-            RLX_TRY(rlx_plan_bind_state(sl->plan, sl->k_state[b * L + l], rlx_kv_cache_buffer(s->kv, l, 0), 0));
-            RLX_TRY(rlx_plan_bind_state(sl->plan, sl->v_state[b * L + l], rlx_kv_cache_buffer(s->kv, l, 1), 0));
-        }
+        for (int64_t l = 0; l < L; l++)
+            RLX_TRY(bind_layer(sl->plan, sl->k_state[b * L + l], sl->v_state[b * L + l], s->kv, l));
         s->profile_valid = false;
     }
     struct rlx_host_tensor x = {.data = ids, .dtype = RLX_I32, .ndim = 1, .shape = {rows}};

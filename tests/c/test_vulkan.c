@@ -112,7 +112,9 @@ static rlx_status run(struct net *n, const int32_t *pos, float *out)
     rlx_status s = rlx_plan_set_input(n->p, n->ids, &ti);
     if (s == RLX_OK) s = rlx_plan_set_input(n->p, n->pos, &tp);
     if (s == RLX_OK) s = rlx_plan_state_of_node(n->p, n->kc, &st);
-    if (s == RLX_OK) s = rlx_plan_bind_state(n->p, st, rlx_kv_cache_buffer(n->kv, 0, 0), 0);
+    size_t ko = 0;
+    struct rlx_buffer *kb = rlx_kv_cache_buffer(n->kv, 0, 0, &ko);
+    if (s == RLX_OK) s = rlx_plan_bind_state(n->p, st, kb, ko);
     if (s == RLX_OK) s = rlx_plan_run(n->p);
     if (s == RLX_OK) s = rlx_plan_read_output(n->p, 0, out, sizeof(float) * S * N);
     return s;

@@ -105,8 +105,15 @@ def test_kv_bytes_halve_with_16_bit_caches(device):
         seen[kv] = (gen.kv_bytes, gen.device_stats()["allocated_bytes"] - before)
         assert gen.kv_dtype == kv and gen.kv_cache(0)[0].dtype == rlx.dtypes.DTYPES[kv].numpy
     assert seen["f32"][0] == 2 * seen["f16"][0] == 2 * seen["bf16"][0] > 0
-    # the device holds the cache (plus the plans' arenas, which do not depend on kv_dtype)
-    assert seen["f32"][1] - seen["f16"][1] == seen["f32"][0] - seen["f16"][0]
+    # The device holds the cache (plus the plans' arenas, which do not depend on kv_dtype); on host devices a
+    # cache below 2 MiB a buffer keeps its buffers in one mapping with room for every position up to that size
+    # (kv.h), committed as rows are written.
+    def held(kv):
+        if device not in ("cpu", "ref"):
+            return seen[kv][0]
+        row = CFG.num_key_value_heads * CFG.head_dim * (4 if kv == "f32" else 2)
+        return 2 * CFG.num_hidden_layers * min(CFG.max_position_embeddings, (2**21 - 1) // row) * row
+    assert seen["f32"][1] - seen["f16"][1] == held("f32") - held("f16")
 
 
 @pytest.mark.skipif("asan" in os.environ.get("LD_PRELOAD", ""), reason="ASan's shadow memory blurs the RSS")
@@ -124,7 +131,8 @@ def test_a_growing_cache_holds_one_buffer_twice_not_the_whole_cache():
                               max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=1e6)
         r = np.random.default_rng(0)
         W = {k: (r.standard_normal(s) * 0.02).astype(np.float32) for k, s in expected_weights(cfg).items()}
-        gen = rlx.Generator(cfg, W, kv_dtype="f32").with_dynamic_prefill_cache()
+        # the prompt in one piece: the cache reserves its 4096 rows at once (a buffer each: 4 MiB)
+        gen = rlx.Generator(cfg, W, kv_dtype="f32").with_dynamic_prefill_cache().with_prefill_chunk(4096)
         gen.prefill_get_last_logits([int(t) for t in r.integers(3, 60, 4096)])
         assert gen.kv_bytes == 8 * 2 * 4096 * 256 * 4
         h0 = hwm()
@@ -137,16 +145,49 @@ def test_a_growing_cache_holds_one_buffer_twice_not_the_whole_cache():
     assert float(out.stdout) < 64 / 4, f"peak RSS grew by {out.stdout.strip()} MiB"
 
 
+@pytest.mark.skipif("asan" in os.environ.get("LD_PRELOAD", ""), reason="ASan's shadow memory blurs the RSS")
+def test_a_cache_leaving_the_shared_mapping_holds_one_buffer_twice():
+    """A small cache keeps its 16 buffers (8 layers, K and V) in one mapping (kv.h); the step past
+    2047 positions (2 MiB a buffer) moves them into a buffer each, giving back each one's rows in the
+    shared mapping once copied (kv_cache.c: leave_arena): the process's peak RSS rises by about one
+    buffer (2 MiB here), not by the 32 MiB of the whole cache."""
+    code = textwrap.dedent("""
+        import numpy as np, rlx
+        from rlx.weights import expected_weights
+        def hwm():
+            return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) / 1024
+        cfg = rlx.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=8,
+                              num_attention_heads=2, num_key_value_heads=2, head_dim=128,
+                              max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=1e6)
+        r = np.random.default_rng(0)
+        W = {k: (r.standard_normal(s) * 0.02).astype(np.float32) for k, s in expected_weights(cfg).items()}
+        gen = rlx.Generator(cfg, W, kv_dtype="f32").with_dynamic_prefill_cache().with_prefill_chunk(2046)
+        gen.prefill_get_last_logits([int(t) for t in r.integers(3, 60, 2046)])
+        gen.extend([5])  # the plans for one new row compiled, and their scratch taken
+        assert gen.kv_len == 2047 and gen.kv_bytes == 8 * 2 * 2047 * 256 * 4  # the most the shared mapping takes
+        h0 = hwm()
+        gen.extend([5])
+        assert gen.kv_bytes == 8 * 2 * 4094 * 256 * 4
+        print(hwm() - h0)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) < 32 / 4, f"peak RSS grew by {out.stdout.strip()} MiB"
+
+
 @pytest.mark.skipif(not rlx.mapping._linux_thp(), reason="Linux with transparent huge pages only")
 def test_the_whole_2_mib_pages_of_a_caches_rows_are_advised_for_huge_pages():
     """The KV cache tells the device which rows a step will hold (kv_cache.c: rlx_dev_settle) and
     the host devices advise the whole 2 MiB pages of them MADV_HUGEPAGE (host.c): the anonymous
     mappings the kernel deems eligible for transparent huge pages (smaps' THPeligible, whether or not
     it then had a free huge page to give) grow by those pages and no more. 8 buffers (4 layers, K
-    and V) of 1 KiB rows: 512 positions (512 KiB buffers) none; a 2048-token prompt all 16 MiB; a
-    1100-token prompt and a step (buffers of 2048 positions, grown by the prompt's 512-row pieces;
-    rows [0, 1101)) none, nor more rows to 2047 positions, and the 2048th row the first page of
-    each buffer (collapsed from the 4 KiB pages its rows were written in, where the kernel can)."""
+    and V) of 1 KiB rows, in one mapping below 2048 positions (2 MiB a buffer; kv.h): 512 positions
+    (512 KiB buffers, 4 MiB in all) all 4 MiB; a 2048-token prompt (its last 512-row piece takes
+    the cache out of the shared mapping: a buffer each of 2 x 1536 positions) the first 2 MiB of
+    each buffer, 16 MiB; a 1100-token prompt and a step (1152 positions, a multiple of 64: 9 MiB)
+    the whole pages of it, 8 MiB; more rows to 2047 positions (the most the shared mapping takes:
+    16 MiB less 8 KiB) 7 pages; the 2048th row (a buffer each of 2 x 2047 positions) the first page
+    of each buffer, written before it had been advised (the copy faults it in huge)."""
     code = textwrap.dedent("""
         import re, numpy as np, rlx
         from rlx.weights import expected_weights
@@ -185,11 +226,12 @@ def test_the_whole_2_mib_pages_of_a_caches_rows_are_advised_for_huge_pages():
     assert out.returncode == 0, out.stderr
     rows = [tuple(map(int, line.split())) for line in out.stdout.split("\n") if line]
     MiB = 1 << 20
-    assert rows[0] == (512, 4 * MiB, 0)  # 512 KiB buffers
-    assert rows[1][:2] == (2048, 16 * MiB) and rows[1][2] >= 16 * MiB
-    assert rows[2][:2] == (1101, 16 * MiB) and rows[2][2] == 0
-    assert rows[3][0] == 2047 and rows[3][2] == 0  # rows [0, 2047): page 0 not whole
-    assert rows[4][0] == 2048 and 16 * MiB <= rows[4][2] < 17 * MiB
+    KiB = 1 << 10
+    assert rows[0] == (512, 4 * MiB, 4 * MiB)  # 512 KiB buffers in one mapping
+    assert rows[1][:2] == (2048, 8 * 3072 * KiB) and 16 * MiB <= rows[1][2] < 17 * MiB
+    assert rows[2] == (1101, 8 * 1152 * KiB, 8 * MiB)
+    assert rows[3] == (2047, 8 * 2047 * KiB, 14 * MiB)  # 16 MiB less 8 KiB: 7 whole pages
+    assert rows[4][:2] == (2048, 8 * 4094 * KiB) and 16 * MiB <= rows[4][2] < 17 * MiB
 
 
 def cache_rows(seq) -> list:

@@ -52,6 +52,7 @@ const struct rlx_backend rlx_cpu_backend = {
     .buffer_wrap = rlx_host_buffer_wrap,
     .buffer_release = rlx_host_buffer_release,
     .buffer_settle = rlx_host_buffer_settle,
+    .buffer_discard = rlx_host_buffer_discard,
     .upload = rlx_host_upload,
     .download = rlx_host_download,
     .copy = rlx_host_copy,

@@ -4,9 +4,14 @@
  * of which rows [0, len) are filled. Plans read and write it in place (it is bound to their
  * STATE nodes per run): the host never copies it per step.
  *
- * Capacity grows on demand (rlx_kv_cache_reserve), geometrically, up to the cache's maximum;
- * growing reallocates the buffers one at a time and copies rows [0, len) on the device. Rows past
- * len hold zeros or stale finite rows of the same sequence (a plan that reads them masks them).
+ * Capacity grows on demand (rlx_kv_cache_reserve), up to the cache's maximum, keeping rows [0, len)
+ * (copied on the device). Small caches on host devices keep every layer's K and V in one buffer
+ * (each buffer's rows at an offset there; they grow in steps of 64 positions, by an eighth or
+ * more, moved in place; the buffer is address space for up to 2 MiB each, committed as rows are
+ * written) so that their rows fill 2 MiB pages; a cache whose buffers reach 2 MiB each,
+ * and every cache on other devices, has a buffer per layer's K and V, grown geometrically and
+ * reallocated one at a time. Rows past len hold zeros or stale finite rows of the same cache (a plan
+ * that reads them masks them).
  * A cache is not safe to use from two threads at once; distinct caches are.
  */
 #ifndef RLX_KV_H
@@ -34,7 +39,9 @@ enum rlx_dtype rlx_kv_cache_dtype(const struct rlx_kv_cache *kv);
 /* Bytes of device memory allocated now (all layers, K and V). */
 size_t rlx_kv_cache_bytes(const struct rlx_kv_cache *kv);
 
-/* capacity >= n: grows to max(n, 2 * capacity, 256) capped at the maximum, copying rows [0, len).
+/* capacity >= n, copying rows [0, len): small caches on host devices (below 2 MiB per buffer) to
+ * max(n, capacity * 9 / 8) rounded up to a multiple of 64, the rest to max(n, 2 * capacity, 256),
+ * capped at the maximum.
  * RLX_ERR_RANGE (nothing changed) when n exceeds the maximum; RLX_ERR_NOMEM when the device is
  * out of memory (len, capacity and every row unchanged; buffers grown before the failure keep
  * their larger allocation, counted by rlx_kv_cache_bytes, until the next reserve or free). */
@@ -45,9 +52,10 @@ rlx_status rlx_kv_cache_reserve(struct rlx_kv_cache *kv, int64_t n);
 rlx_status rlx_kv_cache_advance(struct rlx_kv_cache *kv, int64_t n);
 rlx_status rlx_kv_cache_truncate(struct rlx_kv_cache *kv, int64_t n);
 
-/* The device buffer of a layer's K (which 0) or V (which 1): (capacity, row) elements; NULL for a
- * bad layer / which or before the first reserve. Valid until the next reserve or free. */
-struct rlx_buffer *rlx_kv_cache_buffer(struct rlx_kv_cache *kv, int64_t layer, int which);
+/* The device buffer holding a layer's K (which 0) or V (which 1), its (capacity, row) elements from
+ * byte *offset (layers may share one buffer); NULL (*offset 0) for a bad layer / which or before
+ * the first reserve. Valid until the next reserve or free. */
+struct rlx_buffer *rlx_kv_cache_buffer(struct rlx_kv_cache *kv, int64_t layer, int which, size_t *offset);
 
 /* Rows [row0, row0 + n) of a layer's K (which 0) or V (which 1) to / from host memory, in the
  * cache's dtype: bytes must be n * row * element size. read needs row0 + n <= len; write needs
