@@ -298,6 +298,9 @@ static rlx_status forward_history(struct rlx_seq *s, bool cached, const float **
     const bool pieces = chunk > 0 && s->n_tokens - from > chunk;
     double profile[RLX_OP_COUNT] = {0}; /* the pieces' profiles, summed */
     bool profiled = true;
+    /* Room for the whole history first: the cache then grows once, not piece by piece (each growth
+     * copies every row so far, and a small cache would move through its shared mapping first). */
+    if (pieces) RLX_TRY(rlx_kv_cache_reserve(s->kv, s->n_tokens));
     for (;;) {
         const int64_t n = chunk > 0 && s->n_tokens - from > chunk ? chunk : s->n_tokens - from;
         const enum plan_kind kind = from || pieces ? KIND_DECODE : KIND_PREFILL;

@@ -116,6 +116,22 @@ def test_kv_bytes_halve_with_16_bit_caches(device):
     assert seen["f32"][1] - seen["f16"][1] == held("f32") - held("f16")
 
 
+def test_a_prompt_in_pieces_takes_the_caches_room_once():
+    """A prompt run in pieces (with_prefill_chunk) reserves the cache's rows for all of it before the
+    first piece (seq.c: forward_history), so the cache never grows under it: no row is copied on
+    the device (piece by piece it had grown at 512 and 1024 positions, copying every row so far)."""
+    cfg = rlx.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=2, head_dim=128,
+                          max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1e6)
+    r = np.random.default_rng(0)
+    w = {k: (r.standard_normal(s) * 0.02).astype(np.float32) for k, s in expected_weights(cfg).items()}
+    gen = rlx.Generator(cfg, w, kv_dtype="f32").with_dynamic_prefill_cache().with_prefill_chunk(512)
+    before = gen.device_stats()["copy_bytes"]
+    gen.prefill_get_last_logits([int(t) for t in r.integers(3, 60, 1500)])
+    assert gen.kv_len == 1500 and gen.device_stats()["copy_bytes"] == before
+    assert gen.kv_bytes == 2 * 2 * 1536 * 256 * 4  # one mapping: 1500 rounded up to 64
+
+
 @pytest.mark.skipif("asan" in os.environ.get("LD_PRELOAD", ""), reason="ASan's shadow memory blurs the RSS")
 def test_a_growing_cache_holds_one_buffer_twice_not_the_whole_cache():
     """Growing the KV cache (4096 -> 8192 positions) copies it buffer by buffer: the process's peak
@@ -131,8 +147,7 @@ def test_a_growing_cache_holds_one_buffer_twice_not_the_whole_cache():
                               max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=1e6)
         r = np.random.default_rng(0)
         W = {k: (r.standard_normal(s) * 0.02).astype(np.float32) for k, s in expected_weights(cfg).items()}
-        # the prompt in one piece: the cache reserves its 4096 rows at once (a buffer each: 4 MiB)
-        gen = rlx.Generator(cfg, W, kv_dtype="f32").with_dynamic_prefill_cache().with_prefill_chunk(4096)
+        gen = rlx.Generator(cfg, W, kv_dtype="f32").with_dynamic_prefill_cache()
         gen.prefill_get_last_logits([int(t) for t in r.integers(3, 60, 4096)])
         assert gen.kv_bytes == 8 * 2 * 4096 * 256 * 4
         h0 = hwm()
@@ -182,12 +197,11 @@ def test_the_whole_2_mib_pages_of_a_caches_rows_are_advised_for_huge_pages():
     mappings the kernel deems eligible for transparent huge pages (smaps' THPeligible, whether or not
     it then had a free huge page to give) grow by those pages and no more. 8 buffers (4 layers, K
     and V) of 1 KiB rows, in one mapping below 2048 positions (2 MiB a buffer; kv.h): 512 positions
-    (512 KiB buffers, 4 MiB in all) all 4 MiB; a 2048-token prompt (its last 512-row piece takes
-    the cache out of the shared mapping: a buffer each of 2 x 1536 positions) the first 2 MiB of
-    each buffer, 16 MiB; a 1100-token prompt and a step (1152 positions, a multiple of 64: 9 MiB)
-    the whole pages of it, 8 MiB; more rows to 2047 positions (the most the shared mapping takes:
-    16 MiB less 8 KiB) 7 pages; the 2048th row (a buffer each of 2 x 2047 positions) the first page
-    of each buffer, written before it had been advised (the copy faults it in huge)."""
+    (512 KiB buffers, 4 MiB in all) all 4 MiB; a 2048-token prompt (room for all of it taken before
+    its first 512-row piece: a buffer each of 2048 positions) all 16 MiB; a 1100-token prompt and a
+    step (1152 positions, a multiple of 64: 9 MiB) the whole pages of it, 8 MiB; more rows to 2047
+    positions (the most the shared mapping takes: 16 MiB less 8 KiB) 7 pages; the 2048th row (a
+    buffer each of 2 x 2047 positions) the first page of each buffer (the copy faults it in huge)."""
     code = textwrap.dedent("""
         import re, numpy as np, rlx
         from rlx.weights import expected_weights
@@ -228,7 +242,7 @@ def test_the_whole_2_mib_pages_of_a_caches_rows_are_advised_for_huge_pages():
     MiB = 1 << 20
     KiB = 1 << 10
     assert rows[0] == (512, 4 * MiB, 4 * MiB)  # 512 KiB buffers in one mapping
-    assert rows[1][:2] == (2048, 8 * 3072 * KiB) and 16 * MiB <= rows[1][2] < 17 * MiB
+    assert rows[1][:2] == (2048, 16 * MiB) and 16 * MiB <= rows[1][2] < 17 * MiB
     assert rows[2] == (1101, 8 * 1152 * KiB, 8 * MiB)
     assert rows[3] == (2047, 8 * 2047 * KiB, 14 * MiB)  # 16 MiB less 8 KiB: 7 whole pages
     assert rows[4][:2] == (2048, 8 * 4094 * KiB) and 16 * MiB <= rows[4][2] < 17 * MiB
