@@ -395,7 +395,8 @@ static rlx_status run_batch_locked(struct rlx_model *m, struct rlx_seq *const *s
             ids[r] = s->tokens[from[b] + i];
             pos[r] = (int32_t)(from[b] + i);
         }
-        RLX_TRY(rlx_kv_cache_reserve(s->kv, from[b] + segs[b]));
+        /* room for the whole history: a prompt entering in pieces grows the cache once */
+        RLX_TRY(rlx_kv_cache_reserve(s->kv, s->n_tokens));
         RLX_TRY(rlx_plan_bind_symbol(sl->plan, sl->past_sym[b], from[b]));
         for (int64_t l = 0; l < L; l++)
             RLX_TRY(bind_layer(sl->plan, sl->k_state[b * L + l], sl->v_state[b * L + l], s->kv, l));

@@ -117,9 +117,10 @@ def test_kv_bytes_halve_with_16_bit_caches(device):
 
 
 def test_a_prompt_in_pieces_takes_the_caches_room_once():
-    """A prompt run in pieces (with_prefill_chunk) reserves the cache's rows for all of it before the
-    first piece (seq.c: forward_history), so the cache never grows under it: no row is copied on
-    the device (piece by piece it had grown at 512 and 1024 positions, copying every row so far)."""
+    """A prompt run in pieces (with_prefill_chunk, or a batch's chunk) reserves the cache's rows for
+    all of it before the first piece (seq.c: forward_history, run_batch_locked), so the cache never
+    grows under it: no row is copied on the device (piece by piece it had grown at 512 and 1024
+    positions, copying every row so far)."""
     cfg = rlx.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
                           num_attention_heads=2, num_key_value_heads=2, head_dim=128,
                           max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1e6)
@@ -130,6 +131,14 @@ def test_a_prompt_in_pieces_takes_the_caches_room_once():
     gen.prefill_get_last_logits([int(t) for t in r.integers(3, 60, 1500)])
     assert gen.kv_len == 1500 and gen.device_stats()["copy_bytes"] == before
     assert gen.kv_bytes == 2 * 2 * 1536 * 256 * 4  # one mapping: 1500 rounded up to 64
+    # the same through a batch, the prompt entering 512 positions a step (seq.c: run_batch_locked)
+    seq = gen.new_sequence()
+    seq.prefill([int(t) for t in r.integers(3, 60, 1500)])
+    before = gen.device_stats()["copy_bytes"]
+    steps = 0
+    while gen.logits_batch([seq], chunk=512)[0] is None:
+        steps += 1
+    assert steps == 2 and seq.kv_len == 1500 and gen.device_stats()["copy_bytes"] == before
 
 
 @pytest.mark.skipif("asan" in os.environ.get("LD_PRELOAD", ""), reason="ASan's shadow memory blurs the RSS")
