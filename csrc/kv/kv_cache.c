@@ -158,8 +158,8 @@ static rlx_status grow_arena(struct rlx_kv_cache *kv, int64_t cap)
 }
 
 /* Out of the arena into one buffer each of cap positions: all allocated first (a failure frees
- * them and leaves the arena as it was), then each buffer's rows copied and their arena bytes given
- * back, so the move holds about one buffer twice; then the arena freed. */
+ * them and leaves the arena as it was), then each buffer's rows copied (host copies do not fail)
+ * and their arena bytes given back, so the move holds about one buffer twice; then the arena freed. */
 static rlx_status leave_arena(struct rlx_kv_cache *kv, int64_t cap, int64_t n)
 {
     const int64_t nb = kv->n_layers * 2;

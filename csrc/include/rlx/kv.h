@@ -39,9 +39,9 @@ enum rlx_dtype rlx_kv_cache_dtype(const struct rlx_kv_cache *kv);
 /* Bytes of device memory allocated now (all layers, K and V). */
 size_t rlx_kv_cache_bytes(const struct rlx_kv_cache *kv);
 
-/* capacity >= n, copying rows [0, len): small caches on host devices (below 2 MiB per buffer) to
- * max(n, capacity * 9 / 8) rounded up to a multiple of 64, the rest to max(n, 2 * capacity, 256),
- * capped at the maximum.
+/* capacity >= n, copying rows [0, len): small caches on host devices (n rows below 2 MiB per
+ * buffer) to max(n, capacity * 9 / 8) rounded up to a multiple of 64 (at most the rows below 2 MiB),
+ * the rest to max(n, 2 * capacity, 256); capped at the maximum.
  * RLX_ERR_RANGE (nothing changed) when n exceeds the maximum; RLX_ERR_NOMEM when the device is
  * out of memory (len, capacity and every row unchanged; buffers grown before the failure keep
  * their larger allocation, counted by rlx_kv_cache_bytes, until the next reserve or free). */
