@@ -141,12 +141,9 @@ def test_a_prompt_in_pieces_takes_the_caches_room_once():
     assert steps == 2 and seq.kv_len == 1500 and gen.device_stats()["copy_bytes"] == before
 
 
-@pytest.mark.skipif("asan" in os.environ.get("LD_PRELOAD", ""), reason="ASan's shadow memory blurs the RSS")
-def test_a_growing_cache_holds_one_buffer_twice_not_the_whole_cache():
-    """Growing the KV cache (4096 -> 8192 positions) copies it buffer by buffer: the process's peak
-    RSS rises by about one layer's K or V (1 MiB here), not by the 64 MiB of the whole cache
-    (which it did when every new buffer was allocated and filled before the old ones were freed)."""
-    code = textwrap.dedent("""
+# The start of the subprocesses that measure the peak RSS of a growing cache: hwm() (MiB), a model of
+# 8 layers whose K or V rows are 1 KiB (f32), its weights W and a generator r.
+RSS_SETUP = textwrap.dedent("""
         import numpy as np, rlx
         from rlx.weights import expected_weights
         def hwm():
@@ -156,6 +153,15 @@ def test_a_growing_cache_holds_one_buffer_twice_not_the_whole_cache():
                               max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=1e6)
         r = np.random.default_rng(0)
         W = {k: (r.standard_normal(s) * 0.02).astype(np.float32) for k, s in expected_weights(cfg).items()}
+""")
+
+
+@pytest.mark.skipif("asan" in os.environ.get("LD_PRELOAD", ""), reason="ASan's shadow memory blurs the RSS")
+def test_a_growing_cache_holds_one_buffer_twice_not_the_whole_cache():
+    """Growing the KV cache (4096 -> 8192 positions) copies it buffer by buffer: the process's peak
+    RSS rises by about one layer's K or V (1 MiB here), not by the 64 MiB of the whole cache
+    (which it did when every new buffer was allocated and filled before the old ones were freed)."""
+    code = RSS_SETUP + textwrap.dedent("""
         gen = rlx.Generator(cfg, W, kv_dtype="f32").with_dynamic_prefill_cache()
         gen.prefill_get_last_logits([int(t) for t in r.integers(3, 60, 4096)])
         assert gen.kv_bytes == 8 * 2 * 4096 * 256 * 4
@@ -175,16 +181,7 @@ def test_a_cache_leaving_the_shared_mapping_holds_one_buffer_twice():
     2047 positions (2 MiB a buffer) moves them into a buffer each, giving back each one's rows in the
     shared mapping once copied (kv_cache.c: leave_arena): the process's peak RSS rises by about one
     buffer (2 MiB here), not by the 32 MiB of the whole cache."""
-    code = textwrap.dedent("""
-        import numpy as np, rlx
-        from rlx.weights import expected_weights
-        def hwm():
-            return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) / 1024
-        cfg = rlx.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=8,
-                              num_attention_heads=2, num_key_value_heads=2, head_dim=128,
-                              max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=1e6)
-        r = np.random.default_rng(0)
-        W = {k: (r.standard_normal(s) * 0.02).astype(np.float32) for k, s in expected_weights(cfg).items()}
+    code = RSS_SETUP + textwrap.dedent("""
         gen = rlx.Generator(cfg, W, kv_dtype="f32").with_dynamic_prefill_cache().with_prefill_chunk(2046)
         gen.prefill_get_last_logits([int(t) for t in r.integers(3, 60, 2046)])
         gen.extend([5])  # the plans for one new row compiled, and their scratch taken
