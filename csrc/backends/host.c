@@ -43,7 +43,8 @@ static char mapped_tag; /* b->impl == &mapped_tag: b->data is a mapping of b->si
  * step is about to hold (kv_cache.c): a prompt's whole pages fault in as 2 MiB pages; the page of
  * each buffer that decode fills stays in 4 KiB pages until its rows fill it, then is collapsed,
  * one buffer a step (on this VM a collapse took ~5 ms: Qwen3-0.6B's 56 buffers at once made one
- * step 300 ms long). So the cache commits no more than its rows (rounded to 4 KiB), as before.
+ * step 300 ms long). So a buffer of its own commits no more than its rows (rounded to 4 KiB); a
+ * small cache's shared buffer (kv_cache.c's arena) about the rows of its capacity.
  * Why: a decode step's attention reads every row of the cache, each chunk's rows prefetched in
  * software while the chunk before is computed (the hardware prefetchers do not follow its order);
  * through 4 KiB pages that ran at 13-16 GB/s of K + V, through 2 MiB pages at 23-25, near the
