@@ -55,9 +55,11 @@ rlx_status rlx_infer_node(const struct rlx_graph *g, int id, struct rlx_node *n)
 
 /* Dim helpers. */
 struct rlx_dim rlx_dim_add(const struct rlx_dim *a, const struct rlx_dim *b);
-/* Value of d with symbol values vals; bound[s] false for an unbound symbol used by d -> returns
- * false. A value that overflows int64 evaluates to INT64_MAX (which every size check refuses). */
-bool rlx_dim_eval(const struct rlx_dim *d, const int64_t *vals, const bool *bound, int64_t *out);
+/* Value of d with symbol values vals, d using symbols below n_syms only (a graph's n_syms: its
+ * nodes' dims are checked to); bound[s] false for an unbound symbol used by d -> returns false
+ * (bound NULL: all bound). A value that overflows int64 evaluates to INT64_MAX (which every size
+ * check refuses). */
+bool rlx_dim_eval(const struct rlx_dim *d, int n_syms, const int64_t *vals, const bool *bound, int64_t *out);
 /* "(SEQ, 8, 64)" */
 void rlx_shape_format(const struct rlx_graph *g, int ndim, const struct rlx_dim *shape, char *buf, size_t cap);
 /* True when the element counts of the two shapes are equal for every symbol binding. */

@@ -66,6 +66,9 @@ static rlx_status collect_interface(struct rlx_plan *p)
     for (int id = 0; id < n; id++)
         for (int k = 0; !g->nodes[id].dead && k < g->nodes[id].n_in; k++) p->used[g->nodes[id].in[k]] = true;
     for (int i = 0; i < g->n_outputs; i++) p->used[g->outputs[i]] = true;
+    for (int id = 0; id < n; id++)
+        for (int d = 0; !g->nodes[id].dead && d < g->nodes[id].ndim; d++)
+            for (int s = 0; s < RLX_MAX_SYMS; s++) p->sym_used[s] |= g->nodes[id].shape[d].coef[s] != 0;
     int ni = 0, np = 0, ns = 0;
     for (int id = 0; id < n; id++) {
         if (g->nodes[id].op == RLX_OP_INPUT) p->inputs[ni++] = id;

@@ -59,6 +59,7 @@ struct rlx_plan {
     int64_t sym[RLX_MAX_SYMS]; /* values of the current / last run */
     bool sym_bound[RLX_MAX_SYMS];
     bool sym_explicit[RLX_MAX_SYMS]; /* bound by rlx_plan_bind_symbol for the next run */
+    bool sym_used[RLX_MAX_SYMS];     /* in a live node's shape: a run must bind it */
 
     bool planned; /* offsets valid for every binding <= planned_sym */
     int64_t planned_sym[RLX_MAX_SYMS];

@@ -609,6 +609,13 @@ static void test_state(struct rlx_device *dev)
     rlx_plan_set_input(p, ipos, &tp);
     rlx_plan_bind_symbol(p, RLX_SYM_PAST, 5);
     CHECK(rlx_plan_run(p) == RLX_ERR_INVALID && strstr(rlx_last_error(), "not bound"), "an unbound state refused");
+    /* the past's length, which no input's shape gives, left unbound: refused naming a node of it */
+    rlx_plan_set_input(p, iq, &tq);
+    rlx_plan_set_input(p, ipos, &tp);
+    rlx_plan_bind_state(p, ik, kb, 0);
+    rlx_plan_bind_state(p, iv, vb, 0);
+    CHECK(rlx_plan_run(p) == RLX_ERR_INVALID && strstr(rlx_last_error(), "symbol PAST is used by node"),
+          "an unbound symbol refused (%s)", rlx_last_error());
     rlx_dev_free(rlx_plan_device(p), kb);
     rlx_dev_free(rlx_plan_device(p), vb);
     rlx_plan_free(p);
