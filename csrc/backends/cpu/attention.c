@@ -76,11 +76,12 @@
  * f16, cold cache: 128 keys 33-34 -> 27-29 us a call at one thread, 25-31 -> 19-22 at two; 1024
  * keys within the noise), and its own key rows from the fifth on, at twice the pace the scores
  * read them (Zen 4, Qwen3-0.6B Q4_K_M in the model, one thread, the step's attention, median of
- * 40 steps, builds alternating three times: 128 positions 1.28-1.51 -> 1.12-1.22 ms, 512 within
- * the noise; two threads 128 positions 1.04-1.14 -> 0.96-1.14; Llama-3.2-1B within the noise). Tried and left out: the value rows weighed per kv head with the
- * group's outputs held in registers across the chunk (each output vector loaded and stored once a
- * chunk): 13-15 % faster cache-resident, no faster from DRAM at 128 keys, 10 % slower at 1024
- * keys on one thread (its walk down a head's column of rows defeats the prefetchers).
+ * 40 steps, six alternating pairs of builds: 128 positions 1.26-1.75 -> 1.12-1.25 ms, 512 within
+ * the noise; two threads 128 positions 1.04-1.14 -> 0.96-1.14; Llama-3.2-1B within the noise).
+ * Tried and left out: the value rows weighed per kv head with the group's outputs held in
+ * registers across the chunk (each output vector loaded and stored once a chunk): 13-15 % faster
+ * cache-resident, no faster from DRAM at 128 keys, 10 % slower at 1024 keys on one thread (its
+ * walk down a head's column of rows defeats the prefetchers).
  *
  * Threading and scratch (per-pair path): pairs come in blocks, one block per (query, kv head)
  * holding the Hq/Hkv query heads that read the same key/value rows (so the second head finds
