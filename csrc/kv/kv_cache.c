@@ -17,8 +17,9 @@
  *     at the peak instead of 1792 MiB); leaving the arena, each buffer's rows are given back
  *     (rlx_dev_discard) once copied out.
  * On host devices the memory is lazily committed mappings, so a cache costs the pages its rows
- * touch (in the arena's 2 MiB pages that is about the rows of its capacity); before a step writes its rows the cache tells the device which rows it will hold
- * (rlx_dev_settle), and host devices move the whole 2 MiB pages of them to huge pages (host.c).
+ * touch (in the arena's 2 MiB pages that is about the rows of its capacity); before a step writes
+ * its rows the cache tells the device which rows it will hold (rlx_dev_settle), and host devices
+ * move the whole 2 MiB pages of them to huge pages (host.c).
  * Never prints or exits; every size is computed with checked arithmetic.
  */
 #include "rlx/kv.h"
