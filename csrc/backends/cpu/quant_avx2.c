@@ -95,26 +95,26 @@ FN __m256i unpack32(const uint8_t *p, const int wt)
     }
 }
 
-/* the f16 at p + j tb for j < n (<= 8) as 8 floats (0 past n) */
+/* the f16 at p + j tb for j < n (<= 8) as 8 floats (0 past n): word inserts in two chains of four */
 FN __m256 scales8(const uint8_t *p, size_t tb, int64_t n)
 {
-    __m128i h = _mm_setzero_si128();
-#define LANE(j)                                                                                                        \
+    __m128i h0 = _mm_setzero_si128(), h1 = _mm_setzero_si128();
+#define LANE(h, j)                                                                                                     \
     if ((j) < n) {                                                                                                     \
         uint16_t v;                                                                                                    \
         memcpy(&v, p + (j)*tb, 2);                                                                                     \
-        h = _mm_insert_epi16(h, v, (j));                                                                               \
+        h = _mm_insert_epi16(h, v, (j) % 4);                                                                           \
     }
-    LANE(0)
-    LANE(1)
-    LANE(2)
-    LANE(3)
-    LANE(4)
-    LANE(5)
-    LANE(6)
-    LANE(7)
+    LANE(h0, 0)
+    LANE(h1, 4)
+    LANE(h0, 1)
+    LANE(h1, 5)
+    LANE(h0, 2)
+    LANE(h1, 6)
+    LANE(h0, 3)
+    LANE(h1, 7)
 #undef LANE
-    return _mm256_cvtph_ps(h);
+    return _mm256_cvtph_ps(_mm_unpacklo_epi64(h0, h1));
 }
 
 /* Lanes k and 4 + k of the result: v[k]'s lanes 0..3 and 4..7 summed (a 4 x 4 transpose-add in each
