@@ -14,8 +14,9 @@
  *     dd's four lanes in both halves [+ mw * s: 8 blocks per FMA]. One conversion and FMA per 4
  *     blocks: with one per block (the block's lane of dd broadcast) the FMAs' chain on acc bound
  *     the row (RLX_CPU_ISA=avx2 on a Zen 4, one thread, 1024 x 2048 cache-resident, the minimum
- *     of 1500 calls: Q4_0 10.0 -> 8.0 ns per 256 weights, Q8_0 9.5 -> 8.1; Qwen3-0.6B Q4_0 decode
- *     step at 128 positions 23.5 -> 20.4 ms). Q4_0 / Q5_0's offsets per 8 blocks in
+ *     of 1500 calls: Q4_0 10.0 -> 8.0 ns per 256 weights, Q8_0 9.5 -> 8.1, 7.8 with scales8's two
+ *     chains; Qwen3-0.6B Q4_0 decode step at 128 positions, the best of 6 blocks in each of 3
+ *     alternating pairs of builds: 23.3-23.7 -> 20.1-20.3 ms). Q4_0 / Q5_0's offsets per 8 blocks in
  *     one FMA, acc += cvt(-off * sum a per block) * dd (it was an int32 add per block: Q4_0 1024 x
  *     1024 cache-resident, one thread, 32.5 -> 31.0-31.8 us a call, measured under
  *     RLX_CPU_ISA=avx2 on a Zen 5). Q4_K / Q5_K's d and dmin come from one F16C conversion (Q4_K
