@@ -173,7 +173,8 @@ FN void chunk32(__m256 *acc, __m256 *macc, const struct rlx_cpu_qact *a, const u
         /* the four blocks' scales in both halves: [dd_4h .. dd_4h+3 | the same] */
         _Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
         {
-            const __m256 sd = _mm256_permute2f128_ps(dd[m], dd[m], h ? 0x11 : 0x00);
+            const __m256 sd =
+                h ? _mm256_permute2f128_ps(dd[m], dd[m], 0x11) : _mm256_permute2f128_ps(dd[m], dd[m], 0x00);
             acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum4x4(i4[m])), sd, acc[m]);
         }
     }
