@@ -9,10 +9,9 @@
  * (each buffer's rows at an offset there; they grow in steps of 64 positions, by an eighth or
  * more, moved in place; the buffer is address space for up to 2 MiB each, committed as rows are
  * written, in whole 2 MiB pages: about the rows of the capacity) so that their rows fill 2 MiB
- * pages; a cache whose buffers reach 2 MiB each,
- * and every cache on other devices, has a buffer per layer's K and V, grown geometrically and
- * reallocated one at a time. Rows past len hold zeros or stale finite rows of the same cache (a plan
- * that reads them masks them).
+ * pages; a cache whose buffers reach 2 MiB each, and every cache on other devices, has a buffer
+ * per layer's K and V, grown geometrically and reallocated one at a time. Rows past len hold zeros
+ * or stale finite rows of the same cache (a plan that reads them masks them).
  * A cache is not safe to use from two threads at once; distinct caches are.
  */
 #ifndef RLX_KV_H
