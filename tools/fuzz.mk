@@ -19,7 +19,8 @@ CC       ?= cc
 FUZZ_CC  ?= clang
 OUT      := build/fuzz
 TARGETS  := tcp_wire
-FUZZ_SRC_tcp_wire := csrc/core/status.c csrc/distributed/auth.c csrc/distributed/tcp.c
+FUZZ_SRC_tcp_wire := csrc/core/status.c csrc/distributed/auth.c csrc/distributed/tcp.c \
+                     csrc/distributed/tcp_handshake.c csrc/distributed/tcp_sock.c
 
 CRYPTO_CFLAGS := $(shell pkg-config --cflags libcrypto 2>/dev/null)
 CRYPTO_LIBS   := $(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)

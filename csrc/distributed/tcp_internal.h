@@ -1,9 +1,10 @@
 /*
- * tcp_internal.h - entry points of tcp.c for its tests and its fuzz harness (tests/c/test_tcp.c,
- * tests/fuzz/tcp_wire.c), not part of the public API (rlx/dist.h) and not exported by the Python
- * extension. They run the transport's own handshake and frame code on one socket the caller
- * made (a socketpair, say), so that a test can play the peer byte by byte: no listening, no
- * address resolution, no connect retries, no poll over several incoming connections.
+ * tcp_internal.h - entry points of the TCP transport (tcp.c, tcp_handshake.c) for its tests and
+ * its fuzz harness (tests/c/test_tcp.c, tests/fuzz/tcp_wire.c), not part of the public API
+ * (rlx/dist.h) and not exported by the Python extension. They run the transport's own handshake
+ * and frame code on one socket the caller made (a socketpair, say), so that a test can play the
+ * peer byte by byte: no listening, no address resolution, no connect retries, no poll over several
+ * incoming connections.
  *
  * The address policy still applies: without a token and without allow_remote, a socket whose peer
  * is not on loopback (an AF_UNIX socketpair, for one) is refused (the acceptor answers

@@ -1,5 +1,5 @@
 /*
- * test_tcp.c - the TCP mesh transport of rlx/dist.h (csrc/distributed/tcp.c) on 127.0.0.1, one thread per
+ * test_tcp.c - the TCP mesh transport of rlx/dist.h (csrc/distributed/tcp*.c) on 127.0.0.1, one thread per
  * rank, on listeners this test creates itself (port 0, passed as listen_fd) so no port can race:
  * meshes of 2 and 3 ranks with and without a token; tagged messages arrive in order; a too-small
  * buffer is RLX_ERR_RANGE and a wrong tag an error, both consuming the message and keeping the

@@ -1,5 +1,5 @@
 /*
- * tcp_wire.c - fuzz target tcp_wire (libFuzzer, C): everything csrc/distributed/tcp.c does with the
+ * tcp_wire.c - fuzz target tcp_wire (libFuzzer, C): everything csrc/distributed/tcp*.c do with the
  * bytes a peer sends. The harness plays the peer on one end of a socketpair and runs the transport's
  * own handshake (acceptor or connector side) and then its frame code on the other end, through
  * tcp_internal.h. Built by tools/fuzz.mk: with clang -fsanitize=fuzzer,address,undefined for
@@ -64,9 +64,10 @@
  * the contract gives: the frame; RLX_ERR_RANGE for a recv buffer too small, RLX_ERR_IO for another
  * tag or for a broadcast or barrier message of another size than agreed, each keeping the link; a
  * frame above max_message_bytes closing it; the peer's EOF. tools/run_fuzz.sh adds
- * -malloc_limit_mb=64: no allocation may be that large (tcp.c allocates nothing per message).
+ * -malloc_limit_mb=64: no allocation may be that large (the transport allocates nothing per message).
  * The harness itself is compiled without coverage instrumentation (tools/fuzz.mk): the fuzzer is
- * guided by the coverage of tcp.c, auth.c and status.c alone.
+ * guided by the coverage of tcp.c, tcp_handshake.c, tcp_sock.c,
+ * auth.c and status.c alone.
  */
 #include <errno.h>
 #include <fcntl.h>
