@@ -121,7 +121,7 @@ enum io_result rlx_tcp_send_all(int fd, struct iovec *iov, int cnt, int64_t dead
 
 /* Sets the error for a failed transfer with `who` ("rank 2") while doing `what`. */
 rlx_status rlx_tcp_io_error(enum io_result r, int timeout_ms, const char *who, const char *what, size_t done,
-                           size_t total)
+                            size_t total)
 {
     switch (r) {
     case IO_TIMEOUT:
@@ -198,8 +198,8 @@ int rlx_tcp_peer_is_loopback(int fd, char *name, size_t cap)
 }
 
 const char rlx_tcp_remote_hint[] = "without a token (RLX_DIST_TOKEN) the TCP mesh stays on loopback: set the same "
-                                  "token on every rank (recommended), or opt in with allow_remote "
-                                  "(RLX_DIST_ALLOW_REMOTE=1)";
+                                   "token on every rank (recommended), or opt in with allow_remote "
+                                   "(RLX_DIST_ALLOW_REMOTE=1)";
 
 /* Without a token and allow_remote, every address a peer's name resolves to must be loopback. A
  * name that does not resolve now is left to connect_once to report. */
