@@ -64,14 +64,14 @@ static void test_pool_cover(int nest)
             for (int64_t i = 0; i < n; i++) once &= atomic_load(&c->hits[i]) == 1;
             int chunks = atomic_load(&c->chunks);
             long long minc = atomic_load(&c->min_chunk);
-            CHECK(once, "pool n=%lld grain=%lld nest=%d: an index not run exactly once", (long long)n,
-                   (long long)grain, nest);
+            CHECK(once, "pool n=%lld grain=%lld nest=%d: an index not run exactly once", (long long)n, (long long)grain,
+                  nest);
             CHECK(chunks >= 1 && chunks <= rlx_pool_threads(), "pool n=%lld grain=%lld: %d chunks for %d threads",
-                   (long long)n, (long long)grain, chunks, rlx_pool_threads());
+                  (long long)n, (long long)grain, chunks, rlx_pool_threads());
             CHECK(minc >= (g < n ? g : n), "pool n=%lld grain=%lld: a chunk of %lld items", (long long)n,
-                   (long long)grain, minc);
+                  (long long)grain, minc);
             CHECK(!nest || atomic_load(&c->nested_ok) == chunks,
-                   "pool n=%lld grain=%lld: nested region did not run inline", (long long)n, (long long)grain);
+                  "pool n=%lld grain=%lld: nested region did not run inline", (long long)n, (long long)grain);
             free(c);
         }
 }
@@ -186,12 +186,11 @@ static void test_pieces(void)
                 }
                 int once = 1;
                 for (int64_t i = 0; i < n; i++) once &= atomic_load(&c->hits[i]) == 1;
-                CHECK(once, "pieces n=%lld parts=%d alone=%d: a piece not taken exactly once", (long long)n, np,
-                       alone);
+                CHECK(once, "pieces n=%lld parts=%d alone=%d: a piece not taken exactly once", (long long)n, np, alone);
                 CHECK(rlx_pieces_take(&c->p, 0) == -1, "pieces n=%lld parts=%d: a piece left after the region",
-                       (long long)n, np);
+                      (long long)n, np);
                 CHECK(in_order, "pieces n=%lld parts=%d: a task alone did not take its range first, then the others'",
-                       (long long)n, np);
+                      (long long)n, np);
                 free(c);
             }
     /* rlx_parallel_pieces: every item of [0, n) once, in pieces of at most 3 (1 and 3 items a
@@ -204,7 +203,7 @@ static void test_pieces(void)
             int once = atomic_load(&c->hits[COVER_MAX - 1]) == 0;
             for (int64_t i = 0; i < n; i++) once &= atomic_load(&c->hits[i]) == 1;
             CHECK(once, "parallel_pieces n=%lld piece=%lld [threads=%d]: an item not run once", (long long)n,
-                   (long long)piece, rlx_pool_threads());
+                  (long long)piece, rlx_pool_threads());
             free(c);
         }
     rlx_parallel_pieces(0, 3, piece_hit, NULL); /* nothing to run: fn never called */
