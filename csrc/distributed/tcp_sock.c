@@ -202,7 +202,7 @@ const char rlx_tcp_remote_hint[] = "without a token (RLX_DIST_TOKEN) the TCP mes
                                    "(RLX_DIST_ALLOW_REMOTE=1)";
 
 /* Without a token and allow_remote, every address a peer's name resolves to must be loopback. A
- * name that does not resolve now is left to connect_once to report. */
+ * name that does not resolve now is left to rlx_tcp_connect_once to report. */
 rlx_status rlx_tcp_check_loopback_addr(const char *addr, int rank)
 {
     char host[256], port[8];

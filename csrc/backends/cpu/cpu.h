@@ -250,7 +250,7 @@ struct rlx_cpu_qact {
     const float *s;       /* (M, K / 32) d * (sum of the block's q): 32-element blocks */
     const int16_t *bsums; /* (M, K / 16) sums of each 16 q (natural order): 256-element blocks */
     const int32_t *bias;  /* (M, K / 32) -off * (sum of the block's q), off = rlx_cpu_quant_off(wt):
-                              the weights' offset, added to one int32 lane of each block */
+                              the weights' offset (the AVX2 kernels') */
     /* The AMX kernel's copies (rlx_cpu_qmv_amx), filled by rlx_cpu_qact_tiles only where it runs, or
      * the lanes kernel's (rlx_cpu_qmv_lanes, rlx_cpu_qact_lanes: per 8 rows, in 16 lanes, the same
      * sizes but td for the 32-element types, one scale per block of 32). Columns past M's rows are

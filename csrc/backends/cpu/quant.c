@@ -21,8 +21,8 @@
  * sum over blocks of A_block * (1 + 2^-14) / 254 * sum |W_block|, plus f32 rounding (kernels.h).
  * Beside q and d each row keeps: per 16 elements the sum of q (bsums, the K types' minimum and
  * offset terms), and per 32-element block s = d * sum q (the Q4_1 / Q5_1 minimum term) and
- * -off * sum q (bias, the weights' offset: Q4_0 8, Q5_0 16; the AVX-512 kernels add it to one
- * int32 lane of the block, the AVX2 ones convert it and add it times the block's scale in f32). Per
+ * -off * sum q (bias, the weights' offset: Q4_0 8, Q5_0 16; the AVX2 kernels convert it and add it
+ * times the block's scale in f32, the AVX-512 ones take -off * dw * s beside the minimums). Per
  * element that is 1.4 bytes: the decode kernels stream the weights from DRAM, and every byte of
  * activations that falls out of L1 (per-lane arrays of 2 bytes per element did, at K = 8192)
  * takes a line fill from the weights' stream.
