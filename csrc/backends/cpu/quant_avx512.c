@@ -21,12 +21,12 @@
  *     4 products per int32 lane, exact: the lanes sum q a with q unsigned, so the f32 rounding
  *     is relative to |q| + off, not |q - off|); the 4 block scales converted as one xmm and
  *     multiplied by the activations' 4 d, then spread over the lanes: acc += cvt(lanes) * (dw *
- *     da); and per block, in an xmm, + mw * s (s = da * sum a): Q4_1 / Q5_1 mw the minimum, Q4_0
- *     / Q5_0 mw = -off * dw (off 8, 16). The offset had been VPDPBUSD's starting lanes (-off *
- *     sum a spread to one lane a block by a VPERMD); in the xmm it is cheaper: Zen 4, 1 thread,
- *     1024 x 2048 cache-resident, one row, TSC ticks per 256 weights, the minimum of four
- *     alternating runs of 2000 calls: Q4_0 16.36 -> 13.87, Q5_0 23.83 -> 21.46, Q4_1 (the VPERMW)
- *     14.64 -> 14.04.
+ *     da); and per block, in an xmm, + mw * s (s = da * the sum of its q): Q4_1 / Q5_1 mw the
+ *     minimum, Q4_0 / Q5_0 mw = -off * dw (off 8, 16). The offset had been VPDPBUSD's starting
+ *     lanes (-off * sum a spread to one lane a block by a VPERMD); in the xmm it is cheaper: Zen
+ *     4, 1 thread, 1024 x 2048 cache-resident, one row, TSC ticks per 256 weights, the minimum of
+ *     four alternating runs of 2000 calls: Q4_0 16.36 -> 13.87, Q5_0 23.83 -> 21.46, Q4_1 (the
+ *     VPERMW) 14.64 -> 14.04.
  *   Q8_0: pairs of blocks (two 32-byte runs of int8): VPDPBUSD of |w| with the activations negated
  *     where w < 0; the two scales converted as one xmm, times the activations' two d, spread over
  *     the two halves: acc += cvt(lanes) * (dw * da).
@@ -131,10 +131,8 @@ FN void group4(__m512 *acc, __m128 *macc, const struct rlx_cpu_qact *a, const ui
         const __m128 dd = _mm_mul_ps(dw, n == 4 ? _mm_loadu_ps(d) : _mm_maskz_loadu_ps(live, d));
         acc[m] =
             _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(expand, _mm512_castps128_ps512(dd)), acc[m]);
-        {
-            const float *sp = a->s + m * nb + 4 * g;
-            macc[m] = _mm_fmadd_ps(mw, n == 4 ? _mm_loadu_ps(sp) : _mm_maskz_loadu_ps(live, sp), macc[m]);
-        }
+        const float *sp = a->s + m * nb + 4 * g; /* the minimums' (Q4_1, Q5_1) or offset's (Q4_0, Q5_0) term */
+        macc[m] = _mm_fmadd_ps(mw, n == 4 ? _mm_loadu_ps(sp) : _mm_maskz_loadu_ps(live, sp), macc[m]);
     }
 }
 
