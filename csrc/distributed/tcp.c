@@ -58,7 +58,7 @@
 static struct tcp_transport *tcp_of(struct rlx_transport *base) { return (struct tcp_transport *)base; }
 
 /* Closes the connection to peer after an error that leaves its stream in an unknown place. */
-void rlx_tcp_drop(struct tcp_transport *t, int peer)
+static void drop(struct tcp_transport *t, int peer)
 {
     if (t->links[peer].fd >= 0) close(t->links[peer].fd);
     t->links[peer].fd = -1;
@@ -124,7 +124,7 @@ static rlx_status send_frame(struct tcp_transport *t, int dst, uint32_t tag, con
     snprintf(what, sizeof what, "%s: sending a %zu-byte message with %s", verb, bytes, tagt);
     rlx_status s = rlx_tcp_io_error(r, t->timeout_ms, who, what, done, sizeof head + bytes + sizeof mac);
     if (!(r == IO_TIMEOUT && done == 0)) /* nothing sent: the stream is still in step */
-        rlx_tcp_drop(t, dst);
+        drop(t, dst);
     return s;
 }
 
@@ -155,7 +155,7 @@ static rlx_status check_frame_mac(struct tcp_transport *t, int src, int64_t dead
     unsigned char want[RLX_HMAC_BYTES], got[RLX_HMAC_BYTES];
     rlx_status s = rlx_hmac_end(t->hmac, want);
     if (s != RLX_OK) {
-        rlx_tcp_drop(t, src);
+        drop(t, src);
         return s;
     }
     size_t done;
@@ -164,11 +164,11 @@ static rlx_status check_frame_mac(struct tcp_transport *t, int src, int64_t dead
         char who[32], what[128];
         snprintf(who, sizeof who, "rank %d", src);
         snprintf(what, sizeof what, "%s: receiving the MAC of a message with %s", verb, tagt);
-        rlx_tcp_drop(t, src);
+        drop(t, src);
         return rlx_tcp_io_error(r, t->timeout_ms, who, what, done, sizeof got);
     }
     if (!rlx_crypto_equal(want, got, sizeof want)) {
-        rlx_tcp_drop(t, src);
+        drop(t, src);
         return rlx_set_error(RLX_ERR_IO,
                              "%s: the message with %s from rank %d failed its integrity check (frame "
                              "MAC): it was altered, injected, repeated or reordered in transit, or one before it was "
@@ -197,19 +197,19 @@ static rlx_status recv_frame(struct tcp_transport *t, int src, uint32_t tag, voi
     if (r != IO_OK) {
         snprintf(what, sizeof what, "%s: receiving a message with %s", verb, tagt);
         rlx_status s = rlx_tcp_io_error(r, t->timeout_ms, who, what, done, sizeof head);
-        if (!(r == IO_TIMEOUT && done == 0)) rlx_tcp_drop(t, src);
+        if (!(r == IO_TIMEOUT && done == 0)) drop(t, src);
         return s;
     }
     struct rlx_wire_frame f = rlx_wire_frame_decode(head);
     if (f.magic != RLX_WIRE_FRAME_MAGIC) {
-        rlx_tcp_drop(t, src);
+        drop(t, src);
         return rlx_set_error(RLX_ERR_IO,
                              "%s: rank %d sent a frame with bad magic 0x%08" PRIx32
                              " (the stream is out of step); connection closed",
                              verb, src, f.magic);
     }
     if (f.length > t->max_bytes) {
-        rlx_tcp_drop(t, src);
+        drop(t, src);
         return rlx_set_error(RLX_ERR_IO,
                              "%s: rank %d sent a %" PRIu64 "-byte frame, above max_message_bytes %zu; "
                              "connection to rank %d closed",
@@ -217,7 +217,7 @@ static rlx_status recv_frame(struct tcp_transport *t, int src, uint32_t tag, voi
     }
     rlx_status s = frame_mac_begin(t, l->recv_key, l->recv_seq, head);
     if (s != RLX_OK) {
-        rlx_tcp_drop(t, src);
+        drop(t, src);
         return s;
     }
     char gott[32];
@@ -238,12 +238,12 @@ static rlx_status recv_frame(struct tcp_transport *t, int src, uint32_t tag, voi
         rlx_status mac_s = RLX_OK;
         r = discard(t, l->fd, f.length, deadline, &done, &mac_s);
         if (r != IO_OK) {
-            rlx_tcp_drop(t, src);
+            drop(t, src);
             snprintf(what, sizeof what, "%s: discarding a message with %s", verb, gott);
             return rlx_tcp_io_error(r, t->timeout_ms, who, what, done, (size_t)f.length);
         }
         if (mac_s != RLX_OK) {
-            rlx_tcp_drop(t, src);
+            drop(t, src);
             return mac_s;
         }
         RLX_TRY(check_frame_mac(t, src, deadline, verb, gott));
@@ -251,13 +251,13 @@ static rlx_status recv_frame(struct tcp_transport *t, int src, uint32_t tag, voi
     }
     r = rlx_tcp_recv_all(l->fd, data, (size_t)f.length, deadline, &done);
     if (r != IO_OK) {
-        rlx_tcp_drop(t, src);
+        drop(t, src);
         snprintf(what, sizeof what, "%s: receiving the payload of a message with %s", verb, tagt);
         return rlx_tcp_io_error(r, t->timeout_ms, who, what, done, (size_t)f.length);
     }
     s = rlx_hmac_update(t->hmac, data, (size_t)f.length);
     if (s != RLX_OK) {
-        rlx_tcp_drop(t, src);
+        drop(t, src);
         return s;
     }
     RLX_TRY(check_frame_mac(t, src, deadline, verb, tagt));
@@ -428,11 +428,11 @@ done:
 }
 
 /* ---------------------------------------------------------------------------------------------
- * A transport with no connection yet, and the state of its links (tcp_internal.h; the handshake
- * on a socket the caller made is tcp_handshake.c's)
+ * tcp_internal.h: a transport with no connection yet, one handshake on a socket the caller made
+ * (the handshakes themselves are tcp_handshake.c's), and the state of its links
  * ------------------------------------------------------------------------------------------- */
 
-struct tcp_transport *rlx_tcp_checked(struct rlx_transport *base)
+static struct tcp_transport *tcp_checked(struct rlx_transport *base)
 {
     return base != NULL && base->ops == &tcp_ops ? tcp_of(base) : NULL;
 }
@@ -449,9 +449,47 @@ rlx_status rlx_tcp_transport_unconnected(int rank, int world, const struct rlx_t
     return RLX_OK;
 }
 
+rlx_status rlx_tcp_accept_fd(struct rlx_transport *base, int fd, int *peer)
+{
+    struct tcp_transport *t = tcp_checked(base);
+    if (t == NULL || fd < 0 || peer == NULL) {
+        if (fd >= 0) close(fd);
+        return rlx_set_error(RLX_ERR_INVALID, "accept_fd: bad arguments (fd %d)", fd);
+    }
+    rlx_status s = rlx_tcp_set_nonblocking(fd);
+    if (s != RLX_OK) {
+        close(fd);
+        return s;
+    }
+    return rlx_tcp_accept_one(t, fd, peer);
+}
+
+rlx_status rlx_tcp_connect_fd(struct rlx_transport *base, int peer, int fd)
+{
+    struct tcp_transport *t = tcp_checked(base);
+    if (t == NULL || fd < 0 || peer < 0 || peer >= t->base.rank || t->links[peer].fd >= 0) {
+        if (fd >= 0) close(fd);
+        return rlx_set_error(RLX_ERR_INVALID,
+                             "connect_fd: bad arguments (peer %d, fd %d): a rank connects to a lower "
+                             "rank it has no link to",
+                             peer, fd);
+    }
+    rlx_status s = rlx_tcp_set_nonblocking(fd);
+    if (s != RLX_OK) {
+        close(fd);
+        return s;
+    }
+    t->links[peer].fd = fd;
+    char addr[32];
+    snprintf(addr, sizeof addr, "fd %d", fd);
+    s = rlx_tcp_connector_handshake(t, peer, fd, addr, rlx_tcp_now_ms() + t->timeout_ms);
+    if (s != RLX_OK) drop(t, peer);
+    return s;
+}
+
 int rlx_tcp_link_info(struct rlx_transport *base, int peer, uint64_t *received, uint64_t *sent)
 {
-    struct tcp_transport *t = rlx_tcp_checked(base);
+    struct tcp_transport *t = tcp_checked(base);
     if (t == NULL || peer < 0 || peer >= t->base.world) return -1;
     if (received != NULL) *received = t->links[peer].recv_seq;
     if (sent != NULL) *sent = t->links[peer].send_seq;

@@ -40,7 +40,6 @@
 
 #include "core/core.h"
 #include "distributed/auth.h"
-#include "distributed/tcp_internal.h"
 #include "distributed/tcp_sock.h"
 #include "distributed/tcp_state.h"
 #include "distributed/wire.h"
@@ -218,7 +217,7 @@ static rlx_status recv_msg(struct tcp_transport *t, int fd, unsigned char *buf, 
 /* The connecting side of the handshake with rank `peer` on fd (connected to addr, a name for
  * messages; fd already belongs to t->links[peer], which the caller closes on failure): HELLO_C,
  * HELLO_A; with a token PROOF_C, PROOF_A. */
-static rlx_status connector_handshake(struct tcp_transport *t, int peer, int fd, const char *addr, int64_t deadline)
+rlx_status rlx_tcp_connector_handshake(struct tcp_transport *t, int peer, int fd, const char *addr, int64_t deadline)
 {
     char who[LABEL_MAX], reached[ADDR_NAME_MAX];
     snprintf(who, sizeof who, "rank %d at %s", peer, addr);
@@ -263,7 +262,7 @@ rlx_status rlx_tcp_connect_peer(struct tcp_transport *t, int peer, const char *a
     RLX_TRY(rlx_tcp_connect_once(addr, peer, deadline, t->timeout_ms, &fd));
     rlx_tcp_set_nodelay(fd);
     t->links[peer].fd = fd; /* owned by t from here: closed by tcp_close on any failure */
-    return connector_handshake(t, peer, fd, addr, deadline);
+    return rlx_tcp_connector_handshake(t, peer, fd, addr, deadline);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -554,22 +553,12 @@ rlx_status rlx_tcp_accept_peers(struct tcp_transport *t, int lfd, int64_t deadli
 }
 
 /* ---------------------------------------------------------------------------------------------
- * One handshake on a socket the caller made (tcp_internal.h): the code above without listening,
- * resolving, connecting, or the poll over many incoming connections
+ * One incoming handshake on a socket the caller made (rlx_tcp_accept_fd, tcp_internal.h): the code
+ * above without listening or the poll over many incoming connections
  * ------------------------------------------------------------------------------------------- */
 
-rlx_status rlx_tcp_accept_fd(struct rlx_transport *base, int fd, int *peer)
+rlx_status rlx_tcp_accept_one(struct tcp_transport *t, int fd, int *peer)
 {
-    struct tcp_transport *t = rlx_tcp_checked(base);
-    if (t == NULL || fd < 0 || peer == NULL) {
-        if (fd >= 0) close(fd);
-        return rlx_set_error(RLX_ERR_INVALID, "accept_fd: bad arguments (fd %d)", fd);
-    }
-    rlx_status s = rlx_tcp_set_nonblocking(fd);
-    if (s != RLX_OK) {
-        close(fd);
-        return s;
-    }
     struct pending p = {.fd = fd};
     p.loopback = rlx_tcp_peer_is_loopback(fd, p.from, sizeof p.from);
     int64_t deadline = rlx_tcp_now_ms() + t->timeout_ms;
@@ -583,6 +572,7 @@ rlx_status rlx_tcp_accept_fd(struct rlx_transport *base, int fd, int *peer)
         }
         int w = rlx_tcp_wait_fd(fd, POLLIN, deadline);
         if (w <= 0) {
+            rlx_status s;
             if (w == 0)
                 s = rlx_set_error(RLX_ERR_IO,
                                   "timed out after %.1f s: the peer at %s did not complete its handshake "
@@ -595,27 +585,4 @@ rlx_status rlx_tcp_accept_fd(struct rlx_transport *base, int fd, int *peer)
             return s;
         }
     }
-}
-
-rlx_status rlx_tcp_connect_fd(struct rlx_transport *base, int peer, int fd)
-{
-    struct tcp_transport *t = rlx_tcp_checked(base);
-    if (t == NULL || fd < 0 || peer < 0 || peer >= t->base.rank || t->links[peer].fd >= 0) {
-        if (fd >= 0) close(fd);
-        return rlx_set_error(RLX_ERR_INVALID,
-                             "connect_fd: bad arguments (peer %d, fd %d): a rank connects to a lower "
-                             "rank it has no link to",
-                             peer, fd);
-    }
-    rlx_status s = rlx_tcp_set_nonblocking(fd);
-    if (s != RLX_OK) {
-        close(fd);
-        return s;
-    }
-    t->links[peer].fd = fd;
-    char addr[32];
-    snprintf(addr, sizeof addr, "fd %d", fd);
-    s = connector_handshake(t, peer, fd, addr, rlx_tcp_now_ms() + t->timeout_ms);
-    if (s != RLX_OK) rlx_tcp_drop(t, peer);
-    return s;
 }

@@ -34,14 +34,15 @@ struct tcp_transport {
 
 static inline int has_token(const struct tcp_transport *t) { return t->token != NULL; }
 
-/* tcp.c: the transport behind base, or NULL when base is not a TCP transport; closing the connection
- * to peer after an error that leaves its stream in an unknown place. */
-struct tcp_transport *rlx_tcp_checked(struct rlx_transport *base);
-void rlx_tcp_drop(struct tcp_transport *t, int peer);
-
 /* tcp_handshake.c: connecting to rank `peer` at addr and running the handshake (the socket is t's
  * from the connect on: tcp_close closes it on failure); accepting every rank above ours on lfd. */
 rlx_status rlx_tcp_connect_peer(struct tcp_transport *t, int peer, const char *addr, int64_t deadline);
 rlx_status rlx_tcp_accept_peers(struct tcp_transport *t, int lfd, int64_t deadline);
+/* tcp_handshake.c, for tcp_internal.h's entry points: the accepting side of one handshake on fd
+ * (non-blocking; consumed: the link to *peer, or closed); the connecting side with rank `peer` on
+ * fd (connected to addr, a name for messages; fd already t->links[peer], closed by the caller on
+ * failure). */
+rlx_status rlx_tcp_accept_one(struct tcp_transport *t, int fd, int *peer);
+rlx_status rlx_tcp_connector_handshake(struct tcp_transport *t, int peer, int fd, const char *addr, int64_t deadline);
 
 #endif
