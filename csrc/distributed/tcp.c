@@ -2,9 +2,9 @@
  * tcp.c - the TCP mesh transport of rlx/dist.h: one socket between every pair of ranks, framed
  * messages (wire.h), broadcast and barrier built from point-to-point frames.
  *
- * Files: tcp.c (this one) frames, the ops, creation; tcp_handshake.c the set-up handshakes of both
- * sides; tcp_sock.c sockets with deadlines, addresses, listening and connecting; tcp_state.h the
- * transport's state the first two share.
+ * Files: tcp.c (this one) frames, the ops, creation, tcp_internal.h's entry points; tcp_handshake.c
+ * the set-up handshakes of both sides; tcp_sock.c sockets with deadlines, addresses, listening and
+ * connecting; tcp_state.h the transport's state the first two share.
  *
  * Timeouts: the set-up as a whole has one deadline (timeout_ms). After that every send and every
  * recv has its own deadline, now + timeout_ms, computed once (by a send, once its MAC is computed):
@@ -31,8 +31,6 @@
  *
  * Never prints, never raises signals, never blocks past the timeout.
  */
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
